@@ -1,0 +1,36 @@
+"""fastload: the fastest dependable way to feed PyTorch training.
+
+Worker processes decode and augment samples straight into a shared-memory ring; the trainer
+receives small descriptors over ZeroMQ and copies batches to the GPU asynchronously.
+
+    from fastload import FastLoader, transforms as T
+    loader = FastLoader("data/train", batch_size=256, shuffle=True, num_workers=8,
+                        transform=[T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
+"""
+
+from fastload import transforms
+from fastload._errors import (
+    ConfigError,
+    DatasetError,
+    FastloadError,
+    LoaderTimeout,
+    SampleError,
+    SharedMemoryError,
+    WorkerError,
+)
+from fastload._loader import FastLoader
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "DatasetError",
+    "FastLoader",
+    "FastloadError",
+    "LoaderTimeout",
+    "SampleError",
+    "SharedMemoryError",
+    "WorkerError",
+    "__version__",
+    "transforms",
+]

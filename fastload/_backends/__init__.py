@@ -1,0 +1,48 @@
+"""The decode+augment seam: one small interface, one implementation per backend.
+
+A backend turns a batch of encoded images into uint8 NHWC pixels written straight into the
+batch's place in a ring slot, following a compiled `TransformPlan`. `native` is the default
+(today Pillow with JPEG draft mode; the C decoder plugs in here), `dali` arrives through the
+same seam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from fastload._errors import ConfigError
+from fastload.transforms import TransformPlan
+
+BACKENDS = ("native", "pil")
+
+
+class SampleFailure(Exception):
+    """Decoding the sample at `position` in the batch failed; `__cause__` says why."""
+
+    def __init__(self, position: int, message: str) -> None:
+        super().__init__(message)
+        self.position = position
+
+
+class ImageBackend(Protocol):
+    """Decodes and augments a batch of encoded images into `out` (B, H, W, 3) uint8."""
+
+    name: str
+
+    def decode_batch(
+        self, blobs: Sequence[bytes], rngs: Sequence[np.random.Generator], out: np.ndarray
+    ) -> None:
+        """Fill `out[i]` from `blobs[i]` with `rngs[i]`; raise SampleFailure naming the position."""
+        ...
+
+
+def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
+    """Return the backend called `name`, configured with `plan`."""
+    if name in ("native", "pil"):
+        from fastload._backends.pil import PilBackend
+
+        return PilBackend(plan)
+    raise ConfigError(f"backend {name!r} is not one of {', '.join(BACKENDS)}")

@@ -1,0 +1,161 @@
+"""The trainer side of a ready slot: turn it into the user's batch, and free it when safe.
+
+`CpuDelivery` returns tensors that are views over the slot (no copy); the slot is released by a
+finalizer when the last of them dies, so a batch is never overwritten while the user can see
+it. `CudaDelivery` registers every slot as pinned memory once, copies it `non_blocking` on a
+side stream, converts/normalizes there, makes the user's stream wait on an event, and releases
+the slot when that event has completed; it never synchronises the host.
+
+Images travel NHWC uint8; `present_images` turns them into NCHW by a permute, which *is* the
+channels_last memory format, so no transpose runs unless contiguous NCHW is asked for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastload._layout import BatchLayout
+from fastload._ring import Ring
+from fastload._shm import Segment
+
+
+@dataclass(frozen=True)
+class ImageOutput:
+    """How image batches are presented: optional normalize, its float dtype, memory format."""
+
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    dtype: torch.dtype = torch.float32
+    memory_format: torch.memory_format = torch.channels_last
+
+    def affine(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(scale, bias) such that x * scale + bias == (x / 255 - mean) / std, or None."""
+        if self.mean is None or self.std is None:
+            return None
+        mean = torch.tensor(self.mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+        return 1.0 / (255.0 * std), -mean / std
+
+
+def present_images(
+    nhwc: torch.Tensor, output: ImageOutput, affine: tuple[torch.Tensor, torch.Tensor] | None
+) -> torch.Tensor:
+    """NHWC uint8 -> NCHW (channels_last unless asked otherwise), normalized when configured."""
+    x = nhwc.permute(0, 3, 1, 2)
+    if affine is not None:
+        scale, bias = affine
+        x = x.to(torch.float32).mul_(scale).add_(bias)
+        if output.dtype != torch.float32:
+            x = x.to(output.dtype)
+    if output.memory_format == torch.contiguous_format:
+        x = x.contiguous()
+    return x
+
+
+def _slot_arrays(ring: Ring, slot: int, layout: BatchLayout, count: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    base = np.ndarray((ring.slot_bytes,), dtype=np.uint8, buffer=ring.segments[slot].buf)
+    return base, layout.arrays(base, count)
+
+
+class CpuDelivery:
+    """Batches as CPU tensors over the slot; `pin_memory` copies them to pinned memory instead."""
+
+    def __init__(self, ring: Ring, layout: BatchLayout, images: ImageOutput | None, pin_memory: bool) -> None:
+        self._ring = ring
+        self._layout = layout
+        self._images = images
+        self._affine = images.affine(torch.device("cpu")) if images else None
+        self._pin = pin_memory
+
+    def on_new_slot(self, segment: Segment) -> None:
+        """CPU batches need nothing per slot."""
+
+    def deliver(self, slot: int, count: int) -> Any:
+        base, arrays = _slot_arrays(self._ring, slot, self._layout, count)
+        weakref.finalize(base, self._ring.release, slot)
+        tensors = [torch.from_numpy(a) for a in arrays]
+        del base, arrays
+        if self._images is not None:
+            tensors[0] = present_images(tensors[0], self._images, self._affine)
+        if self._pin:
+            tensors = [t.pin_memory() for t in tensors]
+        elif self._affine is not None:
+            # Normalizing copied the images; copy the (small) rest so the slot is free at once.
+            tensors = [tensors[0], *(t.clone() for t in tensors[1:])]
+        return self._layout.build(tensors)
+
+    def poll(self) -> None:
+        """Nothing to poll: CPU slots come back through finalizers."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class CudaDelivery:
+    """Pinned slots copied `non_blocking` on a side stream; released when the copy completes."""
+
+    def __init__(self, ring: Ring, layout: BatchLayout, images: ImageOutput | None, device: torch.device) -> None:
+        self._ring = ring
+        self._layout = layout
+        self._images = images
+        self._device = device
+        self._stream = torch.cuda.Stream(device=device)
+        self._affine = images.affine(device) if images else None
+        self._pending: deque[tuple[torch.cuda.Event, int]] = deque()
+        self._registered: list[int] = []
+        self._cudart: Any = torch.cuda.cudart()
+        for segment in ring.segments.values():
+            self.on_new_slot(segment)
+
+    def on_new_slot(self, segment: Segment) -> None:
+        """Register a slot as page-locked (pinned) memory, once, so copies are true async DMA."""
+        ptr = ctypes.addressof(ctypes.c_char.from_buffer(segment.buf))
+        err = self._cudart.cudaHostRegister(ptr, segment.size, 0)
+        if int(err) == 0:
+            self._registered.append(ptr)
+
+    def deliver(self, slot: int, count: int) -> Any:
+        _, arrays = _slot_arrays(self._ring, slot, self._layout, count)
+        host = [torch.from_numpy(a) for a in arrays]
+        user_stream = torch.cuda.current_stream(self._device)
+        with torch.cuda.stream(self._stream):
+            on_gpu = [t.to(self._device, non_blocking=True) for t in host]
+            if self._images is not None:
+                on_gpu[0] = present_images(on_gpu[0], self._images, self._affine)
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        user_stream.wait_event(done)
+        for t in on_gpu:
+            t.record_stream(user_stream)
+        self._pending.append((done, slot))
+        return self._layout.build(on_gpu)
+
+    def poll(self) -> None:
+        """Release the slots whose copies have completed (event queries, no host sync)."""
+        while self._pending and self._pending[0][0].query():
+            self._ring.release(self._pending.popleft()[1])
+
+    def close(self) -> None:
+        """Wait for copies in flight, then unregister the pinned slots."""
+        self._stream.synchronize()
+        self.poll()
+        for ptr in self._registered:
+            self._cudart.cudaHostUnregister(ptr)
+        self._registered.clear()
+
+
+def make_delivery(
+    ring: Ring, layout: BatchLayout, images: ImageOutput | None, device: torch.device, pin_memory: bool
+) -> CpuDelivery | CudaDelivery:
+    """The delivery for `device`: CUDA when it is a CUDA device, CPU otherwise."""
+    if device.type == "cuda":
+        return CudaDelivery(ring, layout, images, device)
+    return CpuDelivery(ring, layout, images, pin_memory)
+

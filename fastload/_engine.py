@@ -1,0 +1,334 @@
+"""The engine: run batch tasks on a supervised pool of worker processes (or inline).
+
+`Engine.submit` queues a task; `Engine.poll` dispatches queued tasks to the least-busy live
+worker over a ROUTER socket, collects replies as events, and supervises: a worker that died
+(killed, segfault) is replaced and every task it held is run again, so no batch is lost or
+duplicated. A task that keeps killing workers raises WorkerError instead of looping forever.
+`InlineExecutor` has the same interface and runs tasks in the caller's process (num_workers=0).
+
+NOTE [one socket, addressed workers]: tasks are sent to a chosen worker (ROUTER identity) rather
+than load-balanced by ZeroMQ, because supervision must know which tasks died with which worker.
+The socket lives in a fresh 0700 directory (mkdtemp), so other users cannot connect to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+import zmq
+
+from fastload import _protocol as proto
+from fastload._errors import SampleError, WorkerError
+from fastload._jobs import DatasetJob, FolderJob, JobFailed
+from fastload._layout import BatchLayout
+from fastload._protocol import Done, Failure
+from fastload._worker import WorkerSpec, worker_main
+
+# A task that has killed this many workers in a row is reported instead of retried.
+MAX_DEATHS_PER_TASK = 3
+_LIVENESS_INTERVAL_S = 0.1
+_JOIN_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Task:
+    """One unit of work: a batch into a slot, a batch to collate opaquely, or a probe."""
+
+    seq: int
+    epoch: int
+    batch_index: int
+    indices: np.ndarray
+    slot_name: str  # "" for opaque batches and probes
+    probe: bool = False
+    deaths: int = 0
+
+
+@dataclass(frozen=True)
+class Probed:
+    seq: int
+    layout: BatchLayout | None
+
+
+@dataclass(frozen=True)
+class Opaque:
+    seq: int
+    batch: Any
+
+
+Event = Union[Done, Failure, Probed, Opaque]
+
+
+@dataclass
+class _Worker:
+    worker_id: int
+    identity: bytes
+    process: Any  # multiprocessing.Process (fork/spawn/forkserver flavours)
+    ready: bool = False
+    tasks: dict[int, Task] = field(default_factory=dict)
+
+
+def raise_failure(failure: Failure) -> None:
+    """Raise the trainer-side error for a worker's Failure."""
+    if failure.seq < 0:
+        raise WorkerError(f"a worker could not start: {failure.message}\n{failure.traceback}")
+    raise SampleError(
+        failure.message,
+        path=failure.path,
+        index=failure.index,
+        exc_type=failure.exc_type,
+        worker_traceback=failure.traceback,
+    )
+
+
+def socket_dir() -> str:
+    """A fresh 0700 directory for a socket ($XDG_RUNTIME_DIR when set, else the temp dir)."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if not base or not os.path.isdir(base):
+        base = None
+    return tempfile.mkdtemp(prefix="fastload-", dir=base)
+
+
+class Engine:
+    """A supervised pool of worker processes running batch tasks."""
+
+    def __init__(
+        self,
+        job: FolderJob | DatasetJob,
+        *,
+        num_workers: int,
+        batch_size: int,
+        mp_context: str | None,
+        worker_init_fn: Callable[[int], Any] | None,
+    ) -> None:
+        self._job = job
+        self._num_workers = num_workers
+        self._batch_size = batch_size
+        self._worker_init_fn = worker_init_fn
+        self._mp = mp.get_context(mp_context or "fork")
+        self._dir = socket_dir()
+        self._address = f"ipc://{self._dir}/engine.sock"
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.bind(self._address)
+        self._workers: dict[bytes, _Worker] = {}
+        self._queue: deque[Task] = deque()
+        self._layout_json: bytes | None = None
+        self._generation = itertools.count()
+        self._last_liveness = 0.0
+        self._closed = False
+        for worker_id in range(num_workers):
+            self._spawn(worker_id)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers.values() if w.process.pid is not None]
+
+    def _spawn(self, worker_id: int) -> None:
+        identity = f"w{worker_id}.{next(self._generation)}".encode()
+        spec = WorkerSpec(
+            address=self._address,
+            identity=identity,
+            parent_pid=os.getpid(),
+            worker_id=worker_id,
+            job=self._job,
+            batch_size=self._batch_size,
+            worker_init_fn=self._worker_init_fn,
+        )
+        process = self._mp.Process(target=worker_main, args=(spec,), name=f"fastload-worker-{worker_id}", daemon=True)
+        process.start()
+        self._workers[identity] = _Worker(worker_id, identity, process)
+
+    def set_layout(self, layout: BatchLayout) -> None:
+        """Tell every worker (and every future one) the layout of slot batches."""
+        self._layout_json = layout.to_json().encode()
+        for worker in self._workers.values():
+            if worker.ready:
+                self._send(worker, [proto.LAYOUT, self._layout_json])
+
+    def submit(self, task: Task) -> None:
+        self._queue.append(task)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._queue) + sum(len(w.tasks) for w in self._workers.values())
+
+    def _send(self, worker: _Worker, frames: list[bytes]) -> None:
+        self._sock.send_multipart([worker.identity, *frames])
+
+    def _dispatch(self) -> None:
+        ready = [w for w in self._workers.values() if w.ready]
+        while self._queue and ready:
+            worker = min(ready, key=lambda w: len(w.tasks))
+            task = self._queue.popleft()
+            kind = proto.PROBE if task.probe else proto.TASK
+            head = proto.TASK_HEAD.pack(task.seq, task.batch_index, task.epoch, len(task.indices))
+            worker.tasks[task.seq] = task
+            self._send(worker, [kind, head, task.slot_name.encode(), task.indices.tobytes()])
+
+    def poll(self, timeout_s: float) -> list[Event]:
+        """Dispatch, then wait up to `timeout_s` for replies; supervise workers meanwhile."""
+        self._dispatch()
+        events: list[Event] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            wait_ms = int(max(0.0, min(remaining, _LIVENESS_INTERVAL_S)) * 1000)
+            if self._sock.poll(wait_ms):
+                while True:
+                    try:
+                        frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    event = self._handle(frames)
+                    if event is not None:
+                        events.append(event)
+                self._dispatch()
+            now = time.monotonic()
+            if now - self._last_liveness >= _LIVENESS_INTERVAL_S or not events:
+                self._last_liveness = now
+                self._check_liveness()
+            if events or time.monotonic() >= deadline:
+                return events
+
+    def _handle(self, frames: list[bytes]) -> Event | None:
+        identity, body = frames[0], frames[1:]
+        worker = self._workers.get(identity)
+        if worker is None:  # a reply from a worker already declared dead: its task was re-queued
+            return None
+        kind = body[0]
+        if kind == proto.READY:
+            worker.ready = True
+            if self._layout_json is not None:
+                self._send(worker, [proto.LAYOUT, self._layout_json])
+            return None
+        if kind == proto.FAILED:
+            failure = Failure.decode(body)
+            worker.tasks.pop(failure.seq, None)
+            return failure
+        seq = proto.SEQ_HEAD.unpack_from(body[1])[0]
+        worker.tasks.pop(seq, None)
+        if kind == proto.DONE:
+            return Done.decode(body)
+        if kind == proto.PROBED:
+            return Probed(seq, BatchLayout.from_json(body[2]) if body[2] else None)
+        if kind == proto.OPAQUE:
+            return Opaque(seq, pickle.loads(body[2], buffers=body[3:]))
+        raise WorkerError(f"unexpected message kind {kind!r} from worker {identity.decode()}")
+
+    def _check_liveness(self) -> None:
+        for identity, worker in list(self._workers.items()):
+            code = worker.process.exitcode
+            if code is None:
+                continue
+            del self._workers[identity]
+            worker.process.join(0)
+            lost = sorted(worker.tasks.values(), key=lambda t: t.seq, reverse=True)
+            for task in lost:
+                task.deaths += 1
+                if task.deaths >= MAX_DEATHS_PER_TASK:
+                    raise WorkerError(
+                        f"batch {task.batch_index} (samples {task.indices[:8].tolist()}...) killed "
+                        f"{task.deaths} worker processes in a row (last exit code {code}"
+                        f"{_signal_name(code)}); a sample probably crashes the decoder"
+                    )
+                self._queue.appendleft(task)
+            if not worker.ready and not lost and code != 0:
+                raise WorkerError(
+                    f"worker {worker.worker_id} (pid {worker.process.pid}) exited with code {code}"
+                    f"{_signal_name(code)} before it was ready; see its output above"
+                )
+            self._spawn(worker.worker_id)
+
+    def close(self) -> None:
+        """Stop every worker (politely, then by force) and remove the socket."""
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._workers.values():
+            if worker.ready:
+                with contextlib.suppress(zmq.ZMQError):
+                    self._send(worker, [proto.STOP])
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        for worker in self._workers.values():
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+        for worker in self._workers.values():
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(_JOIN_TIMEOUT_S)
+        self._workers.clear()
+        self._sock.close(0)
+        self._ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _signal_name(code: int) -> str:
+    if code >= 0:
+        return ""
+    import signal
+
+    try:
+        return f" = {signal.Signals(-code).name}"
+    except ValueError:
+        return ""
+
+
+class InlineExecutor:
+    """Runs tasks in the caller's process (num_workers=0), with the Engine's interface."""
+
+    worker_pids: list[int] = []
+
+    def __init__(self, job: FolderJob | DatasetJob, *, batch_size: int, resolve_slot: Callable[[str], Any]) -> None:
+        self._job = job
+        self._batch_size = batch_size
+        self._resolve_slot = resolve_slot
+        self._layout: BatchLayout | None = job.layout if isinstance(job, FolderJob) else None
+        self._queue: deque[Task] = deque()
+
+    def set_layout(self, layout: BatchLayout) -> None:
+        self._layout = layout
+
+    def submit(self, task: Task) -> None:
+        self._queue.append(task)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._queue)
+
+    def poll(self, timeout_s: float) -> list[Event]:
+        if not self._queue:
+            return []
+        task = self._queue.popleft()
+        job = self._job
+        try:
+            if task.probe:
+                assert isinstance(job, DatasetJob)
+                index = int(task.indices[0])
+                layout = job.probe(task.seq, task.epoch, task.batch_index, index, self._batch_size, True)
+                return [Probed(task.seq, layout)]
+            if not task.slot_name:
+                assert isinstance(job, DatasetJob)
+                return [Opaque(task.seq, job.run_opaque(task.seq, task.epoch, task.batch_index, task.indices, True))]
+            assert self._layout is not None
+            arrays = self._layout.arrays(self._resolve_slot(task.slot_name))
+            if isinstance(job, FolderJob):
+                return [job.run(task.seq, task.epoch, task.batch_index, task.indices, arrays)]
+            return [job.run(task.seq, task.epoch, task.batch_index, task.indices, arrays, self._layout, True)]
+        except JobFailed as e:
+            return [e.failure]
+
+    def close(self) -> None:
+        self._queue.clear()

@@ -1,0 +1,173 @@
+"""What a worker does with one batch: load its samples and write them into a slot's arrays.
+
+`FolderJob` reads image files and decodes+augments them with a backend; `DatasetJob` calls a
+map-style torch Dataset. Both run the same way in a worker process or, with `num_workers=0`, in
+the trainer's own process. Errors come back as `Failure`s naming the sample and its file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import random
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastload._backends import SampleFailure, make_backend
+from fastload._layout import BatchLayout, LayoutMismatch
+from fastload._plan import batch_seed, sample_rng
+from fastload._protocol import Done, Failure
+from fastload._sources import ImageFolderIndex
+from fastload.transforms import TransformPlan
+
+
+class JobFailed(Exception):
+    """Raised by a job with the `Failure` to report (internal)."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+def _failure(seq: int, exc: BaseException, index: int, path: str, what: str) -> Failure:
+    where = f"{what} {path}" if path else f"{what} at index {index}"
+    return Failure(
+        seq=seq,
+        message=f"failed to load {where}: {type(exc).__name__}: {exc}",
+        path=path,
+        index=index,
+        exc_type=type(exc).__name__,
+        traceback="".join(traceback.format_exception(exc)),
+    )
+
+
+class FolderJob:
+    """Loads batches of an image folder: read files, decode+augment into NHWC uint8, labels."""
+
+    def __init__(
+        self, index: ImageFolderIndex, plan: TransformPlan, backend: str, seed: int, batch_size: int
+    ) -> None:
+        self.index = index
+        self.plan = plan
+        self.backend_name = backend
+        self.seed = seed
+        self.layout = BatchLayout.infer(
+            [np.zeros((plan.out_height, plan.out_width, 3), np.uint8), 0], batch_size
+        )
+        self._backend = make_backend(backend, plan)
+
+    def run(self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, arrays: Sequence[np.ndarray]) -> Done:
+        n = len(indices)
+        images, labels = arrays
+        paths = [self.index.path(int(i)) for i in indices]
+        blobs: list[bytes] = []
+        t0 = time.perf_counter_ns()
+        for i, path in zip(indices, paths, strict=True):
+            try:
+                with open(path, "rb") as f:
+                    blobs.append(f.read())
+            except OSError as e:
+                raise JobFailed(_failure(seq, e, int(i), path, "image")) from e
+        t1 = time.perf_counter_ns()
+        rngs = [sample_rng(self.seed, epoch, int(i)) for i in indices]
+        try:
+            self._backend.decode_batch(blobs, rngs, images[:n])
+        except SampleFailure as e:
+            cause = e.__cause__ or e
+            pos = e.position
+            raise JobFailed(_failure(seq, cause, int(indices[pos]), paths[pos], "image")) from e
+        labels[:n] = self.index.labels[indices]
+        t2 = time.perf_counter_ns()
+        return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs))
+
+
+class DatasetJob:
+    """Loads batches of a map-style Dataset: fast path into a slot, or collated and pickled.
+
+    The global random state (torch, numpy, random) is seeded per batch from (seed, epoch, batch
+    index), so random augmentations inside `__getitem__` give the same batches for any worker
+    count; in the trainer's process (`num_workers=0`) the caller's random state is restored after.
+    """
+
+    def __init__(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None, seed: int) -> None:
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.seed = seed
+
+    def _path_of(self, index: int) -> str:
+        samples = getattr(self.dataset, "samples", None)
+        try:
+            return str(samples[index][0]) if samples is not None else ""
+        except Exception:
+            return ""
+
+    def _fetch(self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, restore_rng: bool) -> list[Any]:
+        states = (torch.get_rng_state(), np.random.get_state(), random.getstate()) if restore_rng else None
+        s = batch_seed(self.seed, epoch, batch_index)
+        torch.manual_seed(s)
+        np.random.seed(s % 2**32)
+        random.seed(s)
+        try:
+            getitems = getattr(self.dataset, "__getitems__", None)
+            if callable(getitems):
+                try:
+                    return list(getitems([int(i) for i in indices]))
+                except Exception as e:
+                    raise JobFailed(_failure(seq, e, int(indices[0]), "", "samples starting")) from e
+            samples = []
+            for i in indices:
+                try:
+                    samples.append(self.dataset[int(i)])
+                except Exception as e:
+                    raise JobFailed(_failure(seq, e, int(i), self._path_of(int(i)), "sample")) from e
+            return samples
+        finally:
+            if states is not None:
+                torch.set_rng_state(states[0])
+                np.random.set_state(states[1])
+                random.setstate(states[2])
+
+    def probe(self, seq: int, epoch: int, batch_index: int, index: int, batch_size: int, restore_rng: bool) -> BatchLayout | None:
+        """Load one sample and return its layout, or None when batches must take the slow path."""
+        if self.collate_fn is not None:
+            return None
+        (sample,) = self._fetch(seq, epoch, batch_index, np.asarray([index]), restore_rng)
+        return BatchLayout.infer(sample, batch_size)
+
+    def run(self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, arrays: Sequence[np.ndarray],
+            layout: BatchLayout, restore_rng: bool) -> Done:
+        t0 = time.perf_counter_ns()
+        samples = self._fetch(seq, epoch, batch_index, indices, restore_rng)
+        t1 = time.perf_counter_ns()
+        for row, (i, sample) in enumerate(zip(indices, samples, strict=True)):
+            try:
+                layout.write(sample, arrays, row)
+            except LayoutMismatch as e:
+                failure = _failure(seq, e, int(i), self._path_of(int(i)), "sample")
+                message = (
+                    f"sample {int(i)} does not match the first sample's structure ({e}); "
+                    "batches need fixed-shape samples unless you pass a collate_fn"
+                )
+                raise JobFailed(dataclasses.replace(failure, message=message)) from e
+        return Done(seq, len(indices), t1 - t0, time.perf_counter_ns() - t1, 0)
+
+    def run_opaque(self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, restore_rng: bool) -> Any:
+        """Load and collate a batch that cannot live in a slot (the documented slow path)."""
+        samples = self._fetch(seq, epoch, batch_index, indices, restore_rng)
+        collate = self.collate_fn or torch.utils.data.default_collate
+        try:
+            return collate(samples)
+        except Exception as e:
+            raise JobFailed(_failure(seq, e, int(indices[0]), "", "the batch starting")) from e
+
+
+def pickle_batch(batch: Any) -> list[Any]:
+    """Serialise an opaque batch for the socket: a pickle stream plus out-of-band buffers."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
+    return [head, *(b.raw() for b in buffers)]

@@ -1,0 +1,255 @@
+"""`FastLoader`: the drop-in replacement for `torch.utils.data.DataLoader` (a facade only).
+
+It checks arguments the way DataLoader does, chooses the epoch plan, and delegates the work to
+a `Pipeline`; it keeps the position (epoch, batches yielded) that `state_dict` saves.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from fastload._delivery import ImageOutput
+from fastload._errors import ConfigError
+from fastload._jobs import DatasetJob, FolderJob
+from fastload._pipeline import EpochIterator, Pipeline, PipelineConfig
+from fastload._plan import BatchSampler, SamplerPlan, ShuffledPlan
+from fastload._sources import ImageFolderIndex
+from fastload.transforms import Transform, compile_transforms
+
+_STATE_VERSION = 1
+
+
+def _default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _seed_from(generator: torch.Generator | None) -> int:
+    """A base seed drawn as DataLoader draws its own (from `generator` or torch's global RNG)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()) & (2**63 - 1)
+
+
+class FastLoader:
+    """Load batches with worker processes, a shared-memory ring and (on CUDA) async copies.
+
+    `dataset` is either an ImageNet-layout folder (class subfolders; labels are the index of the
+    sorted class names, as torchvision's ImageFolder) or a map-style `torch.utils.data.Dataset`.
+    Every DataLoader argument means what it means there; the keyword-only ones after `*` are
+    fastload's own.
+
+    Folder mode yields `[images, labels]`: images (B, 3, H, W) on `device`, uint8 unless
+    `normalize=(mean, std)` (torchvision units, [0, 1]) is given, then `dtype`; channels_last
+    memory format unless `memory_format=torch.contiguous_format`; labels int64 (B,).
+    Dataset mode yields what `default_collate` would. Samples whose leaves are fixed-shape arrays,
+    tensors or numbers are written straight into shared memory; anything else (strings, ragged
+    shapes, or any `collate_fn`) is collated in the worker and pickled over the local socket,
+    which is slower, as DataLoader is.
+
+    Batches depend only on (seed, epoch): the same for every `num_workers`. Each new iteration
+    starts the next epoch unless `set_epoch` says which.
+    """
+
+    def __init__(
+        self,
+        dataset: str | os.PathLike[str] | torch.utils.data.Dataset[Any],
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Iterable[int] | None = None,
+        batch_sampler: Iterable[Sequence[int]] | None = None,
+        num_workers: int | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: str | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        seed: int | None = None,
+        prefetch: int | None = None,
+        transform: Sequence[Transform] | None = None,
+        device: str | torch.device | None = None,
+        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+        dtype: torch.dtype = torch.float32,
+        memory_format: torch.memory_format = torch.channels_last,
+        backend: str = "native",
+    ) -> None:
+        del pin_memory_device, in_order  # batches are always delivered in order
+        is_folder = isinstance(dataset, (str, os.PathLike))
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            raise ConfigError("FastLoader takes map-style datasets; IterableDataset is not supported")
+        if num_workers is None:
+            num_workers = _default_workers() if is_folder else 0
+        if num_workers < 0:
+            raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
+        if timeout < 0:
+            raise ConfigError(f"timeout must be >= 0, got {timeout}")
+        if prefetch_factor is not None and num_workers == 0:
+            raise ConfigError("prefetch_factor needs num_workers > 0, as in DataLoader")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ConfigError("batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last")
+        elif batch_size is None:
+            raise ConfigError("batch_size=None (no batching) is not supported: give a batch size")
+        elif batch_size <= 0:
+            raise ConfigError(f"batch_size must be positive, got {batch_size}")
+        if sampler is not None and shuffle:
+            raise ConfigError("sampler is mutually exclusive with shuffle")
+        if is_folder and (sampler is not None or batch_sampler is not None or collate_fn is not None):
+            raise ConfigError("sampler, batch_sampler and collate_fn apply to Dataset inputs, not folders")
+        if not is_folder and (transform is not None or normalize is not None):
+            raise ConfigError("transform and normalize apply to image folders; a Dataset transforms its own samples")
+
+        self.seed = _seed_from(generator) if seed is None else int(seed)
+        self.batch_size = batch_size if batch_sampler is None else None
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        self.persistent_workers = persistent_workers or is_folder
+        self.dataset = dataset
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda" if is_folder and torch.cuda.is_available() else "cpu"
+        )
+        self._plan: ShuffledPlan | SamplerPlan
+        self._job: FolderJob | DatasetJob
+        images: ImageOutput | None = None
+        if is_folder:
+            index = ImageFolderIndex.scan(dataset)  # type: ignore[arg-type]
+            self.classes: tuple[str, ...] = index.classes
+            assert batch_size is not None
+            self._plan = ShuffledPlan(len(index), batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed)
+            self._job = FolderJob(index, compile_transforms(transform), backend, self.seed, batch_size)
+            if normalize is not None:
+                mean, std = (tuple(float(v) for v in normalize[0]), tuple(float(v) for v in normalize[1]))
+                if len(mean) != 3 or len(std) != 3:
+                    raise ConfigError("normalize takes (mean, std) with 3 values each (R, G, B)")
+                if not dtype.is_floating_point:
+                    raise ConfigError(f"normalize needs a floating dtype, got {dtype}")
+                images = ImageOutput(mean, std, dtype, memory_format)
+            else:
+                images = ImageOutput(memory_format=memory_format)
+        else:
+            self._plan = self._dataset_plan(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
+            self._job = DatasetJob(dataset, collate_fn, self.seed)
+        slot_batch = batch_size if batch_size is not None and batch_sampler is None else _max_batch(batch_sampler)
+        if prefetch is None:
+            prefetch = (prefetch_factor or 2) * max(1, num_workers)
+        if prefetch < 1:
+            raise ConfigError(f"prefetch must be >= 1, got {prefetch}")
+        self._config = PipelineConfig(
+            num_workers=num_workers,
+            batch_size=slot_batch,
+            prefetch=prefetch,
+            timeout_s=float(timeout),
+            mp_context=multiprocessing_context,
+            worker_init_fn=worker_init_fn,
+            device=self.device,
+            pin_memory=pin_memory and self.device.type == "cpu" and torch.cuda.is_available(),
+            images=images,
+        )
+        self._pipeline: Pipeline | None = None
+        self._iterator: EpochIterator | None = None
+        self._epoch = 0  # the epoch the next iteration runs
+        self._position = (0, 0)  # (epoch, batches yielded in it), for state_dict
+        self._resume_at = 0
+        self._closed = False
+
+    def _dataset_plan(self, dataset: Any, batch_size: int | None, shuffle: bool | None, sampler: Any,
+                      batch_sampler: Any, drop_last: bool) -> ShuffledPlan | SamplerPlan:
+        if batch_sampler is not None:
+            return SamplerPlan(batch_sampler)
+        assert batch_size is not None
+        if sampler is not None:
+            return SamplerPlan(BatchSampler(sampler, batch_size, drop_last))
+        return ShuffledPlan(len(dataset), batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed)
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return len(self._plan)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration run `epoch` (its order and augmentations)."""
+        self._epoch = int(epoch)
+        self._resume_at = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._closed:
+            raise ConfigError("this FastLoader is closed")
+        if self._iterator is not None:
+            self._iterator.stop()
+        if self._pipeline is not None and not self.persistent_workers:
+            # DataLoader without persistent_workers starts fresh workers every epoch, so changes
+            # made to the dataset in the trainer's process reach the next epoch's workers.
+            self._pipeline.close()
+            self._pipeline = None
+        if self._pipeline is None:
+            self._pipeline = Pipeline(self._job, self._config)
+        epoch, start = self._epoch, self._resume_at
+        self._epoch, self._resume_at = epoch + 1, 0
+        self._position = (epoch, start)
+        self._iterator = EpochIterator(
+            self._pipeline, self._plan.iter_batches(epoch, start), epoch, start, self._on_yield
+        )
+        return self._iterator
+
+    def _on_yield(self, epoch: int, yielded: int) -> None:
+        self._position = (epoch, yielded)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position to resume from: after the last batch this loader yielded."""
+        epoch, yielded = self._position
+        return {"version": _STATE_VERSION, "seed": self.seed, "epoch": epoch, "batches_yielded": yielded}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next iteration resume exactly after the batch `state` was taken at."""
+        if state.get("version") != _STATE_VERSION:
+            raise ConfigError(f"unknown FastLoader state version {state.get('version')!r}")
+        self.seed = int(state["seed"])
+        if isinstance(self._plan, ShuffledPlan):
+            self._plan.seed = self.seed
+        self._job.seed = self.seed
+        epoch, yielded = int(state["epoch"]), int(state["batches_yielded"])
+        if yielded >= len(self._plan):
+            epoch, yielded = epoch + 1, 0
+        self._epoch, self._resume_at = epoch, yielded
+        self._position = (epoch, yielded)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live worker processes (empty before the first iteration)."""
+        return self._pipeline.worker_pids if self._pipeline is not None else []
+
+    def close(self) -> None:
+        """Stop the workers and free shared memory. Batches already delivered stay valid."""
+        self._closed = True
+        if self._iterator is not None:
+            self._iterator.stop()
+        if self._pipeline is not None:
+            self._pipeline.close()
+            self._pipeline = None
+
+    def __enter__(self) -> FastLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _max_batch(batch_sampler: Any) -> int:
+    """Slots must hold the largest batch a batch_sampler yields: its batch_size, or one pass."""
+    declared = getattr(batch_sampler, "batch_size", None)
+    if isinstance(declared, int) and declared > 0:
+        return declared
+    sizes = [len(b) for b in batch_sampler]
+    if not sizes:
+        raise ConfigError("the batch_sampler yields no batches")
+    return max(sizes)

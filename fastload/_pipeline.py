@@ -1,0 +1,278 @@
+"""One loader's running machinery: executor + ring + delivery, and the epoch iterator over them.
+
+`Pipeline` owns the pieces that live across epochs (workers, the ring, the delivery) and routes
+every executor event to the epoch that submitted it; `EpochIterator` turns an epoch plan into
+tasks, keeps at most `prefetch` batches in flight, reorders completions into plan order and hands
+each ready slot to the delivery. Every wait is bounded and re-checks worker liveness.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+import torch
+
+from fastload._delivery import CpuDelivery, CudaDelivery, ImageOutput, make_delivery
+from fastload._engine import Engine, Event, InlineExecutor, Opaque, Probed, Task, raise_failure
+from fastload._errors import LoaderTimeout
+from fastload._jobs import DatasetJob, FolderJob
+from fastload._layout import BatchLayout
+from fastload._protocol import Done, Failure
+from fastload._ring import Ring
+from fastload._shm import install_signal_cleanup, reap_orphans
+
+_POLL_S = 0.05
+# Ring slots beyond `prefetch`: the batch the user holds while asking for the next, and one spare.
+_EXTRA_SLOTS = 2
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    num_workers: int
+    batch_size: int
+    prefetch: int
+    timeout_s: float
+    mp_context: str | None
+    worker_init_fn: Any
+    device: torch.device
+    pin_memory: bool
+    images: ImageOutput | None
+
+
+_Outcome = Union[tuple[int, int], Failure, Opaque]  # (slot, count) | failure | opaque batch
+
+
+class Pipeline:
+    """Workers, ring and delivery of one loader, reused across its epochs."""
+
+    def __init__(self, job: FolderJob | DatasetJob, config: PipelineConfig) -> None:
+        self.job = job
+        self.config = config
+        self.layout: BatchLayout | None = job.layout if isinstance(job, FolderJob) else None
+        self.opaque = False
+        self.ring: Ring | None = None
+        self.delivery: CpuDelivery | CudaDelivery | None = None
+        self._seqs = itertools.count()
+        self._slot_of: dict[int, int] = {}  # seq -> slot, for tasks whose slot is not yet ready
+        self._owner: dict[int, EpochIterator] = {}  # seq -> the epoch that submitted it
+        self._probed: Probed | None = None
+        install_signal_cleanup()
+        reap_orphans()
+        self.executor: Engine | InlineExecutor
+        if config.num_workers > 0:
+            self.executor = Engine(
+                job,
+                num_workers=config.num_workers,
+                batch_size=config.batch_size,
+                mp_context=config.mp_context,
+                worker_init_fn=config.worker_init_fn,
+            )
+        else:
+            self.executor = InlineExecutor(job, batch_size=config.batch_size, resolve_slot=self._slot_buffer)
+        # Closed in reverse order of creation: delivery, ring, then the executor's workers.
+        self._resources: list[Any] = [self.executor]
+        self._finalizer = weakref.finalize(self, _close_all, self._resources)
+
+    def _slot_buffer(self, name: str) -> memoryview:
+        assert self.ring is not None
+        return self.ring.buffer(name)
+
+    def next_seq(self) -> int:
+        return next(self._seqs)
+
+    def ensure_layout(self, epoch: int, batch_index: int, first_index: int) -> None:
+        """Learn the batch layout (probing one sample for a Dataset) and build ring + delivery."""
+        if self.ring is not None or self.opaque:
+            return
+        if self.layout is None:
+            seq = self.next_seq()
+            self.executor.submit(Task(seq, epoch, batch_index, np.asarray([first_index], np.int64), "", probe=True))
+            deadline = _deadline(self.config.timeout_s)
+            while self._probed is None or self._probed.seq != seq:
+                self.poll_once(deadline)
+            self.layout = self._probed.layout
+            if self.layout is None:
+                self.opaque = True
+                return
+            self.executor.set_layout(self.layout)
+        self.ring = Ring(self.layout.slot_bytes, self.config.prefetch + _EXTRA_SLOTS)
+        self._resources.append(self.ring)
+        self.delivery = make_delivery(
+            self.ring, self.layout, self.config.images, self.config.device, self.config.pin_memory
+        )
+        self._resources.append(self.delivery)
+
+    def submit(self, owner: EpochIterator, epoch: int, batch_index: int, indices: np.ndarray) -> bool:
+        """Queue one batch; False when no slot is free."""
+        slot_name = ""
+        seq = self.next_seq()
+        if not self.opaque:
+            assert self.ring is not None
+            slot = self.ring.acquire()
+            if slot is None:
+                return False
+            self._slot_of[seq] = slot
+            slot_name = self.ring.name(slot)
+        self._owner[seq] = owner
+        owner.submitted(seq)
+        self.executor.submit(Task(seq, epoch, batch_index, indices, slot_name))
+        return True
+
+    def poll_once(self, deadline: float | None) -> None:
+        """Wait a little for events and hand each to its epoch; raise LoaderTimeout past deadline."""
+        if self.delivery is not None:
+            self.delivery.poll()
+        events = self.executor.poll(_POLL_S)
+        for event in events:
+            self._route(event)
+        if not events and deadline is not None and time.monotonic() > deadline:
+            raise LoaderTimeout(
+                f"no batch within the loader's timeout of {self.config.timeout_s:g} s while its "
+                f"{self.config.num_workers} workers were alive: a sample may be very slow to load "
+                "(a network filesystem?) — raise `timeout`, or check the dataset"
+            )
+
+    def _route(self, event: Event) -> None:
+        if isinstance(event, Probed):
+            self._probed = event
+            return
+        if isinstance(event, Failure) and event.seq < 0:
+            raise_failure(event)
+        owner = self._owner.pop(event.seq, None)
+        slot = self._slot_of.pop(event.seq, None)
+        outcome: _Outcome
+        if isinstance(event, Done):
+            assert slot is not None
+            outcome = (slot, event.count)
+        else:
+            if slot is not None and self.ring is not None:
+                self.ring.release(slot)
+            outcome = event
+        if owner is None or not owner.accepts(event.seq, outcome):
+            self.discard(outcome)
+
+    def discard(self, outcome: _Outcome) -> None:
+        """Return the slot of an outcome no epoch will deliver."""
+        if isinstance(outcome, tuple) and self.ring is not None:
+            self.ring.release(outcome[0])
+
+    def deliver(self, outcome: _Outcome) -> Any:
+        if isinstance(outcome, Failure):
+            raise_failure(outcome)
+        if isinstance(outcome, Opaque):
+            return outcome.batch
+        assert self.delivery is not None
+        return self.delivery.deliver(*outcome)
+
+    def grow_if_starved(self, owner: EpochIterator) -> None:
+        """Add a slot when every slot is held by the user (e.g. `list(loader)`), never otherwise."""
+        if self.opaque or self.ring is None or self.executor.in_flight or owner.ready_count:
+            return
+        if isinstance(self.delivery, CudaDelivery):
+            return  # slots come back when their copies complete
+        if self.ring.free_count == 0:
+            gc.collect()  # a batch in a reference cycle holds its slot until collected
+            if self.ring.free_count == 0:
+                self.delivery.on_new_slot(self.ring.segments[self.ring.grow()])  # type: ignore[union-attr]
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return list(self.executor.worker_pids)
+
+    def close(self) -> None:
+        """Stop the workers and unlink the ring; safe to call twice; also runs at exit or GC."""
+        self._finalizer()
+
+
+def _close_all(resources: list[Any]) -> None:
+    # Workers first so none writes into a slot being unlinked, then delivery, then ring.
+    executor, rest = resources[0], resources[1:]
+    try:
+        executor.close()
+    finally:
+        for resource in reversed(rest):
+            resource.close()
+        resources.clear()
+
+
+def _deadline(timeout_s: float) -> float | None:
+    return time.monotonic() + timeout_s if timeout_s > 0 else None
+
+
+class EpochIterator(Iterator[Any]):
+    """Yields one epoch's batches in plan order, starting at batch `start`."""
+
+    def __init__(self, pipeline: Pipeline, batches: Iterator[np.ndarray], epoch: int, start: int,
+                 on_yield: Any) -> None:
+        self._pipeline = pipeline
+        self._batches = batches
+        self._epoch = epoch
+        self._next_batch_index = start
+        self._seq_of_batch: dict[int, int] = {}  # seq -> batch index
+        self._ready: dict[int, _Outcome] = {}  # batch index -> outcome
+        self._next_yield = start
+        self._exhausted = False
+        self._active = True
+        self._on_yield = on_yield
+
+    @property
+    def ready_count(self) -> int:
+        return len(self._ready)
+
+    def submitted(self, seq: int) -> None:
+        self._seq_of_batch[seq] = self._next_batch_index
+
+    def accepts(self, seq: int, outcome: _Outcome) -> bool:
+        batch_index = self._seq_of_batch.pop(seq, None)
+        if not self._active or batch_index is None:
+            return False
+        self._ready[batch_index] = outcome
+        return True
+
+    def _fill(self) -> None:
+        pipe = self._pipeline
+        while not self._exhausted and len(self._seq_of_batch) + len(self._ready) < pipe.config.prefetch:
+            indices = next(self._batches, None)
+            if indices is None:
+                self._exhausted = True
+                return
+            pipe.ensure_layout(self._epoch, self._next_batch_index, int(indices[0]))
+            if not pipe.submit(self, self._epoch, self._next_batch_index, indices):
+                self._batches = itertools.chain([indices], self._batches)
+                return
+            self._next_batch_index += 1
+
+    def __next__(self) -> Any:
+        if not self._active:
+            raise StopIteration
+        pipe = self._pipeline
+        deadline = _deadline(pipe.config.timeout_s)
+        while self._next_yield not in self._ready:
+            self._fill()
+            if self._exhausted and not self._seq_of_batch and self._next_yield not in self._ready:
+                self.stop()
+                raise StopIteration
+            pipe.poll_once(deadline)
+            if self._next_yield not in self._ready:
+                pipe.grow_if_starved(self)
+        outcome = self._ready.pop(self._next_yield)
+        self._next_yield += 1
+        self._on_yield(self._epoch, self._next_yield)
+        self._fill()
+        return pipe.deliver(outcome)
+
+    def stop(self) -> None:
+        """End this epoch early: outcomes not yet delivered give their slots back."""
+        if not self._active:
+            return
+        self._active = False
+        for outcome in self._ready.values():
+            self._pipeline.discard(outcome)
+        self._ready.clear()

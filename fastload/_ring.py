@@ -1,0 +1,79 @@
+"""The batch ring: fixed-size slots of shared memory, and who may write into which.
+
+Each slot is its own segment, so the ring can grow by one slot when the user holds every batch
+delivered so far (`list(loader)`), without moving the slots already handed out. A slot is
+free, in flight (a worker is writing it), ready, or held (the user can see it); it returns to
+free only through `release`, which the delivery side calls when nothing can see the slot any
+more. `release` may be called from any thread (a garbage-collection finalizer), so it only
+appends to a deque the ring drains on the engine's thread.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from fastload._shm import Segment, preflight
+
+
+class Ring:
+    """Slots of `slot_bytes` each, created up front after a /dev/shm capacity check."""
+
+    def __init__(self, slot_bytes: int, num_slots: int) -> None:
+        preflight(slot_bytes * num_slots)
+        self.slot_bytes = slot_bytes
+        self.segments: dict[int, Segment] = {}
+        self._by_name: dict[str, Segment] = {}
+        self._free: deque[int] = deque()
+        self._released: deque[int] = deque()
+        try:
+            for _ in range(num_slots):
+                self.grow()
+        except BaseException:
+            self.close()
+            raise
+
+    def __len__(self) -> int:
+        return len(self.segments)
+
+    def grow(self) -> int:
+        """Add one free slot and return its id."""
+        if self.segments:
+            preflight(self.slot_bytes)
+        segment = Segment.create(self.slot_bytes)
+        slot = len(self.segments)
+        self.segments[slot] = segment
+        self._by_name[segment.name] = segment
+        self._free.append(slot)
+        return slot
+
+    def name(self, slot: int) -> str:
+        return self.segments[slot].name
+
+    def buffer(self, name: str) -> memoryview:
+        return memoryview(self._by_name[name].buf)
+
+    def acquire(self) -> int | None:
+        """Take a free slot, or None when every slot is in flight, ready or held."""
+        self._drain()
+        return self._free.popleft() if self._free else None
+
+    def release(self, slot: int) -> None:
+        """Mark a slot free again; thread-safe (deque.append is atomic)."""
+        self._released.append(slot)
+
+    def _drain(self) -> None:
+        while self._released:
+            self._free.append(self._released.popleft())
+
+    @property
+    def free_count(self) -> int:
+        self._drain()
+        return len(self._free)
+
+    def close(self) -> None:
+        """Unlink every slot; mappings still seen by live tensors stay valid until they die."""
+        for segment in self.segments.values():
+            segment.close()
+        self.segments.clear()
+        self._by_name.clear()
+        self._free.clear()

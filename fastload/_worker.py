@@ -1,0 +1,114 @@
+"""The worker process body: receive tasks over ZeroMQ, write batches into ring slots, reply.
+
+State machine (one task at a time, in arrival order):
+
+    start ──► READY sent ──► wait ──TASK──► run job ──► DONE / FAILED ──► wait
+                              │ └─PROBE─► load one sample ──► PROBED ──► wait
+                              │ └─LAYOUT► remember the batch layout ──► wait
+                              └─STOP, or the parent is gone (checked every second) ──► exit
+
+A worker ignores SIGINT (Ctrl-C reaches the whole process group; the trainer decides) and never
+creates or unlinks shared memory: it only attaches to the slots it is told about.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import zmq
+
+from fastload import _protocol as proto
+from fastload._jobs import DatasetJob, FolderJob, JobFailed, _failure, pickle_batch
+from fastload._layout import BatchLayout
+from fastload._shm import Segment
+
+_PARENT_CHECK_MS = 1000
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker process needs, fixed when it is started."""
+
+    address: str
+    identity: bytes
+    parent_pid: int
+    worker_id: int
+    job: FolderJob | DatasetJob
+    batch_size: int
+    worker_init_fn: Callable[[int], Any] | None
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    """Run one worker until told to stop or until the trainer process disappears."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, spec.identity)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(spec.address)
+    try:
+        if spec.worker_init_fn is not None:
+            try:
+                spec.worker_init_fn(spec.worker_id)
+            except Exception as e:
+                sock.send_multipart(_failure(-1, e, -1, "", "worker_init_fn").encode())
+                return
+        sock.send_multipart([proto.READY, proto.READY_HEAD.pack(os.getpid())])
+        _serve(sock, spec)
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg]
+    job = spec.job
+    layout = job.layout if isinstance(job, FolderJob) else None
+    segments: dict[str, Segment] = {}
+    while True:
+        if not sock.poll(_PARENT_CHECK_MS):
+            if os.getppid() != spec.parent_pid:
+                return
+            continue
+        frames = sock.recv_multipart()
+        kind = frames[0]
+        if kind == proto.STOP:
+            return
+        if kind == proto.LAYOUT:
+            layout = BatchLayout.from_json(frames[1])
+            continue
+        seq, batch_index, epoch, _ = proto.TASK_HEAD.unpack(frames[1])
+        slot_name = frames[2].decode()
+        indices = np.frombuffer(frames[3], dtype=np.int64)
+        try:
+            if kind == proto.PROBE:
+                assert isinstance(job, DatasetJob)
+                probed = job.probe(seq, epoch, batch_index, int(indices[0]), spec.batch_size, False)
+                sock.send_multipart(
+                    [proto.PROBED, proto.SEQ_HEAD.pack(seq), probed.to_json().encode() if probed else b""]
+                )
+            elif not slot_name:
+                assert isinstance(job, DatasetJob)
+                batch = job.run_opaque(seq, epoch, batch_index, indices, False)
+                sock.send_multipart([proto.OPAQUE, proto.SEQ_HEAD.pack(seq), *pickle_batch(batch)], copy=False)
+            else:
+                if slot_name not in segments:
+                    segments[slot_name] = Segment.attach(slot_name)
+                assert layout is not None
+                arrays = layout.arrays(segments[slot_name].buf)
+                if isinstance(job, FolderJob):
+                    done = job.run(seq, epoch, batch_index, indices, arrays)
+                else:
+                    done = job.run(seq, epoch, batch_index, indices, arrays, layout, False)
+                del arrays
+                sock.send_multipart(done.encode())
+        except JobFailed as e:
+            sock.send_multipart(e.failure.encode())
+        except Exception as e:  # an unexpected error is still reported, never a silent death
+            sock.send_multipart(_failure(seq, e, int(indices[0]) if len(indices) else -1, "", "batch").encode())

@@ -1,0 +1,274 @@
+"""Declarative image transforms with torchvision's names, parameters and semantics.
+
+Transforms are data, not callables: a chain of them is compiled once into a `TransformPlan`, which
+knows the output size up front (so batch buffers are sized before any image is decoded) and, for
+each sample, turns the source image size and a random generator into a `SampleGeometry`: the box of
+the *source* image that ends up in the output, the output size and whether to flip. A decoder then
+decodes only that box and resizes it straight into the batch, which is what lets a native decoder
+skip the pixels a crop throws away.
+
+Randomness follows torchvision's algorithms exactly (e.g. `RandomResizedCrop`'s ten tries of a
+log-uniform aspect ratio, then the central fallback); the generator is a numpy `Generator` seeded
+from (seed, epoch, sample index), so results do not depend on which worker ran the sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+from fastload._errors import ConfigError
+
+__all__ = [
+    "CenterCrop",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
+    "SampleGeometry",
+    "Transform",
+    "TransformPlan",
+    "compile_transforms",
+]
+
+_INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
+
+
+def _pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
+    """Return (height, width) from an int or a 1- or 2-sequence, as torchvision does."""
+    if isinstance(size, int):
+        pair = (size, size)
+    elif len(size) == 1:
+        pair = (int(size[0]), int(size[0]))
+    elif len(size) == 2:
+        pair = (int(size[0]), int(size[1]))
+    else:
+        raise ConfigError(f"{name}: size must be an int or (height, width), got {size!r}")
+    if min(pair) <= 0:
+        raise ConfigError(f"{name}: size must be positive, got {size!r}")
+    return pair
+
+
+def _check_interpolation(name: str, interpolation: str) -> None:
+    if interpolation not in _INTERPOLATIONS:
+        raise ConfigError(
+            f"{name}: interpolation {interpolation!r} is not one of {', '.join(_INTERPOLATIONS)}"
+        )
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """Crop a random area and aspect ratio, then resize to `size` (torchvision semantics).
+
+    Args:
+        size: output (height, width), or an int for a square.
+        scale: range of the crop's area as a fraction of the image's area.
+        ratio: range of the crop's aspect ratio (width / height), sampled log-uniformly.
+        interpolation: resampling filter; "bilinear" as torchvision's default.
+        antialias: filter when downscaling, as torchvision's default (True) and PIL always do.
+    """
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    interpolation: str = "bilinear"
+    antialias: bool = True
+
+    def __post_init__(self) -> None:
+        _pair(self.size, "RandomResizedCrop")
+        _check_interpolation("RandomResizedCrop", self.interpolation)
+        if self.scale[0] > self.scale[1] or self.ratio[0] > self.ratio[1]:
+            raise ConfigError("RandomResizedCrop: scale and ratio must be (min, max) ranges")
+
+    def sample_box(self, height: int, width: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
+        """Return (top, left, crop_height, crop_width), torchvision's `get_params` algorithm."""
+        area = height * width
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for _ in range(10):
+            target_area = area * rng.uniform(self.scale[0], self.scale[1])
+            aspect_ratio = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+            w = int(round(math.sqrt(target_area * aspect_ratio)))
+            h = int(round(math.sqrt(target_area / aspect_ratio)))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(rng.integers(0, height - h + 1))
+                left = int(rng.integers(0, width - w + 1))
+                return top, left, h, w
+        # Fallback to a central crop with the ratio clamped into range.
+        in_ratio = width / height
+        if in_ratio < min(self.ratio):
+            w = width
+            h = int(round(w / min(self.ratio)))
+        elif in_ratio > max(self.ratio):
+            h = height
+            w = int(round(h * max(self.ratio)))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Resize to `size` (torchvision semantics).
+
+    An int matches the shorter edge to it, keeping the aspect ratio (the longer edge is
+    `int(size * long / short)`, capped by `max_size`); a (height, width) pair sets both.
+    """
+
+    size: int | tuple[int, int]
+    interpolation: str = "bilinear"
+    max_size: int | None = None
+    antialias: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int):
+            _pair(self.size, "Resize")
+        elif self.size <= 0:
+            raise ConfigError(f"Resize: size must be positive, got {self.size}")
+        _check_interpolation("Resize", self.interpolation)
+        if self.max_size is not None and not isinstance(self.size, int):
+            raise ConfigError("Resize: max_size is only allowed when size is an int")
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        """Return the (height, width) an image of the given size is resized to."""
+        if not isinstance(self.size, int):
+            return _pair(self.size, "Resize")
+        short, long = (height, width) if height <= width else (width, height)
+        new_short, new_long = self.size, int(self.size * long / short)
+        if self.max_size is not None:
+            if self.max_size <= self.size:
+                raise ConfigError(
+                    f"Resize: max_size ({self.max_size}) must be larger than size ({self.size})"
+                )
+            if new_long > self.max_size:
+                new_short, new_long = int(self.max_size * new_short / new_long), self.max_size
+        return (new_short, new_long) if height <= width else (new_long, new_short)
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """Crop the centre `size` (torchvision semantics; the crop must fit inside the image)."""
+
+    size: int | tuple[int, int]
+
+    def __post_init__(self) -> None:
+        _pair(self.size, "CenterCrop")
+
+    def box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """Return (top, left, crop_height, crop_width) for an image of the given size."""
+        crop_h, crop_w = _pair(self.size, "CenterCrop")
+        if crop_h > height or crop_w > width:
+            raise ConfigError(
+                f"CenterCrop({self.size}) is larger than the {height}x{width} image it gets; "
+                "padding is not supported: put a Resize before it"
+            )
+        return int(round((height - crop_h) / 2.0)), int(round((width - crop_w) / 2.0)), crop_h, crop_w
+
+
+@dataclass(frozen=True)
+class RandomHorizontalFlip:
+    """Flip left-right with probability `p` (torchvision semantics)."""
+
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p <= 1.0:
+            raise ConfigError(f"RandomHorizontalFlip: p must be in [0, 1], got {self.p}")
+
+
+Transform = Union[RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip]
+
+
+@dataclass(frozen=True)
+class SampleGeometry:
+    """What one sample's transform chain does to its source image.
+
+    `box` is (left, top, right, bottom) in source pixels, possibly fractional; the decoder resamples
+    that box to `out_height` x `out_width` with `interpolation`, then mirrors it when `flip`.
+    """
+
+    box: tuple[float, float, float, float]
+    out_height: int
+    out_width: int
+    flip: bool
+    interpolation: str
+
+
+@dataclass(frozen=True)
+class TransformPlan:
+    """A compiled transform chain: a fixed output size and a per-sample geometry sampler."""
+
+    transforms: tuple[Transform, ...]
+    out_height: int
+    out_width: int
+    interpolation: str
+
+    def sample(self, height: int, width: int, rng: np.random.Generator) -> SampleGeometry:
+        """Return the geometry for a source image of `height` x `width`, drawing from `rng`."""
+        left, top, box_w, box_h = 0.0, 0.0, float(width), float(height)
+        cur_h, cur_w = height, width
+        flip = False
+        for t in self.transforms:
+            if isinstance(t, RandomHorizontalFlip):
+                # torchvision draws torch.rand(1) < p; the order of draws is part of determinism.
+                if rng.random() < t.p:
+                    flip = not flip
+                continue
+            if isinstance(t, Resize):
+                cur_h, cur_w = t.output_size(cur_h, cur_w)
+                continue
+            if isinstance(t, RandomResizedCrop):
+                ct, cl, ch, cw = t.sample_box(cur_h, cur_w, rng)
+                new_h, new_w = _pair(t.size, "RandomResizedCrop")
+            else:
+                ct, cl, ch, cw = t.box(cur_h, cur_w)
+                new_h, new_w = ch, cw
+            # Map the crop (in current-image pixels) back to the source; a flip before a crop
+            # mirrors where the crop lands.
+            sx, sy = box_w / cur_w, box_h / cur_h
+            if flip:
+                cl = cur_w - cl - cw
+            left, top = left + cl * sx, top + ct * sy
+            box_w, box_h = cw * sx, ch * sy
+            cur_h, cur_w = new_h, new_w
+        return SampleGeometry(
+            box=(left, top, left + box_w, top + box_h),
+            out_height=cur_h,
+            out_width=cur_w,
+            flip=flip,
+            interpolation=self.interpolation,
+        )
+
+
+def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
+    """Check a transform chain and return its plan.
+
+    Raises:
+        ConfigError: an unknown transform, or a chain whose output size depends on the image
+            (batches need one size: end the chain with a crop or a fixed-size Resize).
+    """
+    chain = tuple(transforms or ())
+    out: tuple[int, int] | None = None
+    interpolation = "bilinear"
+    for t in chain:
+        if isinstance(t, RandomResizedCrop):
+            out = _pair(t.size, "RandomResizedCrop")
+            interpolation = t.interpolation
+        elif isinstance(t, CenterCrop):
+            out = _pair(t.size, "CenterCrop")
+        elif isinstance(t, Resize):
+            out = None if isinstance(t.size, int) else _pair(t.size, "Resize")
+            interpolation = t.interpolation
+        elif not isinstance(t, RandomHorizontalFlip):
+            raise ConfigError(
+                f"{t!r} is not a fastload transform: use fastload.transforms "
+                "(RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip)"
+            )
+    if out is None:
+        raise ConfigError(
+            "the transform chain does not give every image the same size, but a batch needs one: "
+            "end it with RandomResizedCrop, CenterCrop or Resize((height, width))"
+        )
+    return TransformPlan(chain, out[0], out[1], interpolation)
