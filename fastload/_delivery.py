@@ -59,7 +59,9 @@ def present_images(
     return x
 
 
-def _slot_arrays(ring: Ring, slot: int, layout: BatchLayout, count: int) -> tuple[np.ndarray, list[np.ndarray]]:
+def _slot_arrays(
+    ring: Ring, slot: int, layout: BatchLayout, count: int
+) -> tuple[np.ndarray, list[np.ndarray]]:
     base = np.ndarray((ring.slot_bytes,), dtype=np.uint8, buffer=ring.segments[slot].buf)
     return base, layout.arrays(base, count)
 
@@ -101,7 +103,9 @@ class CpuDelivery:
 class CudaDelivery:
     """Pinned slots copied `non_blocking` on a side stream; released when the copy completes."""
 
-    def __init__(self, ring: Ring, layout: BatchLayout, images: ImageOutput | None, device: torch.device) -> None:
+    def __init__(
+        self, ring: Ring, layout: BatchLayout, images: ImageOutput | None, device: torch.device
+    ) -> None:
         self._ring = ring
         self._layout = layout
         self._images = images
@@ -158,4 +162,3 @@ def make_delivery(
     if device.type == "cuda":
         return CudaDelivery(ring, layout, images, device)
     return CpuDelivery(ring, layout, images, pin_memory)
-

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, NoReturn
 
 import numpy as np
 import zmq
@@ -67,7 +67,7 @@ class Opaque:
     batch: Any
 
 
-Event = Union[Done, Failure, Probed, Opaque]
+Event = Done | Failure | Probed | Opaque
 
 
 @dataclass
@@ -79,7 +79,7 @@ class _Worker:
     tasks: dict[int, Task] = field(default_factory=dict)
 
 
-def raise_failure(failure: Failure) -> None:
+def raise_failure(failure: Failure) -> NoReturn:
     """Raise the trainer-side error for a worker's Failure."""
     if failure.seq < 0:
         raise WorkerError(f"a worker could not start: {failure.message}\n{failure.traceback}")
@@ -116,7 +116,7 @@ class Engine:
         self._num_workers = num_workers
         self._batch_size = batch_size
         self._worker_init_fn = worker_init_fn
-        self._mp = mp.get_context(mp_context or "fork")
+        self._mp: Any = mp.get_context(mp_context or "fork")
         self._dir = socket_dir()
         self._address = f"ipc://{self._dir}/engine.sock"
         self._ctx = zmq.Context()
@@ -148,7 +148,9 @@ class Engine:
             batch_size=self._batch_size,
             worker_init_fn=self._worker_init_fn,
         )
-        process = self._mp.Process(target=worker_main, args=(spec,), name=f"fastload-worker-{worker_id}", daemon=True)
+        process = self._mp.Process(
+            target=worker_main, args=(spec,), name=f"fastload-worker-{worker_id}", daemon=True
+        )
         process.start()
         self._workers[identity] = _Worker(worker_id, identity, process)
 
@@ -289,14 +291,18 @@ def _signal_name(code: int) -> str:
 class InlineExecutor:
     """Runs tasks in the caller's process (num_workers=0), with the Engine's interface."""
 
-    worker_pids: list[int] = []
-
-    def __init__(self, job: FolderJob | DatasetJob, *, batch_size: int, resolve_slot: Callable[[str], Any]) -> None:
+    def __init__(
+        self, job: FolderJob | DatasetJob, *, batch_size: int, resolve_slot: Callable[[str], Any]
+    ) -> None:
         self._job = job
         self._batch_size = batch_size
         self._resolve_slot = resolve_slot
         self._layout: BatchLayout | None = job.layout if isinstance(job, FolderJob) else None
         self._queue: deque[Task] = deque()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return []
 
     def set_layout(self, layout: BatchLayout) -> None:
         self._layout = layout
@@ -321,7 +327,11 @@ class InlineExecutor:
                 return [Probed(task.seq, layout)]
             if not task.slot_name:
                 assert isinstance(job, DatasetJob)
-                return [Opaque(task.seq, job.run_opaque(task.seq, task.epoch, task.batch_index, task.indices, True))]
+                return [
+                    Opaque(
+                        task.seq, job.run_opaque(task.seq, task.epoch, task.batch_index, task.indices, True)
+                    )
+                ]
             assert self._layout is not None
             arrays = self._layout.arrays(self._resolve_slot(task.slot_name))
             if isinstance(job, FolderJob):

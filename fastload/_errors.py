@@ -47,9 +47,7 @@ class SampleError(FastloadError):
         worker_traceback: the worker's formatted traceback.
     """
 
-    def __init__(
-        self, message: str, *, path: str, index: int, exc_type: str, worker_traceback: str
-    ) -> None:
+    def __init__(self, message: str, *, path: str, index: int, exc_type: str, worker_traceback: str) -> None:
         super().__init__(message)
         self.path = path
         self.index = index

@@ -61,7 +61,9 @@ class FolderJob:
         )
         self._backend = make_backend(backend, plan)
 
-    def run(self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, arrays: Sequence[np.ndarray]) -> Done:
+    def run(
+        self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, arrays: Sequence[np.ndarray]
+    ) -> Done:
         n = len(indices)
         images, labels = arrays
         paths = [self.index.path(int(i)) for i in indices]
@@ -106,7 +108,9 @@ class DatasetJob:
         except Exception:
             return ""
 
-    def _fetch(self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, restore_rng: bool) -> list[Any]:
+    def _fetch(
+        self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, restore_rng: bool
+    ) -> list[Any]:
         states = (torch.get_rng_state(), np.random.get_state(), random.getstate()) if restore_rng else None
         s = batch_seed(self.seed, epoch, batch_index)
         torch.manual_seed(s)
@@ -132,15 +136,25 @@ class DatasetJob:
                 np.random.set_state(states[1])
                 random.setstate(states[2])
 
-    def probe(self, seq: int, epoch: int, batch_index: int, index: int, batch_size: int, restore_rng: bool) -> BatchLayout | None:
+    def probe(
+        self, seq: int, epoch: int, batch_index: int, index: int, batch_size: int, restore_rng: bool
+    ) -> BatchLayout | None:
         """Load one sample and return its layout, or None when batches must take the slow path."""
         if self.collate_fn is not None:
             return None
         (sample,) = self._fetch(seq, epoch, batch_index, np.asarray([index]), restore_rng)
         return BatchLayout.infer(sample, batch_size)
 
-    def run(self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, arrays: Sequence[np.ndarray],
-            layout: BatchLayout, restore_rng: bool) -> Done:
+    def run(
+        self,
+        seq: int,
+        epoch: int,
+        batch_index: int,
+        indices: np.ndarray,
+        arrays: Sequence[np.ndarray],
+        layout: BatchLayout,
+        restore_rng: bool,
+    ) -> Done:
         t0 = time.perf_counter_ns()
         samples = self._fetch(seq, epoch, batch_index, indices, restore_rng)
         t1 = time.perf_counter_ns()
@@ -156,7 +170,9 @@ class DatasetJob:
                 raise JobFailed(dataclasses.replace(failure, message=message)) from e
         return Done(seq, len(indices), t1 - t0, time.perf_counter_ns() - t1, 0)
 
-    def run_opaque(self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, restore_rng: bool) -> Any:
+    def run_opaque(
+        self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, restore_rng: bool
+    ) -> Any:
         """Load and collate a batch that cannot live in a slot (the documented slow path)."""
         samples = self._fetch(seq, epoch, batch_index, indices, restore_rng)
         collate = self.collate_fn or torch.utils.data.default_collate

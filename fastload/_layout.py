@@ -66,9 +66,7 @@ class BatchLayout:
         n = self.batch_size if count is None else count
         views = []
         for leaf, offset in zip(self.leaves, self.offsets, strict=True):
-            views.append(
-                np.ndarray((n, *leaf.shape), dtype=np.dtype(leaf.dtype), buffer=buf, offset=offset)
-            )
+            views.append(np.ndarray((n, *leaf.shape), dtype=np.dtype(leaf.dtype), buffer=buf, offset=offset))
         return views
 
     def to_json(self) -> str:

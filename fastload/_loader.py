@@ -98,7 +98,9 @@ class FastLoader:
             raise ConfigError("prefetch_factor needs num_workers > 0, as in DataLoader")
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ConfigError("batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last")
+                raise ConfigError(
+                    "batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last"
+                )
         elif batch_size is None:
             raise ConfigError("batch_size=None (no batching) is not supported: give a batch size")
         elif batch_size <= 0:
@@ -108,7 +110,9 @@ class FastLoader:
         if is_folder and (sampler is not None or batch_sampler is not None or collate_fn is not None):
             raise ConfigError("sampler, batch_sampler and collate_fn apply to Dataset inputs, not folders")
         if not is_folder and (transform is not None or normalize is not None):
-            raise ConfigError("transform and normalize apply to image folders; a Dataset transforms its own samples")
+            raise ConfigError(
+                "transform and normalize apply to image folders; a Dataset transforms its own samples"
+            )
 
         self.seed = _seed_from(generator) if seed is None else int(seed)
         self.batch_size = batch_size if batch_sampler is None else None
@@ -116,8 +120,10 @@ class FastLoader:
         self.num_workers = num_workers
         self.persistent_workers = persistent_workers or is_folder
         self.dataset = dataset
-        self.device = torch.device(device) if device is not None else torch.device(
-            "cuda" if is_folder and torch.cuda.is_available() else "cpu"
+        self.device = (
+            torch.device(device)
+            if device is not None
+            else torch.device("cuda" if is_folder and torch.cuda.is_available() else "cpu")
         )
         self._plan: ShuffledPlan | SamplerPlan
         self._job: FolderJob | DatasetJob
@@ -126,7 +132,9 @@ class FastLoader:
             index = ImageFolderIndex.scan(dataset)  # type: ignore[arg-type]
             self.classes: tuple[str, ...] = index.classes
             assert batch_size is not None
-            self._plan = ShuffledPlan(len(index), batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed)
+            self._plan = ShuffledPlan(
+                len(index), batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed
+            )
             self._job = FolderJob(index, compile_transforms(transform), backend, self.seed, batch_size)
             if normalize is not None:
                 mean, std = (tuple(float(v) for v in normalize[0]), tuple(float(v) for v in normalize[1]))
@@ -140,7 +148,9 @@ class FastLoader:
         else:
             self._plan = self._dataset_plan(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
             self._job = DatasetJob(dataset, collate_fn, self.seed)
-        slot_batch = batch_size if batch_size is not None and batch_sampler is None else _max_batch(batch_sampler)
+        slot_batch = (
+            batch_size if batch_size is not None and batch_sampler is None else _max_batch(batch_sampler)
+        )
         if prefetch is None:
             prefetch = (prefetch_factor or 2) * max(1, num_workers)
         if prefetch < 1:
@@ -163,14 +173,23 @@ class FastLoader:
         self._resume_at = 0
         self._closed = False
 
-    def _dataset_plan(self, dataset: Any, batch_size: int | None, shuffle: bool | None, sampler: Any,
-                      batch_sampler: Any, drop_last: bool) -> ShuffledPlan | SamplerPlan:
+    def _dataset_plan(
+        self,
+        dataset: Any,
+        batch_size: int | None,
+        shuffle: bool | None,
+        sampler: Any,
+        batch_sampler: Any,
+        drop_last: bool,
+    ) -> ShuffledPlan | SamplerPlan:
         if batch_sampler is not None:
             return SamplerPlan(batch_sampler)
         assert batch_size is not None
         if sampler is not None:
             return SamplerPlan(BatchSampler(sampler, batch_size, drop_last))
-        return ShuffledPlan(len(dataset), batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed)
+        return ShuffledPlan(
+            len(dataset), batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed
+        )
 
     def __len__(self) -> int:
         """Batches per epoch."""

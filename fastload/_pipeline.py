@@ -14,7 +14,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ class PipelineConfig:
     images: ImageOutput | None
 
 
-_Outcome = Union[tuple[int, int], Failure, Opaque]  # (slot, count) | failure | opaque batch
+_Outcome = tuple[int, int] | Failure | Opaque  # (slot, count) | failure | opaque batch
 
 
 class Pipeline:
@@ -93,7 +93,9 @@ class Pipeline:
             return
         if self.layout is None:
             seq = self.next_seq()
-            self.executor.submit(Task(seq, epoch, batch_index, np.asarray([first_index], np.int64), "", probe=True))
+            self.executor.submit(
+                Task(seq, epoch, batch_index, np.asarray([first_index], np.int64), "", probe=True)
+            )
             deadline = _deadline(self.config.timeout_s)
             while self._probed is None or self._probed.seq != seq:
                 self.poll_once(deadline)
@@ -169,7 +171,8 @@ class Pipeline:
         if isinstance(outcome, Opaque):
             return outcome.batch
         assert self.delivery is not None
-        return self.delivery.deliver(*outcome)
+        slot, count = outcome
+        return self.delivery.deliver(slot, count)
 
     def grow_if_starved(self, owner: EpochIterator) -> None:
         """Add a slot when every slot is held by the user (e.g. `list(loader)`), never otherwise."""
@@ -209,8 +212,9 @@ def _deadline(timeout_s: float) -> float | None:
 class EpochIterator(Iterator[Any]):
     """Yields one epoch's batches in plan order, starting at batch `start`."""
 
-    def __init__(self, pipeline: Pipeline, batches: Iterator[np.ndarray], epoch: int, start: int,
-                 on_yield: Any) -> None:
+    def __init__(
+        self, pipeline: Pipeline, batches: Iterator[np.ndarray], epoch: int, start: int, on_yield: Any
+    ) -> None:
         self._pipeline = pipeline
         self._batches = batches
         self._epoch = epoch

@@ -32,7 +32,9 @@ def batch_seed(seed: int, epoch: int, batch_index: int) -> int:
 class ShuffledPlan:
     """Every sample once per epoch, in batches; optionally shuffled from (seed, epoch)."""
 
-    def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, drop_last: bool, seed: int) -> None:
+    def __init__(
+        self, num_samples: int, batch_size: int, *, shuffle: bool, drop_last: bool, seed: int
+    ) -> None:
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.shuffle = shuffle

@@ -96,7 +96,9 @@ def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg
             elif not slot_name:
                 assert isinstance(job, DatasetJob)
                 batch = job.run_opaque(seq, epoch, batch_index, indices, False)
-                sock.send_multipart([proto.OPAQUE, proto.SEQ_HEAD.pack(seq), *pickle_batch(batch)], copy=False)
+                sock.send_multipart(
+                    [proto.OPAQUE, proto.SEQ_HEAD.pack(seq), *pickle_batch(batch)], copy=False
+                )
             else:
                 if slot_name not in segments:
                     segments[slot_name] = Segment.attach(slot_name)
@@ -111,4 +113,6 @@ def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg
         except JobFailed as e:
             sock.send_multipart(e.failure.encode())
         except Exception as e:  # an unexpected error is still reported, never a silent death
-            sock.send_multipart(_failure(seq, e, int(indices[0]) if len(indices) else -1, "", "batch").encode())
+            sock.send_multipart(
+                _failure(seq, e, int(indices[0]) if len(indices) else -1, "", "batch").encode()
+            )

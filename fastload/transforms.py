@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 
@@ -178,7 +177,7 @@ class RandomHorizontalFlip:
             raise ConfigError(f"RandomHorizontalFlip: p must be in [0, 1], got {self.p}")
 
 
-Transform = Union[RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip]
+Transform = RandomResizedCrop | Resize | CenterCrop | RandomHorizontalFlip
 
 
 @dataclass(frozen=True)

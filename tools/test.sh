@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Install fastload with its test tools into ./.venv, then lint, type-check and run the whole suite.
+# GPU tests (tests/gpu/) run when CUDA is available and are skipped, with the reason, otherwise.
+. "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" test
+.venv/bin/ruff check fastload tests tools
+.venv/bin/mypy
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
