@@ -101,22 +101,37 @@ class CpuDelivery:
 
 
 class CudaDelivery:
-    """Pinned slots copied `non_blocking` on a side stream; released when the copy completes."""
+    """Pinned slots copied `non_blocking` on a side stream; released when the copy completes.
+
+    `cuda` is the `torch.cuda` module; tests on machines without a GPU pass a stand-in with the
+    same few names (Stream, Event, current_stream, stream, cudart) to check the protocol.
+    """
 
     def __init__(
-        self, ring: Ring, layout: BatchLayout, images: ImageOutput | None, device: torch.device
+        self,
+        ring: Ring,
+        layout: BatchLayout,
+        images: ImageOutput | None,
+        device: torch.device,
+        cuda: Any = torch.cuda,
     ) -> None:
         self._ring = ring
         self._layout = layout
         self._images = images
         self._device = device
-        self._stream = torch.cuda.Stream(device=device)
+        self._cuda = cuda
+        self._stream = cuda.Stream(device=device)
         self._affine = images.affine(device) if images else None
-        self._pending: deque[tuple[torch.cuda.Event, int]] = deque()
+        self._pending: deque[tuple[Any, int]] = deque()  # (copy-done event, slot), in copy order
         self._registered: list[int] = []
-        self._cudart: Any = torch.cuda.cudart()
+        self._cudart: Any = cuda.cudart()
         for segment in ring.segments.values():
             self.on_new_slot(segment)
+
+    @property
+    def pending(self) -> int:
+        """Slots whose copies have not been seen complete yet."""
+        return len(self._pending)
 
     def on_new_slot(self, segment: Segment) -> None:
         """Register a slot as page-locked (pinned) memory, once, so copies are true async DMA."""
@@ -128,18 +143,19 @@ class CudaDelivery:
     def deliver(self, slot: int, count: int) -> Any:
         _, arrays = _slot_arrays(self._ring, slot, self._layout, count)
         host = [torch.from_numpy(a) for a in arrays]
-        user_stream = torch.cuda.current_stream(self._device)
-        with torch.cuda.stream(self._stream):
-            on_gpu = [t.to(self._device, non_blocking=True) for t in host]
+        user_stream = self._cuda.current_stream(self._device)
+        with self._cuda.stream(self._stream):
+            on_device = [t.to(self._device, non_blocking=True) for t in host]
             if self._images is not None:
-                on_gpu[0] = present_images(on_gpu[0], self._images, self._affine)
-            done = torch.cuda.Event()
-            done.record(self._stream)
-        user_stream.wait_event(done)
-        for t in on_gpu:
-            t.record_stream(user_stream)
-        self._pending.append((done, slot))
-        return self._layout.build(on_gpu)
+                on_device[0] = present_images(on_device[0], self._images, self._affine)
+            copied = self._cuda.Event()
+            copied.record(self._stream)
+        user_stream.wait_event(copied)
+        for t in on_device:
+            if t.is_cuda:  # tell the caching allocator the user's stream uses it too
+                t.record_stream(user_stream)
+        self._pending.append((copied, slot))
+        return self._layout.build(on_device)
 
     def poll(self) -> None:
         """Release the slots whose copies have completed (event queries, no host sync)."""

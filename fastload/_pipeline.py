@@ -178,7 +178,7 @@ class Pipeline:
         """Add a slot when every slot is held by the user (e.g. `list(loader)`), never otherwise."""
         if self.opaque or self.ring is None or self.executor.in_flight or owner.ready_count:
             return
-        if isinstance(self.delivery, CudaDelivery):
+        if isinstance(self.delivery, CudaDelivery) and self.delivery.pending:
             return  # slots come back when their copies complete
         if self.ring.free_count == 0:
             gc.collect()  # a batch in a reference cycle holds its slot until collected
