@@ -113,7 +113,7 @@ class DatasetJob:
     ) -> list[Any]:
         states = (torch.get_rng_state(), np.random.get_state(), random.getstate()) if restore_rng else None
         s = batch_seed(self.seed, epoch, batch_index)
-        torch.manual_seed(s)
+        torch.default_generator.manual_seed(s)  # CPU only: torch.manual_seed also queues CUDA seeding
         np.random.seed(s % 2**32)
         random.seed(s)
         try:

@@ -81,7 +81,9 @@ class Segment:
             raise SharedMemoryError(f"cannot attach shared memory {path}: {e}") from e
         try:
             size = os.fstat(fd).st_size
-            mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            # Fault every page in now, in one call, rather than one trap per page mid-batch.
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mapping = mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         return cls(name, size, mapping, owner=False)
