@@ -62,7 +62,10 @@ def present_images(
 def _slot_arrays(
     ring: Ring, slot: int, layout: BatchLayout, count: int
 ) -> tuple[np.ndarray, list[np.ndarray]]:
-    base = np.ndarray((ring.slot_bytes,), dtype=np.uint8, buffer=ring.segments[slot].buf)
+    # frombuffer holds a buffer export on the mapping while any view of `base` lives, so
+    # Segment.close cannot unmap a slot under a batch the user still holds (np.ndarray(buffer=mmap)
+    # takes no export: reading such a batch after close() would touch unmapped memory).
+    base = np.frombuffer(ring.segments[slot].buf, dtype=np.uint8, count=ring.slot_bytes)
     return base, layout.arrays(base, count)
 
 

@@ -4,6 +4,9 @@
 worker over a ROUTER socket, collects replies as events, and supervises: a worker that died
 (killed, segfault) is replaced and every task it held is run again, so no batch is lost or
 duplicated. A task that keeps killing workers raises WorkerError instead of looping forever.
+Blame is only ever put on a task that was alone on the worker that died: tasks lost together are
+re-run one per idle worker ("suspect"), since a worker may die after finishing a task whose reply
+never left it.
 `InlineExecutor` has the same interface and runs tasks in the caller's process (num_workers=0).
 
 NOTE [one socket, addressed workers]: tasks are sent to a chosen worker (ROUTER identity) rather
@@ -13,7 +16,6 @@ The socket lives in a fresh 0700 directory (mkdtemp), so other users cannot conn
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import multiprocessing as mp
 import os
@@ -53,6 +55,7 @@ class Task:
     slot_name: str  # "" for opaque batches and probes
     probe: bool = False
     deaths: int = 0
+    suspect: bool = False  # lost with a dead worker among others: runs alone until it completes
 
 
 @dataclass(frozen=True)
@@ -172,9 +175,19 @@ class Engine:
         self._sock.send_multipart([worker.identity, *frames])
 
     def _dispatch(self) -> None:
-        ready = [w for w in self._workers.values() if w.ready]
+        # A worker running a suspect task takes nothing else, so that its death is that task's.
+        ready = [
+            w for w in self._workers.values() if w.ready and not any(t.suspect for t in w.tasks.values())
+        ]
         while self._queue and ready:
-            worker = min(ready, key=lambda w: len(w.tasks))
+            if self._queue[0].suspect:
+                idle = [w for w in ready if not w.tasks]
+                if not idle:
+                    return  # wait for a worker to finish what it holds; the suspect goes first
+                worker = idle[0]
+                ready.remove(worker)
+            else:
+                worker = min(ready, key=lambda w: len(w.tasks))
             task = self._queue.popleft()
             kind = proto.PROBE if task.probe else proto.TASK
             head = proto.TASK_HEAD.pack(task.seq, task.batch_index, task.epoch, len(task.indices))
@@ -238,8 +251,11 @@ class Engine:
                 continue
             del self._workers[identity]
             worker.process.join(0)
-            lost = sorted(worker.tasks.values(), key=lambda t: t.seq, reverse=True)
+            lost = list(worker.tasks.values())
             for task in lost:
+                task.suspect = True
+            if len(lost) == 1:  # it held nothing else: this task killed it
+                task = lost[0]
                 task.deaths += 1
                 if task.deaths >= MAX_DEATHS_PER_TASK:
                     raise WorkerError(
@@ -247,6 +263,7 @@ class Engine:
                         f"{task.deaths} worker processes in a row (last exit code {code}"
                         f"{_signal_name(code)}); a sample probably crashes the decoder"
                     )
+            for task in reversed(lost):
                 self._queue.appendleft(task)
             if not worker.ready and not lost and code != 0:
                 raise WorkerError(
@@ -261,9 +278,11 @@ class Engine:
             return
         self._closed = True
         for worker in self._workers.values():
-            if worker.ready:
-                with contextlib.suppress(zmq.ZMQError):
-                    self._send(worker, [proto.STOP])
+            # Also a worker whose READY was not read yet: it is connected and reads STOP first.
+            try:
+                self._send(worker, [proto.STOP])
+            except zmq.ZMQError:  # not connected yet: it holds no task, so stop it now
+                worker.process.kill()
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
         for worker in self._workers.values():
             worker.process.join(max(0.0, deadline - time.monotonic()))

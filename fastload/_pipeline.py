@@ -62,7 +62,9 @@ class Pipeline:
         self._seqs = itertools.count()
         self._slot_of: dict[int, int] = {}  # seq -> slot, for tasks whose slot is not yet ready
         self._owner: dict[int, EpochIterator] = {}  # seq -> the epoch that submitted it
-        self._probed: Probed | None = None
+        self._probed: Probed | Failure | None = None  # the reply to the layout probe
+        self._probe_seq = -1
+        self._collect_at = 0  # ring size at which a starved ring next runs the garbage collector
         install_signal_cleanup()
         reap_orphans()
         self.executor: Engine | InlineExecutor
@@ -87,22 +89,28 @@ class Pipeline:
     def next_seq(self) -> int:
         return next(self._seqs)
 
-    def ensure_layout(self, epoch: int, batch_index: int, first_index: int) -> None:
-        """Learn the batch layout (probing one sample for a Dataset) and build ring + delivery."""
+    def ensure_layout(self, epoch: int, batch_index: int, first_index: int) -> Failure | None:
+        """Learn the batch layout (probing one sample for a Dataset) and build ring + delivery.
+
+        Returns the Failure when the probed sample could not be loaded: that batch fails, and the
+        next batch probes again.
+        """
         if self.ring is not None or self.opaque:
-            return
+            return None
         if self.layout is None:
-            seq = self.next_seq()
+            self._probe_seq = seq = self.next_seq()
             self.executor.submit(
                 Task(seq, epoch, batch_index, np.asarray([first_index], np.int64), "", probe=True)
             )
             deadline = _deadline(self.config.timeout_s)
             while self._probed is None or self._probed.seq != seq:
                 self.poll_once(deadline)
+            if isinstance(self._probed, Failure):
+                return self._probed
             self.layout = self._probed.layout
             if self.layout is None:
                 self.opaque = True
-                return
+                return None
             self.executor.set_layout(self.layout)
         self.ring = Ring(self.layout.slot_bytes, self.config.prefetch + _EXTRA_SLOTS)
         self._resources.append(self.ring)
@@ -110,6 +118,7 @@ class Pipeline:
             self.ring, self.layout, self.config.images, self.config.device, self.config.pin_memory
         )
         self._resources.append(self.delivery)
+        return None
 
     def submit(self, owner: EpochIterator, epoch: int, batch_index: int, indices: np.ndarray) -> bool:
         """Queue one batch; False when no slot is free."""
@@ -142,7 +151,7 @@ class Pipeline:
             )
 
     def _route(self, event: Event) -> None:
-        if isinstance(event, Probed):
+        if isinstance(event, Probed) or (isinstance(event, Failure) and event.seq == self._probe_seq):
             self._probed = event
             return
         if isinstance(event, Failure) and event.seq < 0:
@@ -174,16 +183,25 @@ class Pipeline:
         slot, count = outcome
         return self.delivery.deliver(slot, count)
 
-    def grow_if_starved(self, owner: EpochIterator) -> None:
-        """Add a slot when every slot is held by the user (e.g. `list(loader)`), never otherwise."""
+    def grow_if_starved(self, owner: EpochIterator) -> bool:
+        """Add a slot when every slot is held by the user (e.g. `list(loader)`), never otherwise.
+
+        Returns True when it freed or added a slot (nothing was in flight: waiting would not help).
+        """
         if self.opaque or self.ring is None or self.executor.in_flight or owner.ready_count:
-            return
+            return False
         if isinstance(self.delivery, CudaDelivery) and self.delivery.pending:
-            return  # slots come back when their copies complete
+            return False  # slots come back when their copies complete
+        if self.ring.free_count > 0:
+            return False
+        if len(self.ring) >= self._collect_at:
+            # A batch in a reference cycle holds its slot until collected; but a full collection is
+            # slow, so run it again only once the ring has doubled (list(loader) grows it per batch).
+            gc.collect()
+            self._collect_at = 2 * len(self.ring)
         if self.ring.free_count == 0:
-            gc.collect()  # a batch in a reference cycle holds its slot until collected
-            if self.ring.free_count == 0:
-                self.delivery.on_new_slot(self.ring.segments[self.ring.grow()])  # type: ignore[union-attr]
+            self.delivery.on_new_slot(self.ring.segments[self.ring.grow()])  # type: ignore[union-attr]
+        return True
 
     @property
     def worker_pids(self) -> list[int]:
@@ -247,7 +265,11 @@ class EpochIterator(Iterator[Any]):
             if indices is None:
                 self._exhausted = True
                 return
-            pipe.ensure_layout(self._epoch, self._next_batch_index, int(indices[0]))
+            failed = pipe.ensure_layout(self._epoch, self._next_batch_index, int(indices[0]))
+            if failed is not None:  # its first sample failed while probed: the batch fails, in order
+                self._ready[self._next_batch_index] = failed
+                self._next_batch_index += 1
+                continue
             if not pipe.submit(self, self._epoch, self._next_batch_index, indices):
                 self._batches = itertools.chain([indices], self._batches)
                 return
@@ -263,9 +285,9 @@ class EpochIterator(Iterator[Any]):
             if self._exhausted and not self._seq_of_batch and self._next_yield not in self._ready:
                 self.stop()
                 raise StopIteration
+            if pipe.grow_if_starved(self):
+                continue  # a slot is free again: submit into it rather than wait for nothing
             pipe.poll_once(deadline)
-            if self._next_yield not in self._ready:
-                pipe.grow_if_starved(self)
         outcome = self._ready.pop(self._next_yield)
         self._next_yield += 1
         self._on_yield(self._epoch, self._next_yield)

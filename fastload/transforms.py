@@ -108,12 +108,20 @@ class RandomResizedCrop:
         return (height - h) // 2, (width - w) // 2, h, w
 
 
+def _shorter_edge(size: int | Sequence[int]) -> int | None:
+    """A Resize size's target for the shorter edge (an int or, as torchvision, a 1-sequence)."""
+    if isinstance(size, int):
+        return size
+    return int(size[0]) if len(size) == 1 else None
+
+
 @dataclass(frozen=True)
 class Resize:
     """Resize to `size` (torchvision semantics).
 
-    An int matches the shorter edge to it, keeping the aspect ratio (the longer edge is
-    `int(size * long / short)`, capped by `max_size`); a (height, width) pair sets both.
+    An int (or a 1-sequence, as in torchvision) matches the shorter edge to it, keeping the aspect
+    ratio (the longer edge is `int(size * long / short)`, capped by `max_size`); a (height, width)
+    pair sets both.
     """
 
     size: int | tuple[int, int]
@@ -122,27 +130,27 @@ class Resize:
     antialias: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int):
+        edge = _shorter_edge(self.size)
+        if edge is None:
             _pair(self.size, "Resize")
-        elif self.size <= 0:
+        elif edge <= 0:
             raise ConfigError(f"Resize: size must be positive, got {self.size}")
         _check_interpolation("Resize", self.interpolation)
-        if self.max_size is not None and not isinstance(self.size, int):
-            raise ConfigError("Resize: max_size is only allowed when size is an int")
+        if self.max_size is not None:
+            if edge is None:
+                raise ConfigError("Resize: max_size is only allowed when size is an int")
+            if self.max_size <= edge:
+                raise ConfigError(f"Resize: max_size ({self.max_size}) must be larger than size ({edge})")
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         """Return the (height, width) an image of the given size is resized to."""
-        if not isinstance(self.size, int):
+        edge = _shorter_edge(self.size)
+        if edge is None:
             return _pair(self.size, "Resize")
         short, long = (height, width) if height <= width else (width, height)
-        new_short, new_long = self.size, int(self.size * long / short)
-        if self.max_size is not None:
-            if self.max_size <= self.size:
-                raise ConfigError(
-                    f"Resize: max_size ({self.max_size}) must be larger than size ({self.size})"
-                )
-            if new_long > self.max_size:
-                new_short, new_long = int(self.max_size * new_short / new_long), self.max_size
+        new_short, new_long = edge, int(edge * long / short)
+        if self.max_size is not None and new_long > self.max_size:
+            new_short, new_long = int(self.max_size * new_short / new_long), self.max_size
         return (new_short, new_long) if height <= width else (new_long, new_short)
 
 
@@ -186,6 +194,9 @@ class SampleGeometry:
 
     `box` is (left, top, right, bottom) in source pixels, possibly fractional; the decoder resamples
     that box to `out_height` x `out_width` with `interpolation`, then mirrors it when `flip`.
+    `clip` (same form; None for the whole image) bounds the source pixels the resampling filter
+    may read: what the chain's last resize resampled. torchvision crops before it resizes, so at
+    a RandomResizedCrop's edges the filter sees only the crop, not the image beyond it.
     """
 
     box: tuple[float, float, float, float]
@@ -193,6 +204,7 @@ class SampleGeometry:
     out_width: int
     flip: bool
     interpolation: str
+    clip: tuple[float, float, float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +221,7 @@ class TransformPlan:
         left, top, box_w, box_h = 0.0, 0.0, float(width), float(height)
         cur_h, cur_w = height, width
         flip = False
+        clip = (0.0, 0.0, float(width), float(height))
         for t in self.transforms:
             if isinstance(t, RandomHorizontalFlip):
                 # torchvision draws torch.rand(1) < p; the order of draws is part of determinism.
@@ -217,6 +230,7 @@ class TransformPlan:
                 continue
             if isinstance(t, Resize):
                 cur_h, cur_w = t.output_size(cur_h, cur_w)
+                clip = (left, top, left + box_w, top + box_h)  # the whole current image is resampled
                 continue
             if isinstance(t, RandomResizedCrop):
                 ct, cl, ch, cw = t.sample_box(cur_h, cur_w, rng)
@@ -232,12 +246,15 @@ class TransformPlan:
             left, top = left + cl * sx, top + ct * sy
             box_w, box_h = cw * sx, ch * sy
             cur_h, cur_w = new_h, new_w
+            if isinstance(t, RandomResizedCrop):
+                clip = (left, top, left + box_w, top + box_h)  # it resizes its crop, and only that
         return SampleGeometry(
             box=(left, top, left + box_w, top + box_h),
             out_height=cur_h,
             out_width=cur_w,
             flip=flip,
             interpolation=self.interpolation,
+            clip=clip,
         )
 
 
@@ -258,7 +275,7 @@ def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
         elif isinstance(t, CenterCrop):
             out = _pair(t.size, "CenterCrop")
         elif isinstance(t, Resize):
-            out = None if isinstance(t.size, int) else _pair(t.size, "Resize")
+            out = None if _shorter_edge(t.size) is not None else _pair(t.size, "Resize")
             interpolation = t.interpolation
         elif not isinstance(t, RandomHorizontalFlip):
             raise ConfigError(

@@ -51,12 +51,12 @@ class FakeCudart:
     def __init__(self) -> None:
         self.registered: dict[int, int] = {}
 
-    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
         assert ptr not in self.registered
         self.registered[ptr] = size
         return 0
 
-    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+    def cudaHostUnregister(self, ptr: int) -> int:
         del self.registered[ptr]
         return 0
 
@@ -72,10 +72,10 @@ class FakeCuda:
         self.events: list[FakeEvent] = []
         self.complete_after = complete_after
 
-    def Stream(self, device: Any = None) -> FakeStream:  # noqa: N802
+    def Stream(self, device: Any = None) -> FakeStream:
         return FakeStream("side", self.log)
 
-    def Event(self) -> FakeEvent:  # noqa: N802
+    def Event(self) -> FakeEvent:
         event = FakeEvent(self.log, self.complete_after)
         self.events.append(event)
         return event
@@ -147,7 +147,7 @@ def test_copy_on_side_stream_user_waits_and_slot_released_after_event() -> None:
 
 
 def test_slots_released_in_copy_order() -> None:
-    ring, _, cuda, delivery = _setup(complete_after=0)
+    ring, _, _cuda, delivery = _setup(complete_after=0)
     try:
         taken = [ring.acquire(), ring.acquire()]
         for slot in taken:

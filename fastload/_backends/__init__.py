@@ -1,9 +1,9 @@
 """The decode+augment seam: one small interface, one implementation per backend.
 
 A backend turns a batch of encoded images into uint8 NHWC pixels written straight into the
-batch's place in a ring slot, following a compiled `TransformPlan`. `native` is the default
-(today Pillow with JPEG draft mode; the C decoder plugs in here), `dali` arrives through the
-same seam.
+batch's place in a ring slot, following a compiled `TransformPlan`. `native` (the default) is the
+libjpeg-turbo extension built from native/, falling back to `pil` (Pillow, JPEG draft mode) where
+the extension is not built; `dali` arrives through the same seam.
 """
 
 from __future__ import annotations
@@ -41,7 +41,16 @@ class ImageBackend(Protocol):
 
 def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
     """Return the backend called `name`, configured with `plan`."""
-    if name in ("native", "pil"):
+    if name == "native":
+        from fastload._native import native_jpeg
+
+        jpeg = native_jpeg()
+        if jpeg is not None:
+            from fastload._backends.native import NativeBackend
+
+            return NativeBackend(plan, jpeg)
+        name = "pil"
+    if name == "pil":
         from fastload._backends.pil import PilBackend
 
         return PilBackend(plan)

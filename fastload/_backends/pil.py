@@ -1,9 +1,10 @@
 """Decode+augment with Pillow: JPEG draft (DCT-scaled) decode, one resample of the crop box, flip.
 
 Pillow's `draft()` lets libjpeg scale by 1/2, 1/4 or 1/8 while decoding; the scale is chosen so
-the crop box still has at least as many pixels as the output, so quality is kept. The crop and the
-resize are one `Image.resize(box=...)` call (what torchvision's crop-then-resize computes), so no
-intermediate crop is materialised.
+the crop box still has at least as many pixels as the output, so quality is kept. The resize is one
+`Image.resize(box=...)` call; the image is first cut to `SampleGeometry.clip` (for a
+RandomResizedCrop, its crop), because the filter must not read past it: with draft off this is
+exactly torchvision's crop-then-resize, edges included.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def decode_into(
         width, height = img.size
         geometry = plan.sample(height, width, rng)
         left, top, right, bottom = geometry.box
+        clip = geometry.clip or (0.0, 0.0, float(width), float(height))
         if draft and img.format == "JPEG":
             wanted = (
                 math.ceil(width * geometry.out_width / (right - left)),
@@ -44,7 +46,16 @@ def decode_into(
             img.draft("RGB", wanted)
             sx, sy = img.size[0] / width, img.size[1] / height
             left, top, right, bottom = left * sx, top * sy, right * sx, bottom * sy
-        rgb = img if img.mode == "RGB" else img.convert("RGB")
+            clip = (clip[0] * sx, clip[1] * sy, clip[2] * sx, clip[3] * sy)
+        # The filter must not read past `clip` (torchvision crops, then resizes): crop to it first.
+        x0, y0 = max(0, math.floor(clip[0] + 1e-6)), max(0, math.floor(clip[1] + 1e-6))
+        x1 = min(img.size[0], math.ceil(clip[2] - 1e-6))
+        y1 = min(img.size[1], math.ceil(clip[3] - 1e-6))
+        src: Image.Image = img
+        if (x0, y0, x1, y1) != (0, 0, *img.size):
+            src = img.crop((x0, y0, x1, y1))
+            left, top, right, bottom = left - x0, top - y0, right - x0, bottom - y0
+        rgb = src if src.mode == "RGB" else src.convert("RGB")
         resized = rgb.resize(
             (geometry.out_width, geometry.out_height),
             _FILTERS[geometry.interpolation],

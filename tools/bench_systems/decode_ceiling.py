@@ -1,56 +1,52 @@
-"""Benchmark system: the machine's ceiling — W processes decoding + cropping, no loader at all.
-
-Each process reads its share of the folder's files and runs the very decoder FastLoader uses
-(fastload's Pillow backend, RandomResizedCrop(224) + flip) into one reused buffer; nothing is
-collated or shipped. Prints one JSON line: {"images", "steady_seconds", "ttfb_seconds"}.
+"""Benchmark system: the machine's ceiling — one process per worker decoding + cropping the same
+files with the decoder FastLoader uses (its backend, RandomResizedCrop(224) + flip, into one
+reused buffer); no loader, no collate, no transport. Prints the bench_common JSON line; the
+"first batch" is the moment every process starts, so ttfb is 0 by construction.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import time
 
 import numpy as np
+from bench_common import parse_args
 
-from fastload._backends.pil import decode_into
+from fastload._backends import make_backend
 from fastload._plan import sample_rng
 from fastload._sources import ImageFolderIndex
 from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, compile_transforms
 
 
-def _work(args: tuple[str, list[int], float]) -> int:
+def _work(args: tuple[str, list[int], float]) -> tuple[int, float]:
     root, indices, start_at = args
     index = ImageFolderIndex.scan(root)
-    plan = compile_transforms([RandomResizedCrop(224), RandomHorizontalFlip()])
-    out = np.empty((224, 224, 3), np.uint8)
-    while time.perf_counter() < start_at:  # start every process together
+    backend = make_backend("native", compile_transforms([RandomResizedCrop(224), RandomHorizontalFlip()]))
+    out = np.empty((1, 224, 224, 3), np.uint8)
+    while time.monotonic() < start_at:  # every process starts together
         time.sleep(0.001)
     for i in indices:
         with open(index.path(i), "rb") as f:
-            decode_into(f.read(), plan, sample_rng(0, 0, i), out)
-    return len(indices)
+            backend.decode_batch([f.read()], [sample_rng(0, 0, i)], out)
+    return len(indices), time.monotonic()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--batches", type=int, default=0)
-    args = parser.parse_args()
-
-    n = len(ImageFolderIndex.scan(args.data))
-    total = min(n * args.epochs, args.batches * args.batch_size) if args.batches else n * args.epochs
+    options = parse_args(__doc__.splitlines()[0])
+    n = len(ImageFolderIndex.scan(options.data))
+    total = options.batches * options.batch_size if options.batches else n * options.epochs
     order = np.random.default_rng(0).permutation(np.resize(np.arange(n), total)).tolist()
-    start_at = time.perf_counter() + 0.5
-    with mp.get_context("fork").Pool(args.workers) as pool:
-        shares = [(args.data, order[w :: args.workers], start_at) for w in range(args.workers)]
-        images = sum(pool.map(_work, shares))
-    steady = time.perf_counter() - start_at
-    print(json.dumps({"images": images, "steady_seconds": steady, "ttfb_seconds": 0.0}))
+    start_at = time.monotonic() + 0.5
+    with mp.get_context("fork").Pool(options.workers) as pool:
+        shares = [(str(options.data), order[w :: options.workers], start_at) for w in range(options.workers)]
+        results = pool.map(_work, shares)
+    images = sum(count for count, _ in results)
+    end = max(t for _, t in results)
+    print(json.dumps({
+        "images": images, "steady_seconds": end - start_at, "ttfb_seconds": 0.0,
+        "batches": total // options.batch_size, "steady_window": [start_at, end],
+    }), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,51 +1,35 @@
-"""Benchmark system: FastLoader on an image folder, RandomResizedCrop(224) + flip, uint8 out.
+"""Benchmark system: FastLoader over the image folder, RandomResizedCrop(224) + flip, uint8 out.
 
-Prints one JSON line: {"images", "steady_seconds", "ttfb_seconds"} (steady = after batch one).
+Run with /work/main/.venv/bin/python; prints the bench_common JSON line. `--backend` picks the
+decode backend (native, pil).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import sys
 import time
+
+from bench_common import batches_of, measure, parse_args
 
 from fastload import FastLoader
 from fastload import transforms as T
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--batches", type=int, default=0, help="stop after this many batches (0: all)")
-    parser.add_argument("--backend", default="native")
-    args = parser.parse_args()
-
-    start = time.perf_counter()
+    backend = "native"
+    if "--backend" in sys.argv:  # fastload's own option, removed before the common parser runs
+        at = sys.argv.index("--backend")
+        backend = sys.argv[at + 1]
+        del sys.argv[at : at + 2]
+    options = parse_args(__doc__.splitlines()[0])
+    start = time.monotonic()
     loader = FastLoader(
-        args.data, batch_size=args.batch_size, shuffle=True, drop_last=True, seed=0,
-        num_workers=args.workers, device="cpu", backend=args.backend,
+        options.data, batch_size=options.batch_size, shuffle=True, drop_last=True, seed=0,
+        num_workers=options.workers, device="cpu", backend=backend,
         transform=[T.RandomResizedCrop(224), T.RandomHorizontalFlip()],
     )
-    images, ttfb, first = 0, 0.0, 0.0
-    done = 0
     with loader:
-        for _ in range(args.epochs):
-            for x, _y in loader:
-                done += 1
-                if done == 1:
-                    first = time.perf_counter()
-                    ttfb = first - start
-                else:
-                    images += x.shape[0]
-                if args.batches and done >= args.batches:
-                    break
-            if args.batches and done >= args.batches:
-                break
-    steady = time.perf_counter() - first
-    print(json.dumps({"images": images, "steady_seconds": steady, "ttfb_seconds": ttfb}))
+        measure(start, batches_of(loader, options), lambda batch: len(batch[1]))
 
 
 if __name__ == "__main__":

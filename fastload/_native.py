@@ -1,0 +1,36 @@
+"""The one place the native extension (`fastload._jpeg`, built from native/) is imported.
+
+Where it could not be built (no libjpeg-turbo headers at install time), fastload decodes with
+Pillow instead — same geometry, same random draws, nearly the same pixels, slower — and says so
+once, through the `fastload` logger.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+
+_log = logging.getLogger("fastload")
+_notice_given = False
+
+try:
+    from fastload import _jpeg as _loaded  # type: ignore[attr-defined]
+
+    _jpeg: ModuleType | None = _loaded
+    _import_error: ImportError | None = None
+except ImportError as e:  # pragma: no cover - depends on the install
+    _jpeg = None
+    _import_error = e
+
+
+def native_jpeg() -> ModuleType | None:
+    """The native JPEG module, or None (after a one-time notice) when it is not built."""
+    global _notice_given
+    if _jpeg is None and not _notice_given:
+        _notice_given = True
+        _log.warning(
+            "fastload's native JPEG decoder is not built (%s); decoding with Pillow, which is "
+            "slower. Install libjpeg-turbo's headers (Debian: libjpeg62-turbo-dev) and reinstall.",
+            _import_error,
+        )
+    return _jpeg

@@ -1,0 +1,225 @@
+/*
+ * fastload._jpeg: the Python binding of fl_jpeg (the only file that includes Python.h).
+ *
+ * Every call holds the buffers it was given (buffer protocol) and releases the GIL for the whole
+ * per-image work, so decoding scales across Python threads.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <string.h>
+
+#include "fl_jpeg.h"
+#include "fl_resample.h"
+
+static PyObject *raise_status(int status, const char *msg, const char *corrupt_prefix) {
+    switch (status) {
+    case FL_ERR_NOMEM:
+        return PyErr_NoMemory();
+    case FL_ERR_ARG:
+        PyErr_SetString(PyExc_ValueError, msg);
+        return NULL;
+    default:
+        PyErr_Format(PyExc_ValueError, "%s%s", corrupt_prefix, msg);
+        return NULL;
+    }
+}
+
+/* Get a contiguous read-only view of `obj`; TypeError if it is not bytes-like. */
+static int get_data(PyObject *obj, Py_buffer *view) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) != 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "data must be a contiguous bytes-like object, not %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(jpeg_size_doc,
+             "jpeg_size(data) -> (width, height)\n\n"
+             "Read a JPEG header. Raises ValueError if `data` is not a JPEG or its header is corrupt.");
+
+static PyObject *py_jpeg_size(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    char msg[FL_ERRMSG_LEN] = "";
+    int w = 0, h = 0, status;
+    (void)self;
+    if (get_data(arg, &view) != 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = fl_jpeg_size((const unsigned char *)view.buf, (size_t)view.len, &w, &h, msg);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (status != FL_OK) return raise_status(status, msg, "not a JPEG or corrupt header: ");
+    return Py_BuildValue("(ii)", w, h);
+}
+
+PyDoc_STRVAR(
+    decode_doc,
+    "decode_crop_resize(data, box, out, out_h, out_w, flip=False, filter=2, clip=None) -> int\n\n"
+    "Decode the JPEG `data`, resample the source box `box` = (left, top, right, bottom) (floats,\n"
+    "in pixels of the unscaled image) to out_h x out_w, mirror it left-right when `flip`, and\n"
+    "write RGB into `out`, a writable C-contiguous uint8 buffer of shape (out_h, out_w, 3) (or\n"
+    "flat, of out_h * out_w * 3 bytes). Only the rows and columns the resampling reads are\n"
+    "decoded, at the coarsest DCT scale (1/1, 1/2, 1/4, 1/8) that leaves the box at least as large\n"
+    "as the output. `filter` uses Pillow's Image.Resampling numbering: NEAREST=0, LANCZOS=1,\n"
+    "BILINEAR=2, BICUBIC=3, BOX=4, HAMMING=5; the result matches\n"
+    "Image.resize((out_w, out_h), filter, box=box) on a full decode up to the DCT scaling.\n"
+    "`clip` (optional, same form, containing `box`) bounds the pixels the filter may read, as if\n"
+    "the image were first cropped to it (rounded outwards to whole pixels): torchvision's\n"
+    "crop-then-resize; for a RandomResizedCrop pass clip=box. None: no bound, as Pillow.\n"
+    "Returns the DCT scale denominator used (1, 2, 4 or 8).\n\n"
+    "Raises ValueError('corrupt JPEG: ...') for bad or truncated data, ValueError for a box\n"
+    "outside the image or a wrongly sized `out`, TypeError for arguments of the wrong type.\n"
+    "The GIL is released while decoding.");
+
+static PyObject *py_decode_crop_resize(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"data", "box", "out", "out_h", "out_w", "flip", "filter", "clip", NULL};
+    PyObject *data_obj, *out_obj, *clip_obj = Py_None;
+    double box[4], clip[4];
+    int out_h, out_w, flip = 0, filter = FL_FILTER_BILINEAR, denom = 0, status;
+    Py_buffer data, out;
+    char msg[FL_ERRMSG_LEN] = "";
+    Py_ssize_t need;
+    (void)self;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O(dddd)Oii|piO:decode_crop_resize", kwlist,
+                                     &data_obj, &box[0], &box[1], &box[2], &box[3], &out_obj,
+                                     &out_h, &out_w, &flip, &filter, &clip_obj)) {
+        return NULL;
+    }
+    if (clip_obj != Py_None) {
+        PyObject *t = PySequence_Tuple(clip_obj);
+        int ok;
+        if (!t) return NULL;
+        ok = PyArg_ParseTuple(t, "dddd;clip must be None or 4 numbers (left, top, right, bottom)",
+                              &clip[0], &clip[1], &clip[2], &clip[3]);
+        Py_DECREF(t);
+        if (!ok) return NULL;
+    }
+    if (out_h <= 0 || out_w <= 0 || out_h > 65535 || out_w > 65535) {
+        PyErr_Format(PyExc_ValueError, "out_h and out_w must be in 1..65535, got %d x %d", out_h,
+                     out_w);
+        return NULL;
+    }
+    need = (Py_ssize_t)out_h * out_w * 3;
+    if (get_data(data_obj, &data) != 0) return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyBuffer_Release(&data);
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "out must be a writable C-contiguous uint8 buffer, not %.100s",
+                     Py_TYPE(out_obj)->tp_name);
+        return NULL;
+    }
+    if (out.itemsize != 1 ||
+        (out.format != NULL && strcmp(out.format, "B") != 0 && strcmp(out.format, "=B") != 0 &&
+         strcmp(out.format, "<B") != 0 && strcmp(out.format, ">B") != 0 &&
+         strcmp(out.format, "|B") != 0)) {
+        PyErr_Format(PyExc_TypeError, "out must hold uint8 items, not format '%s'",
+                     out.format ? out.format : "?");
+        goto fail;
+    }
+    if (out.ndim == 3 && out.shape != NULL) {
+        if (out.shape[0] != out_h || out.shape[1] != out_w || out.shape[2] != 3) {
+            PyErr_Format(PyExc_ValueError, "out has shape (%zd, %zd, %zd), expected (%d, %d, 3)",
+                         out.shape[0], out.shape[1], out.shape[2], out_h, out_w);
+            goto fail;
+        }
+    } else if (out.ndim > 1) {
+        PyErr_Format(PyExc_ValueError, "out must have shape (%d, %d, 3) or be flat, got %d dims",
+                     out_h, out_w, out.ndim);
+        goto fail;
+    }
+    if (out.len != need) {
+        PyErr_Format(PyExc_ValueError, "out has %zd bytes, expected %zd (%d x %d x 3)", out.len,
+                     need, out_h, out_w);
+        goto fail;
+    }
+
+    Py_BEGIN_ALLOW_THREADS
+    status = fl_jpeg_decode_crop_resize((const unsigned char *)data.buf, (size_t)data.len, box,
+                                        clip_obj == Py_None ? NULL : clip,
+                                        (unsigned char *)out.buf, out_h, out_w, flip, filter,
+                                        &denom, msg);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&data);
+    if (status != FL_OK) return raise_status(status, msg, "corrupt JPEG: ");
+    return PyLong_FromLong(denom);
+
+fail:
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&data);
+    return NULL;
+}
+
+PyDoc_STRVAR(entropy_doc,
+             "entropy_decode_only(data) -> None\n\n"
+             "Entropy-decode the whole JPEG (jpeg_read_coefficients) and discard the result: the\n"
+             "floor any decoder pays. Raises ValueError('corrupt JPEG: ...') for bad data.");
+
+static PyObject *py_entropy_decode_only(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    char msg[FL_ERRMSG_LEN] = "";
+    int status;
+    (void)self;
+    if (get_data(arg, &view) != 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = fl_jpeg_entropy_decode((const unsigned char *)view.buf, (size_t)view.len, msg);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (status != FL_OK) return raise_status(status, msg, "corrupt JPEG: ");
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_simd(PyObject *self, PyObject *arg) {
+    int enable;
+    (void)self;
+    if (arg == Py_None) {
+        enable = -1;
+    } else {
+        enable = PyObject_IsTrue(arg);
+        if (enable < 0) return NULL;
+    }
+    return PyBool_FromLong(fl_resample_simd(enable));
+}
+
+static PyMethodDef methods[] = {
+    {"_set_simd", py_set_simd, METH_O,
+     "_set_simd(enable: bool | None) -> bool\n\nTesting aid: use (True, the default where the CPU "
+     "has AVX2) or avoid (False) the SIMD resampler; None only queries. Returns whether SIMD is "
+     "in use. Outputs are identical either way."},
+    {"jpeg_size", py_jpeg_size, METH_O, jpeg_size_doc},
+    {"decode_crop_resize", (PyCFunction)(void (*)(void))py_decode_crop_resize,
+     METH_VARARGS | METH_KEYWORDS, decode_doc},
+    {"entropy_decode_only", py_entropy_decode_only, METH_O, entropy_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "fastload._jpeg",
+    "Native JPEG decode of only what a crop keeps (libjpeg-turbo), with Pillow-compatible\n"
+    "resampling. Filters use Pillow's Image.Resampling numbering.",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__jpeg(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    if (PyModule_AddIntConstant(m, "NEAREST", FL_FILTER_NEAREST) < 0 ||
+        PyModule_AddIntConstant(m, "LANCZOS", FL_FILTER_LANCZOS) < 0 ||
+        PyModule_AddIntConstant(m, "BILINEAR", FL_FILTER_BILINEAR) < 0 ||
+        PyModule_AddIntConstant(m, "BICUBIC", FL_FILTER_BICUBIC) < 0 ||
+        PyModule_AddIntConstant(m, "BOX", FL_FILTER_BOX) < 0 ||
+        PyModule_AddIntConstant(m, "HAMMING", FL_FILTER_HAMMING) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

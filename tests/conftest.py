@@ -1,0 +1,89 @@
+"""Fixtures: small photo-like image folders, and the leak guards every test runs under.
+
+Leak guards (autouse; they run at teardown, so also after a test that failed):
+- after each test, no `/dev/shm/fastload_<this pid>_*` segment is left and no child process of
+  pytest is still alive: every loader a test makes must be closed (`with FastLoader(...)`);
+- at the end of the session, no segment created during the run is left behind, by this process
+  or by any process that has since died (the subprocess tests), and no child process is alive.
+A leak is reported as an error, which fails the session; it is then cleaned up so that later
+tests are not blamed for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from helpers import (
+    build_folder,
+    fastload_segments,
+    kill_pids,
+    live_children,
+    pid_alive,
+    segment_owner,
+    unlink_segments,
+    wait_children_gone,
+)
+
+CHILD_GRACE_S = 3.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leaks_at_session_end() -> Iterator[None]:
+    segments_before = fastload_segments()
+    children_before = set(live_children())
+    yield
+    problems = []
+    children = wait_children_gone(children_before, CHILD_GRACE_S)
+    if children:
+        problems.append(f"child processes still alive at the end of the session: {children}")
+        kill_pids(children)
+    # Segments of unrelated live processes (a demo running beside the tests) are theirs to free;
+    # ours, and those of processes now dead (our subprocesses), must all be gone.
+    leaked = {
+        name
+        for name in fastload_segments() - segments_before
+        if segment_owner(name) == os.getpid() or not pid_alive(segment_owner(name))
+    }
+    if leaked:
+        problems.append(f"shared-memory segments left in /dev/shm: {sorted(leaked)}")
+        unlink_segments(leaked)
+    if problems:
+        pytest.fail("the test session leaked resources:\n" + "\n".join(problems), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks_per_test() -> Iterator[None]:
+    children_before = set(live_children())
+    yield
+    problems = []
+    leaked = fastload_segments(os.getpid())
+    if leaked:
+        problems.append(
+            f"segments of this process left after the test (loader not closed?): {sorted(leaked)}"
+        )
+        unlink_segments(leaked)
+    children = wait_children_gone(children_before, CHILD_GRACE_S)
+    if children:
+        problems.append(f"child processes still alive after the test: {children}")
+        kill_pids(children)
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 classes x 8 images (24), mixed sizes incl. portrait, grayscale JPEGs and one PNG."""
+    return build_folder(tmp_path_factory.mktemp("image_folder"))
+
+
+@pytest.fixture
+def make_folder(tmp_path: Path) -> Callable[..., Path]:
+    """Build a fresh folder (which the test may then damage) under the test's tmp_path."""
+
+    def make(classes: int = 3, per_class: int = 4, seed: int = 1, name: str = "data") -> Path:
+        return build_folder(tmp_path / name, classes, per_class, seed)
+
+    return make

@@ -1,0 +1,183 @@
+"""Helpers shared by the tests: photo-like images and folders, segments and processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+try:
+    import psutil
+except ImportError:  # pragma: no cover - psutil is in the `test` extra; /proc is the fallback
+    psutil = None
+
+SHM_DIR = "/dev/shm"
+
+# Processes and segments
+
+
+def fastload_segments(pid: int | None = None) -> set[str]:
+    """Names of fastload segments in /dev/shm, all of them or those owned by `pid`."""
+    prefix = "fastload_" if pid is None else f"fastload_{pid}_"
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(prefix)}
+    except FileNotFoundError:
+        return set()
+
+
+def segment_owner(name: str) -> int:
+    """The owner pid in a segment name `fastload_<pid>_<hex>` (-1 if it has none)."""
+    try:
+        return int(name.split("_")[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    if psutil is not None:
+        try:
+            return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def live_children() -> dict[int, str]:
+    """Live (non-zombie) descendants of this process: pid -> name."""
+    me = os.getpid()
+    if psutil is not None:
+        found: dict[int, str] = {}
+        for child in psutil.Process(me).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    found[child.pid] = child.name()
+        return found
+    parents: dict[int, tuple[int, str, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        name = text[text.find("(") + 1 : text.rfind(")")]
+        state, ppid = text.rsplit(")", 1)[1].split()[:2]
+        parents[int(entry)] = (int(ppid), state, name)
+    found, frontier = {}, {me}
+    while frontier:
+        frontier = {pid for pid, (ppid, _, _) in parents.items() if ppid in frontier}
+        found.update({pid: parents[pid][2] for pid in frontier if parents[pid][1] != "Z"})
+    return found
+
+
+def wait_children_gone(ignore: set[int], grace_s: float) -> dict[int, str]:
+    """Wait up to `grace_s` for our descendants (except `ignore`) to exit; return those left."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = {pid: name for pid, name in live_children().items() if pid not in ignore}
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.02)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `condition` until it holds or `timeout_s` passes; return its last value."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return condition()
+        time.sleep(0.02)
+    return True
+
+
+def kill_pids(pids: Iterable[int]) -> None:
+    """SIGKILL each pid (and reap it when it is our child)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def unlink_segments(names: Iterable[str]) -> None:
+    """Remove segment files by name; missing ones are fine."""
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(SHM_DIR, name))
+
+
+# Images
+
+
+def photo_like(rng: np.random.Generator, height: int, width: int) -> Image.Image:
+    """An RGB image that compresses like a photograph: smooth colour field, shapes, blur, grain."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    c0, c1, c2 = (rng.uniform(0, 255, 3) for _ in range(3))
+    field = (
+        c0 * (x / width)[..., None]
+        + c1 * (y / height)[..., None]
+        + c2 * (1 - (x + y) / (width + height))[..., None]
+    ) / 2
+    img = Image.fromarray(np.clip(field, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(2, 5))):
+        x0, y0 = int(rng.integers(0, width - 8)), int(rng.integers(0, height - 8))
+        x1 = x0 + int(rng.integers(8, max(9, width // 2)))
+        y1 = y0 + int(rng.integers(8, max(9, height // 2)))
+        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+        if rng.random() < 0.5:
+            draw.ellipse((x0, y0, x1, y1), fill=colour)
+        else:
+            draw.rectangle((x0, y0, x1, y1), fill=colour)
+    img = img.filter(ImageFilter.GaussianBlur(0.8))
+    grain = rng.normal(0, 4, (height, width, 3))
+    return Image.fromarray(np.clip(np.asarray(img, np.float32) + grain, 0, 255).astype(np.uint8))
+
+
+def write_image(path: Path, height: int, width: int, *, seed: int, mode: str = "RGB") -> Path:
+    """Write a photo-like image; the format follows the suffix (JPEG unless .png)."""
+    img = photo_like(np.random.default_rng(seed), height, width)
+    if mode != "RGB":
+        img = img.convert(mode)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".png":
+        img.save(path, format="PNG")
+    else:
+        img.save(path, format="JPEG", quality=90)
+    return path
+
+
+# (height, width): landscape, portrait, wide, square, tall
+SIZES = ((96, 128), (128, 96), (64, 160), (120, 120), (160, 100), (100, 150))
+
+
+def build_folder(root: Path, classes: int = 3, per_class: int = 8, seed: int = 0) -> Path:
+    """An ImageNet-layout folder: `classes` folders of `per_class` images of mixed sizes.
+
+    Every fourth image is a grayscale ('L') JPEG, every third JPEG has the ImageNet `.JPEG`
+    suffix, and the second image of the second class is a PNG.
+    """
+    k = 0
+    for c in range(classes):
+        for i in range(per_class):
+            height, width = SIZES[k % len(SIZES)]
+            if c == 1 and i == 1:
+                name = f"img_{i:03d}.png"
+            else:
+                name = f"img_{i:03d}.JPEG" if k % 3 == 0 else f"img_{i:03d}.jpg"
+            mode = "L" if k % 4 == 3 else "RGB"
+            write_image(root / f"n{c:02d}" / name, height, width, seed=seed * 1000 + k, mode=mode)
+            k += 1
+    return root

@@ -1,0 +1,117 @@
+"""The public API: what `import fastload` offers, the exception tree, and the loader's lifecycle.
+
+Protects users' imports and `except` clauses: `__all__` is sorted, complete and importable with
+no private module leaking into it; every error fastload raises on purpose derives from
+FastloadError (ConfigError is also a ValueError, LoaderTimeout a TimeoutError); FastLoader is a
+context manager, and close() is idempotent and final.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import types
+
+import numpy as np
+import pytest
+from torch.utils.data import Dataset
+
+import fastload
+from fastload import transforms as T
+
+ERRORS = ["ConfigError", "DatasetError", "LoaderTimeout", "SampleError", "SharedMemoryError", "WorkerError"]
+
+
+class Tiny(Dataset[np.ndarray]):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(2, i, np.float32)
+
+
+@pytest.mark.parametrize("module", [fastload, T], ids=["fastload", "fastload.transforms"])
+def test_all_is_sorted_importable_and_has_no_private_names(module: types.ModuleType) -> None:
+    names = module.__all__
+    assert names == sorted(names)
+    assert len(set(names)) == len(names)
+    for name in names:
+        value = getattr(module, name)  # importable
+        assert not name.startswith("_") or name == "__version__"
+        if isinstance(value, types.ModuleType):
+            assert not any(part.startswith("_") for part in value.__name__.split(".")), name
+
+
+def test_package_all_is_complete() -> None:
+    # Every public attribute of the package is in __all__: nothing leaks in by accident.
+    public = {n for n in dir(fastload) if not n.startswith("_")}
+    assert public == set(fastload.__all__) - {"__version__"}
+
+
+def test_transforms_all_is_complete() -> None:
+    defined_here = {
+        n
+        for n, v in vars(T).items()
+        if not n.startswith("_") and getattr(v, "__module__", None) == T.__name__
+    }
+    assert defined_here <= set(T.__all__)
+    assert "Transform" in T.__all__
+
+
+def test_star_import_gives_exactly_all() -> None:
+    namespace: dict[str, object] = {}
+    exec("from fastload import *", namespace)
+    assert {n for n in namespace if n != "__builtins__"} == set(fastload.__all__)
+
+
+def test_version_matches_the_installed_distribution() -> None:
+    assert fastload.__version__ == importlib.metadata.version("fastload")
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_every_error_is_a_fastload_error(name: str) -> None:
+    error = getattr(fastload, name)
+    assert issubclass(error, fastload.FastloadError)
+    assert issubclass(fastload.FastloadError, Exception)
+
+
+def test_errors_are_also_the_builtin_they_mean() -> None:
+    assert issubclass(fastload.ConfigError, ValueError)
+    assert issubclass(fastload.LoaderTimeout, TimeoutError)
+
+
+def test_sample_error_carries_its_context() -> None:
+    error = fastload.SampleError(
+        "failed to load image /x.jpg", path="/x.jpg", index=3, exc_type="OSError", worker_traceback="TB"
+    )
+    assert (error.path, error.index, error.exc_type, error.worker_traceback) == ("/x.jpg", 3, "OSError", "TB")
+    assert str(error).startswith("failed to load image /x.jpg") and str(error).endswith("TB")
+
+
+def test_context_manager_closes_and_close_is_idempotent() -> None:
+    with fastload.FastLoader(Tiny(), batch_size=2, num_workers=1) as loader:
+        assert isinstance(loader, fastload.FastLoader)
+        assert len(list(loader)) == 3
+        assert len(loader.worker_pids) == 1
+    assert loader.worker_pids == []
+    loader.close()
+    loader.close()
+    with pytest.raises(fastload.ConfigError, match="closed"):
+        iter(loader)
+
+
+def test_context_manager_closes_on_error() -> None:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        fastload.FastLoader(Tiny(), batch_size=2, num_workers=1) as loader,
+    ):
+        next(iter(loader))
+        raise RuntimeError("boom")
+    assert loader.worker_pids == []
+
+
+def test_loader_attributes_like_dataloader() -> None:
+    dataset = Tiny()
+    with fastload.FastLoader(dataset, batch_size=4, drop_last=True, num_workers=0, seed=5) as loader:
+        assert loader.dataset is dataset
+        assert (loader.batch_size, loader.drop_last, loader.num_workers, loader.seed) == (4, True, 0, 5)
+        assert len(loader) == 1
