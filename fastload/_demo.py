@@ -18,6 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
+from fastload._errors import ConfigError
 from fastload._loader import FastLoader
 from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, Transform
 
@@ -32,7 +33,10 @@ def default_demo_dir() -> Path:
 
 def make_demo_dataset(root: Path, images: int = 512, classes: int = 4, seed: int = 0) -> Path:
     """Write `images` photo-like JPEGs (ImageNet layout, ~500x375) under `root`; idempotent."""
-    from PIL import Image, ImageDraw, ImageFilter
+    try:
+        from PIL import Image, ImageDraw, ImageFilter
+    except ImportError as e:
+        raise ConfigError("the demo dataset needs Pillow: `pip install pillow` (or pillow-simd)") from e
 
     marker = root / ".complete"
     if marker.exists() and marker.read_text() == f"{images} {classes} {seed}":

@@ -7,9 +7,20 @@ python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
+pip=(.venv/bin/python -m pip -q)
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # torch first, pinned: an unpinned torch resolves to a multi-GB CUDA build on machines without a GPU.
-.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==${FASTLOAD_TORCH_VERSION:-2.13.0}"
+.venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" install "torch==${FASTLOAD_TORCH_VERSION:-2.13.0}"
+# PIL for the non-JPEG paths and the demo: pillow-simd built with AVX2 where the CPU has it and the
+# build succeeds, Pillow otherwise. It is not a package dependency, so no later install swaps it.
+if ! .venv/bin/python -c "import PIL" 2>/dev/null; then
+    if grep -qw avx2 /proc/cpuinfo 2>/dev/null \
+        && CC="cc -mavx2" "${pip[@]}" install --no-binary pillow-simd "pillow-simd>=9.1"; then
+        echo "installed pillow-simd (AVX2)"
+    else
+        "${pip[@]}" install "pillow>=9.1"
+    fi
+fi
 spec="."
 [ -n "${1:-}" ] && spec=".[$1]"
-.venv/bin/pip install -q -e "$spec"
+"${pip[@]}" install -e "$spec"

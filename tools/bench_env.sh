@@ -51,3 +51,17 @@ fi
 make_venv ffcv "import torch, ffcv.loader, ffcv.writer" \
     torch==2.13.0 numpy==2.4.6 ffcv==1.0.2 pillow==13.0.0 numba==0.68.1 llvmlite==0.50.0 \
     opencv-python==5.0.0.93
+
+# dali: NVIDIA DALI's CPU-only pipelines (device_id=None) need no GPU; the CUDA 12 wheel installs
+# and runs its CPU operators on this machine.
+make_venv dali "import nvidia.dali, nvidia.dali.fn, numpy, PIL" \
+    nvidia-dali-cuda120 numpy pillow
+
+# simd: pillow-simd built from source with AVX2 against the system libjpeg-turbo and zlib.
+if [ ! -e /usr/include/jpeglib.h ] || [ ! -e /usr/include/zlib.h ]; then
+    apt-get update
+    apt-get install -y libjpeg62-turbo-dev zlib1g-dev
+fi
+CC="cc -mavx2" make_venv simd \
+    "import PIL, numpy; from PIL import Image; assert '.post' in PIL.__version__, PIL.__version__" \
+    --no-binary pillow-simd pillow-simd numpy

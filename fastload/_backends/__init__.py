@@ -51,7 +51,13 @@ def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
             return NativeBackend(plan, jpeg)
         name = "pil"
     if name == "pil":
-        from fastload._backends.pil import PilBackend
+        try:
+            from fastload._backends.pil import PilBackend
+        except ImportError as e:
+            raise ConfigError(
+                "the Pillow backend needs PIL: `pip install pillow` (or pillow-simd); for JPEGs, "
+                "building fastload with libjpeg-turbo's headers gives the faster native backend"
+            ) from e
 
         return PilBackend(plan)
     raise ConfigError(f"backend {name!r} is not one of {', '.join(BACKENDS)}")

@@ -8,14 +8,13 @@ geometry from the same random draws.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import numpy as np
 
 from fastload._backends import SampleFailure
-from fastload._backends.pil import decode_into as pil_decode_into
-from fastload.transforms import TransformPlan
+from fastload.transforms import SampleGeometry, TransformPlan
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 # Pillow's Image.Resampling numbering, which the extension takes.
@@ -39,7 +38,7 @@ class NativeBackend:
         for i, (blob, rng) in enumerate(zip(blobs, rngs, strict=True)):
             try:
                 if blob[:3] != _JPEG_MAGIC:
-                    pil_decode_into(blob, self.plan, rng, out[i])
+                    _pil_decode_into()(blob, self.plan, rng, out[i])
                     continue
                 width, height = jpeg.jpeg_size(blob)
                 g = self.plan.sample(height, width, rng)
@@ -48,3 +47,15 @@ class NativeBackend:
                 )
             except Exception as e:  # any decoder failure is reported against its sample
                 raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+
+
+def _pil_decode_into() -> Callable[[bytes, TransformPlan, np.random.Generator, np.ndarray], SampleGeometry]:
+    """Pillow's decoder for non-JPEG files, with an error that says what to install."""
+    try:
+        from fastload._backends.pil import decode_into
+    except ImportError as e:
+        raise RuntimeError(
+            "this image is not a JPEG, and decoding other formats needs Pillow: "
+            "`pip install pillow` (or pillow-simd)"
+        ) from e
+    return decode_into
