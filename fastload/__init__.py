@@ -11,6 +11,7 @@ receives small descriptors over ZeroMQ and copies batches to the GPU asynchronou
 from fastload import transforms
 from fastload._errors import (
     ConfigError,
+    DaemonError,
     DatasetError,
     FastloadError,
     LoaderTimeout,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
+    "DaemonError",
     "DatasetError",
     "FastLoader",
     "FastloadError",

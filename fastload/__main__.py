@@ -18,6 +18,24 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch-size", type=int, default=64)
     demo.add_argument("--images", type=int, default=512, help="size of the generated dataset")
     demo.add_argument("--no-baseline", action="store_true", help="skip the torch DataLoader run")
+
+    serve = sub.add_parser("serve", help="run the loader daemon in the foreground (SIGTERM drains and exits)")
+    serve.add_argument("--config", help="a TOML file with a [daemon] table")
+    serve.add_argument("--workers", type=int, help="decode worker processes (default: all CPUs)")
+    serve.add_argument("--memory-budget", help="shared memory for all sessions' rings, e.g. 8GiB")
+    serve.add_argument("--listen", help="also listen on tcp://HOST:PORT (needs CURVE keys in --config)")
+    serve.add_argument(
+        "--socket-dir", help="directory of the local socket (default: $XDG_RUNTIME_DIR/fastload)"
+    )
+    serve.add_argument("--dataset", action="append", dest="datasets", help="a folder to index at start")
+
+    for name, text in (
+        ("status", "show the daemon's sessions; non-zero exit when none runs"),
+        ("stop", "ask the daemon to finish the batches in flight and exit"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("--address", help="daemon address (default: this user's local socket)")
+    sub.add_parser("keys", help="print a new CURVE key pair for a TCP daemon or client")
     return parser
 
 
@@ -31,6 +49,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             from fastload._demo import run_demo
 
             run_demo(args.data, args.epochs, args.workers, args.batch_size, args.images, not args.no_baseline)
+            return 0
+        from fastload import _control
+
+        if args.command == "serve":
+            overrides = {
+                "workers": args.workers,
+                "memory_budget": args.memory_budget,
+                "listen": args.listen,
+                "socket_dir": args.socket_dir,
+                "datasets": args.datasets,
+            }
+            return _control.serve(args.config, overrides)
+        if args.command == "status":
+            return _control.status(args.address)
+        if args.command == "stop":
+            return _control.stop(args.address)
+        if args.command == "keys":
+            return _control.keys()
     except FastloadError as e:
         print(f"fastload: error: {e}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ The socket lives in a fresh 0700 directory (mkdtemp), so other users cannot conn
 from __future__ import annotations
 
 import itertools
+import json
 import multiprocessing as mp
 import os
 import pickle
@@ -54,6 +55,7 @@ class Task:
     indices: np.ndarray
     slot_name: str  # "" for opaque batches and probes
     probe: bool = False
+    job_id: int = 0
     deaths: int = 0
     suspect: bool = False  # lost with a dead worker among others: runs alone until it completes
 
@@ -108,16 +110,14 @@ class Engine:
 
     def __init__(
         self,
-        job: FolderJob | DatasetJob,
+        jobs: dict[int, FolderJob | DatasetJob],
         *,
         num_workers: int,
-        batch_size: int,
         mp_context: str | None,
         worker_init_fn: Callable[[int], Any] | None,
     ) -> None:
-        self._job = job
+        self._jobs = jobs  # forked into every worker; a daemon adds JSON jobs with add_job
         self._num_workers = num_workers
-        self._batch_size = batch_size
         self._worker_init_fn = worker_init_fn
         self._mp: Any = mp.get_context(mp_context or "fork")
         self._dir = socket_dir()
@@ -129,7 +129,8 @@ class Engine:
         self._sock.bind(self._address)
         self._workers: dict[bytes, _Worker] = {}
         self._queue: deque[Task] = deque()
-        self._layout_json: bytes | None = None
+        # What every worker must be told, per job, before its tasks: JOB and LAYOUT messages.
+        self._announcements: dict[int, list[list[bytes]]] = {}
         self._generation = itertools.count()
         self._last_liveness = 0.0
         self._closed = False
@@ -147,8 +148,7 @@ class Engine:
             identity=identity,
             parent_pid=os.getpid(),
             worker_id=worker_id,
-            job=self._job,
-            batch_size=self._batch_size,
+            jobs=self._jobs,
             worker_init_fn=self._worker_init_fn,
         )
         process = self._mp.Process(
@@ -157,12 +157,32 @@ class Engine:
         process.start()
         self._workers[identity] = _Worker(worker_id, identity, process)
 
-    def set_layout(self, layout: BatchLayout) -> None:
-        """Tell every worker (and every future one) the layout of slot batches."""
-        self._layout_json = layout.to_json().encode()
+    @property
+    def socket(self) -> zmq.Socket:  # type: ignore[type-arg]
+        """The workers' socket, for a caller that waits on several sockets (the daemon)."""
+        return self._sock
+
+    def _announce(self, job_id: int, frames: list[bytes]) -> None:
+        self._announcements.setdefault(job_id, []).append(frames)
         for worker in self._workers.values():
             if worker.ready:
-                self._send(worker, [proto.LAYOUT, self._layout_json])
+                self._send(worker, frames)
+
+    def set_layout(self, layout: BatchLayout, job_id: int = 0) -> None:
+        """Tell every worker (and every future one) the layout of a job's slot batches."""
+        self._announce(job_id, [proto.LAYOUT, proto.JOB_HEAD.pack(job_id), layout.to_json().encode()])
+
+    def add_job(self, job_id: int, config: dict[str, Any]) -> None:
+        """Give every worker (and every future one) a job built from JSON (`FolderJob.to_config`)."""
+        self._announce(job_id, [proto.JOB, proto.JOB_HEAD.pack(job_id), json.dumps(config).encode()])
+
+    def drop_job(self, job_id: int) -> None:
+        """Make every worker forget a job; its queued tasks are dropped too."""
+        self._announcements.pop(job_id, None)
+        self._queue = deque(t for t in self._queue if t.job_id != job_id)
+        for worker in self._workers.values():
+            if worker.ready:
+                self._send(worker, [proto.DROP, proto.JOB_HEAD.pack(job_id)])
 
     def submit(self, task: Task) -> None:
         self._queue.append(task)
@@ -190,32 +210,42 @@ class Engine:
                 worker = min(ready, key=lambda w: len(w.tasks))
             task = self._queue.popleft()
             kind = proto.PROBE if task.probe else proto.TASK
-            head = proto.TASK_HEAD.pack(task.seq, task.batch_index, task.epoch, len(task.indices))
+            head = proto.TASK_HEAD.pack(
+                task.seq, task.batch_index, task.epoch, len(task.indices), task.job_id
+            )
             worker.tasks[task.seq] = task
             self._send(worker, [kind, head, task.slot_name.encode(), task.indices.tobytes()])
+
+    def drain(self) -> list[Event]:
+        """Handle every reply already waiting (never blocks), then dispatch queued tasks."""
+        events: list[Event] = []
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            event = self._handle(frames)
+            if event is not None:
+                events.append(event)
+        self._dispatch()
+        return events
+
+    def supervise(self) -> None:
+        """Replace dead workers (re-queueing their tasks) and dispatch; cheap enough to call often."""
+        self._last_liveness = time.monotonic()
+        self._check_liveness()
+        self._dispatch()
 
     def poll(self, timeout_s: float) -> list[Event]:
         """Dispatch, then wait up to `timeout_s` for replies; supervise workers meanwhile."""
         self._dispatch()
-        events: list[Event] = []
         deadline = time.monotonic() + timeout_s
         while True:
             remaining = deadline - time.monotonic()
             wait_ms = int(max(0.0, min(remaining, _LIVENESS_INTERVAL_S)) * 1000)
-            if self._sock.poll(wait_ms):
-                while True:
-                    try:
-                        frames = self._sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    event = self._handle(frames)
-                    if event is not None:
-                        events.append(event)
-                self._dispatch()
-            now = time.monotonic()
-            if now - self._last_liveness >= _LIVENESS_INTERVAL_S or not events:
-                self._last_liveness = now
-                self._check_liveness()
+            events = self.drain() if self._sock.poll(wait_ms) else []
+            if time.monotonic() - self._last_liveness >= _LIVENESS_INTERVAL_S or not events:
+                self.supervise()
             if events or time.monotonic() >= deadline:
                 return events
 
@@ -227,8 +257,9 @@ class Engine:
         kind = body[0]
         if kind == proto.READY:
             worker.ready = True
-            if self._layout_json is not None:
-                self._send(worker, [proto.LAYOUT, self._layout_json])
+            for messages in self._announcements.values():
+                for frames in messages:
+                    self._send(worker, frames)
             return None
         if kind == proto.FAILED:
             failure = Failure.decode(body)
@@ -311,10 +342,9 @@ class InlineExecutor:
     """Runs tasks in the caller's process (num_workers=0), with the Engine's interface."""
 
     def __init__(
-        self, job: FolderJob | DatasetJob, *, batch_size: int, resolve_slot: Callable[[str], Any]
+        self, job: FolderJob | DatasetJob, *, resolve_slot: Callable[[str], Any]
     ) -> None:
         self._job = job
-        self._batch_size = batch_size
         self._resolve_slot = resolve_slot
         self._layout: BatchLayout | None = job.layout if isinstance(job, FolderJob) else None
         self._queue: deque[Task] = deque()
@@ -323,7 +353,7 @@ class InlineExecutor:
     def worker_pids(self) -> list[int]:
         return []
 
-    def set_layout(self, layout: BatchLayout) -> None:
+    def set_layout(self, layout: BatchLayout, job_id: int = 0) -> None:
         self._layout = layout
 
     def submit(self, task: Task) -> None:
@@ -342,7 +372,7 @@ class InlineExecutor:
             if task.probe:
                 assert isinstance(job, DatasetJob)
                 index = int(task.indices[0])
-                layout = job.probe(task.seq, task.epoch, task.batch_index, index, self._batch_size, True)
+                layout = job.probe(task.seq, task.epoch, task.batch_index, index, True)
                 return [Probed(task.seq, layout)]
             if not task.slot_name:
                 assert isinstance(job, DatasetJob)

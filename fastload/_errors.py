@@ -8,6 +8,7 @@ FastloadError
 │                                        carries the worker's traceback)
 ├── WorkerError                          a worker process died and could not be replaced
 ├── SharedMemoryError                    /dev/shm too small or a segment cannot be created
+├── DaemonError                          no daemon answers, it refused a session, or it went away
 └── LoaderTimeout (also TimeoutError)    no batch arrived within the loader's `timeout`
 ```
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "DaemonError",
     "DatasetError",
     "FastloadError",
     "LoaderTimeout",
@@ -64,6 +66,11 @@ class WorkerError(FastloadError):
 
 class SharedMemoryError(FastloadError):
     """Shared memory for the batch ring could not be had: /dev/shm is too small or not writable."""
+
+
+class DaemonError(FastloadError):
+    """The loader daemon is not running, refused the session (e.g. over its memory budget), or
+    went away; the message says which, and what to do."""
 
 
 class LoaderTimeout(FastloadError, TimeoutError):

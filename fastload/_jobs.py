@@ -22,8 +22,9 @@ from fastload._backends import SampleFailure, make_backend
 from fastload._layout import BatchLayout, LayoutMismatch
 from fastload._plan import batch_seed, sample_rng
 from fastload._protocol import Done, Failure
+from fastload._shm import Segment
 from fastload._sources import ImageFolderIndex
-from fastload.transforms import TransformPlan
+from fastload.transforms import TransformPlan, compile_transforms, from_config, to_config
 
 
 class JobFailed(Exception):
@@ -56,10 +57,42 @@ class FolderJob:
         self.plan = plan
         self.backend_name = backend
         self.seed = seed
+        self.batch_size = batch_size
         self.layout = BatchLayout.infer(
             [np.zeros((plan.out_height, plan.out_width, 3), np.uint8), 0], batch_size
         )
         self._backend = make_backend(backend, plan)
+        self._index_segment: Segment | None = None
+
+    def to_config(self, index_segment: str) -> dict[str, Any]:
+        """This job as JSON-able data, its index living in the named shared segment."""
+        return {
+            "index_segment": index_segment,
+            "transforms": to_config(self.plan.transforms),
+            "backend": self.backend_name,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> FolderJob:
+        """Rebuild a job from `to_config` data (in a daemon's worker): attach the shared index."""
+        segment = Segment.attach(str(config["index_segment"]))
+        plan = compile_transforms(from_config(config["transforms"]))
+        job = cls(
+            ImageFolderIndex.from_segment(segment), plan, str(config["backend"]),
+            int(config["seed"]), int(config["batch_size"]),
+        )
+        job._index_segment = segment
+        return job
+
+    def close(self) -> None:
+        """Let go of the shared index, if this job attached one."""
+        if self._index_segment is not None:
+            empty = np.empty(0, np.int64)
+            self.index = ImageFolderIndex("", (), np.empty(0, np.uint8), np.zeros(1, np.int64), empty)
+            self._index_segment.close()
+            self._index_segment = None
 
     def run(
         self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, arrays: Sequence[np.ndarray]
@@ -96,10 +129,13 @@ class DatasetJob:
     count; in the trainer's process (`num_workers=0`) the caller's random state is restored after.
     """
 
-    def __init__(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None, seed: int) -> None:
+    def __init__(
+        self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None, seed: int, batch_size: int
+    ) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.seed = seed
+        self.batch_size = batch_size
 
     def _path_of(self, index: int) -> str:
         samples = getattr(self.dataset, "samples", None)
@@ -137,13 +173,13 @@ class DatasetJob:
                 random.setstate(states[2])
 
     def probe(
-        self, seq: int, epoch: int, batch_index: int, index: int, batch_size: int, restore_rng: bool
+        self, seq: int, epoch: int, batch_index: int, index: int, restore_rng: bool
     ) -> BatchLayout | None:
         """Load one sample and return its layout, or None when batches must take the slow path."""
         if self.collate_fn is not None:
             return None
         (sample,) = self._fetch(seq, epoch, batch_index, np.asarray([index]), restore_rng)
-        return BatchLayout.infer(sample, batch_size)
+        return BatchLayout.infer(sample, self.batch_size)
 
     def run(
         self,

@@ -12,13 +12,14 @@ from typing import Any
 
 import torch
 
+from fastload._client import DaemonSession, resolve_address
 from fastload._delivery import ImageOutput
 from fastload._errors import ConfigError
 from fastload._jobs import DatasetJob, FolderJob
 from fastload._pipeline import EpochIterator, Pipeline, PipelineConfig
 from fastload._plan import BatchSampler, SamplerPlan, ShuffledPlan
 from fastload._sources import ImageFolderIndex
-from fastload.transforms import Transform, compile_transforms
+from fastload.transforms import Transform, compile_transforms, to_config
 
 _STATE_VERSION = 1
 
@@ -83,6 +84,9 @@ class FastLoader:
         dtype: torch.dtype = torch.float32,
         memory_format: torch.memory_format = torch.channels_last,
         backend: str = "native",
+        daemon: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         del pin_memory_device, in_order  # batches are always delivered in order
         is_folder = isinstance(dataset, (str, os.PathLike))
@@ -109,6 +113,8 @@ class FastLoader:
             raise ConfigError("sampler is mutually exclusive with shuffle")
         if is_folder and (sampler is not None or batch_sampler is not None or collate_fn is not None):
             raise ConfigError("sampler, batch_sampler and collate_fn apply to Dataset inputs, not folders")
+        if not is_folder and (daemon is not None or rank is not None or world_size is not None):
+            raise ConfigError("daemon, rank and world_size apply to image folders")
         if not is_folder and (transform is not None or normalize is not None):
             raise ConfigError(
                 "transform and normalize apply to image folders; a Dataset transforms its own samples"
@@ -126,16 +132,35 @@ class FastLoader:
             else torch.device("cuda" if is_folder and torch.cuda.is_available() else "cpu")
         )
         self._plan: ShuffledPlan | SamplerPlan
-        self._job: FolderJob | DatasetJob
         images: ImageOutput | None = None
+        self._job: FolderJob | DatasetJob | None = None
+        self._daemon_address = resolve_address(daemon) if daemon is not None else None
+        self._session: DaemonSession | None = None
+        if prefetch is None:
+            prefetch = (prefetch_factor or 2) * max(1, num_workers)
+        if prefetch < 1:
+            raise ConfigError(f"prefetch must be >= 1, got {prefetch}")
         if is_folder:
-            index = ImageFolderIndex.scan(dataset)  # type: ignore[arg-type]
-            self.classes: tuple[str, ...] = index.classes
             assert batch_size is not None
+            rank, world_size = _distributed(rank, world_size)
+            plan = compile_transforms(transform)
+            if self._daemon_address is not None:
+                self._hello = {
+                    "dataset": os.path.abspath(os.fspath(dataset)),  # type: ignore[arg-type]
+                    "transforms": to_config(plan.transforms), "backend": backend,
+                    "batch_size": batch_size, "prefetch": prefetch, "pid": os.getpid(),
+                    "rank": rank, "world_size": world_size,
+                }
+                self._session = self._connect()
+                num_samples, self.classes = self._session.welcome.num_samples, self._session.welcome.classes
+            else:
+                index = ImageFolderIndex.scan(dataset)  # type: ignore[arg-type]
+                num_samples, self.classes = len(index), index.classes
+                self._job = FolderJob(index, plan, backend, self.seed, batch_size)
             self._plan = ShuffledPlan(
-                len(index), batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed
+                num_samples, batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed,
+                rank=rank, world_size=world_size,
             )
-            self._job = FolderJob(index, compile_transforms(transform), backend, self.seed, batch_size)
             if normalize is not None:
                 mean, std = (tuple(float(v) for v in normalize[0]), tuple(float(v) for v in normalize[1]))
                 if len(mean) != 3 or len(std) != 3:
@@ -147,14 +172,12 @@ class FastLoader:
                 images = ImageOutput(memory_format=memory_format)
         else:
             self._plan = self._dataset_plan(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
-            self._job = DatasetJob(dataset, collate_fn, self.seed)
+            self._job = DatasetJob(dataset, collate_fn, self.seed, 0)
         slot_batch = (
             batch_size if batch_size is not None and batch_sampler is None else _max_batch(batch_sampler)
         )
-        if prefetch is None:
-            prefetch = (prefetch_factor or 2) * max(1, num_workers)
-        if prefetch < 1:
-            raise ConfigError(f"prefetch must be >= 1, got {prefetch}")
+        if isinstance(self._job, DatasetJob):
+            self._job.batch_size = slot_batch
         self._config = PipelineConfig(
             num_workers=num_workers,
             batch_size=slot_batch,
@@ -211,7 +234,10 @@ class FastLoader:
             self._pipeline.close()
             self._pipeline = None
         if self._pipeline is None:
-            self._pipeline = Pipeline(self._job, self._config)
+            session = None
+            if self._daemon_address is not None:
+                session, self._session = self._session or self._connect(), None
+            self._pipeline = Pipeline(self._job, self._config, session=session)
         epoch, start = self._epoch, self._resume_at
         self._epoch, self._resume_at = epoch + 1, 0
         self._position = (epoch, start)
@@ -232,10 +258,15 @@ class FastLoader:
         """Make the next iteration resume exactly after the batch `state` was taken at."""
         if state.get("version") != _STATE_VERSION:
             raise ConfigError(f"unknown FastLoader state version {state.get('version')!r}")
-        self.seed = int(state["seed"])
-        if isinstance(self._plan, ShuffledPlan):
-            self._plan.seed = self.seed
-        self._job.seed = self.seed
+        seed = int(state["seed"])
+        if seed != self.seed:
+            # Workers (or a daemon session) were started with the old seed: start afresh.
+            self._close_pipeline()
+            self.seed = seed
+            if isinstance(self._plan, ShuffledPlan):
+                self._plan.seed = seed
+            if self._job is not None:
+                self._job.seed = seed
         epoch, yielded = int(state["epoch"]), int(state["batches_yielded"])
         if yielded >= len(self._plan):
             epoch, yielded = epoch + 1, 0
@@ -250,17 +281,38 @@ class FastLoader:
     def close(self) -> None:
         """Stop the workers and free shared memory. Batches already delivered stay valid."""
         self._closed = True
+        self._close_pipeline()
+
+    def _close_pipeline(self) -> None:
         if self._iterator is not None:
             self._iterator.stop()
         if self._pipeline is not None:
             self._pipeline.close()
             self._pipeline = None
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def _connect(self) -> DaemonSession:
+        assert self._daemon_address is not None
+        return DaemonSession(self._daemon_address, {**self._hello, "seed": self.seed})
 
     def __enter__(self) -> FastLoader:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size from the arguments, else torch.distributed's environment, else (0, 1)."""
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if rank is None:
+        rank = int(os.environ.get("RANK", "0")) if world_size > 1 else 0
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is not within world_size {world_size}")
+    return rank, world_size
 
 
 def _max_batch(batch_sampler: Any) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastload._client import DaemonSession
 from fastload._delivery import CpuDelivery, CudaDelivery, ImageOutput, make_delivery
 from fastload._engine import Engine, Event, InlineExecutor, Opaque, Probed, Task, raise_failure
 from fastload._errors import LoaderTimeout
@@ -52,7 +53,10 @@ _Outcome = tuple[int, int] | Failure | Opaque  # (slot, count) | failure | opaqu
 class Pipeline:
     """Workers, ring and delivery of one loader, reused across its epochs."""
 
-    def __init__(self, job: FolderJob | DatasetJob, config: PipelineConfig) -> None:
+    def __init__(
+        self, job: FolderJob | DatasetJob | None, config: PipelineConfig, session: DaemonSession | None = None
+    ) -> None:
+        """Run `job` on local workers (or inline), or, given a daemon `session`, on the daemon's pool."""
         self.job = job
         self.config = config
         self.layout: BatchLayout | None = job.layout if isinstance(job, FolderJob) else None
@@ -67,20 +71,26 @@ class Pipeline:
         self._collect_at = 0  # ring size at which a starved ring next runs the garbage collector
         install_signal_cleanup()
         reap_orphans()
-        self.executor: Engine | InlineExecutor
-        if config.num_workers > 0:
+        self.executor: Engine | InlineExecutor | DaemonSession
+        if session is not None:
+            self.executor = session
+        elif job is None:
+            raise ValueError("a pipeline needs a job or a daemon session")
+        elif config.num_workers > 0:
             self.executor = Engine(
-                job,
+                {0: job},
                 num_workers=config.num_workers,
-                batch_size=config.batch_size,
                 mp_context=config.mp_context,
                 worker_init_fn=config.worker_init_fn,
             )
         else:
-            self.executor = InlineExecutor(job, batch_size=config.batch_size, resolve_slot=self._slot_buffer)
+            self.executor = InlineExecutor(job, resolve_slot=self._slot_buffer)
         # Closed in reverse order of creation: delivery, ring, then the executor's workers.
         self._resources: list[Any] = [self.executor]
         self._finalizer = weakref.finalize(self, _close_all, self._resources)
+        if session is not None:  # the daemon fixed the layout and made the ring
+            self.layout = session.welcome.layout
+            self._build_ring(session.attach_ring())
 
     def _slot_buffer(self, name: str) -> memoryview:
         assert self.ring is not None
@@ -112,13 +122,17 @@ class Pipeline:
                 self.opaque = True
                 return None
             self.executor.set_layout(self.layout)
-        self.ring = Ring(self.layout.slot_bytes, self.config.prefetch + _EXTRA_SLOTS)
-        self._resources.append(self.ring)
+        self._build_ring(Ring(self.layout.slot_bytes, self.config.prefetch + _EXTRA_SLOTS))
+        return None
+
+    def _build_ring(self, ring: Ring) -> None:
+        assert self.layout is not None
+        self.ring = ring
+        self._resources.append(ring)
         self.delivery = make_delivery(
-            self.ring, self.layout, self.config.images, self.config.device, self.config.pin_memory
+            ring, self.layout, self.config.images, self.config.device, self.config.pin_memory
         )
         self._resources.append(self.delivery)
-        return None
 
     def submit(self, owner: EpochIterator, epoch: int, batch_index: int, indices: np.ndarray) -> bool:
         """Queue one batch; False when no slot is free."""

@@ -30,27 +30,58 @@ def batch_seed(seed: int, epoch: int, batch_index: int) -> int:
 
 
 class ShuffledPlan:
-    """Every sample once per epoch, in batches; optionally shuffled from (seed, epoch)."""
+    """Every sample once per epoch, in batches; optionally shuffled from (seed, epoch).
+
+    With `world_size > 1` this rank takes DistributedSampler's shard of the epoch's order: every
+    rank the same number of samples (so the same number of batches), `order[rank::world_size]`
+    of the order truncated to a multiple of `world_size` when `drop_last`, or padded by repeating
+    its start otherwise (then a few samples appear twice in an epoch, exactly as there).
+    """
 
     def __init__(
-        self, num_samples: int, batch_size: int, *, shuffle: bool, drop_last: bool, seed: int
+        self,
+        num_samples: int,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        drop_last: bool,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+
+    @property
+    def samples_per_rank(self) -> int:
+        n, world = self.num_samples, self.world_size
+        if self.drop_last and n % world:
+            return -(-(n - world) // world)
+        return -(-n // world)
 
     def __len__(self) -> int:
         if self.drop_last:
-            return self.num_samples // self.batch_size
-        return -(-self.num_samples // self.batch_size)
+            return self.samples_per_rank // self.batch_size
+        return -(-self.samples_per_rank // self.batch_size)
 
     def order(self, epoch: int) -> np.ndarray:
+        """This rank's samples for `epoch`, in order."""
         if not self.shuffle:
-            return np.arange(self.num_samples, dtype=np.int64)
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch, _ORDER_STREAM])))
-        return rng.permutation(self.num_samples).astype(np.int64, copy=False)
+            order = np.arange(self.num_samples, dtype=np.int64)
+        else:
+            seq = np.random.SeedSequence([self.seed, epoch, _ORDER_STREAM])
+            order = np.random.Generator(np.random.PCG64(seq)).permutation(self.num_samples)
+        if self.world_size == 1:
+            return order
+        total = self.samples_per_rank * self.world_size
+        if total > len(order):
+            order = np.resize(order, total)  # repeats from the start, as DistributedSampler pads
+        return order[self.rank : total : self.world_size]
 
     def iter_batches(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
         order = self.order(epoch)

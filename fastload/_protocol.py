@@ -1,9 +1,11 @@
 """The engine<->worker wire format: ZeroMQ multipart messages of fixed structs, never pickles.
 
 Engine (ROUTER) -> worker (DEALER):
-    TASK    [b"T", TASK_HEAD(seq, batch_index, epoch, count), slot name, int64 indices]
-    PROBE   [b"P", TASK_HEAD(seq, batch_index, epoch, 1), b"", int64 index]
-    LAYOUT  [b"L", layout JSON]
+    TASK    [b"T", TASK_HEAD(seq, batch_index, epoch, count, job), slot name, int64 indices]
+    PROBE   [b"P", TASK_HEAD(seq, batch_index, epoch, 1, job), b"", int64 index]
+    JOB     [b"J", JOB_HEAD(job), job JSON]        (a daemon's jobs; local mode forks job 0 in)
+    DROP    [b"X", JOB_HEAD(job)]                  (forget a job)
+    LAYOUT  [b"L", JOB_HEAD(job), layout JSON]
     STOP    [b"S"]
 Worker -> engine:
     READY   [b"R", READY_HEAD(pid)]
@@ -27,6 +29,8 @@ from typing import Any
 
 TASK = b"T"
 PROBE = b"P"
+JOB = b"J"
+DROP = b"X"
 LAYOUT = b"L"
 STOP = b"S"
 READY = b"R"
@@ -35,7 +39,8 @@ FAILED = b"E"
 PROBED = b"P"
 OPAQUE = b"B"
 
-TASK_HEAD = struct.Struct("<qqqq")
+TASK_HEAD = struct.Struct("<qqqqq")
+JOB_HEAD = struct.Struct("<q")
 READY_HEAD = struct.Struct("<q")
 DONE_HEAD = struct.Struct("<qqqqq")
 SEQ_HEAD = struct.Struct("<q")

@@ -11,23 +11,43 @@ appends to a deque the ring drains on the engine's thread.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from fastload._shm import Segment, preflight
 
 
-class Ring:
-    """Slots of `slot_bytes` each, created up front after a /dev/shm capacity check."""
+def _create_slot(slot_bytes: int) -> Segment:
+    preflight(slot_bytes)
+    return Segment.create(slot_bytes)
 
-    def __init__(self, slot_bytes: int, num_slots: int) -> None:
-        preflight(slot_bytes * num_slots)
+
+class Ring:
+    """Slots of `slot_bytes` each, made up front (after a /dev/shm capacity check) by `allocate`.
+
+    In local mode the trainer creates its slots; attached to a daemon, `allocate` asks the daemon
+    for one more slot of the session's ring and attaches it.
+    """
+
+    def __init__(
+        self,
+        slot_bytes: int,
+        num_slots: int,
+        allocate: Callable[[int], Segment] = _create_slot,
+        initial: list[Segment] | None = None,
+    ) -> None:
+        if initial is None:
+            preflight(slot_bytes * num_slots)
         self.slot_bytes = slot_bytes
         self.segments: dict[int, Segment] = {}
         self._by_name: dict[str, Segment] = {}
         self._free: deque[int] = deque()
         self._released: deque[int] = deque()
+        self._allocate = allocate
         try:
-            for _ in range(num_slots):
-                self.grow()
+            for segment in (
+                initial if initial is not None else (Segment.create(slot_bytes) for _ in range(num_slots))
+            ):
+                self._add(segment)
         except BaseException:
             self.close()
             raise
@@ -37,9 +57,9 @@ class Ring:
 
     def grow(self) -> int:
         """Add one free slot and return its id."""
-        if self.segments:
-            preflight(self.slot_bytes)
-        segment = Segment.create(self.slot_bytes)
+        return self._add(self._allocate(self.slot_bytes))
+
+    def _add(self, segment: Segment) -> int:
         slot = len(self.segments)
         self.segments[slot] = segment
         self._by_name[segment.name] = segment

@@ -10,11 +10,16 @@ walk following links, sorted file names, the same extensions), so labels match t
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from fastload._errors import DatasetError
+from fastload._shm import Segment
+
+# Shared layout: header (count, blob bytes), then int64 offsets[count + 1], int64 labels[count], blob.
+_SHARED_HEAD = struct.Struct("<qq")
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -71,3 +76,30 @@ class ImageFolderIndex:
         np.cumsum(lengths, out=offsets[1:])
         blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
         return cls(root_str, tuple(classes), blob, offsets, np.asarray(labels, dtype=np.int64))
+
+    def to_segment(self) -> Segment:
+        """Copy the index into a new shared-memory segment, for worker processes not forked from us."""
+        n, blob_len = len(self), int(self.path_blob.shape[0])
+        segment = Segment.create(_SHARED_HEAD.size + 8 * (2 * n + 1) + max(blob_len, 1))
+        _SHARED_HEAD.pack_into(segment.buf, 0, n, blob_len)
+        offsets, labels, blob = _shared_views(segment, n, blob_len)
+        offsets[:] = self.path_offsets
+        labels[:] = self.labels
+        blob[:] = self.path_blob
+        return segment
+
+    @classmethod
+    def from_segment(cls, segment: Segment) -> ImageFolderIndex:
+        """An index over a segment made by `to_segment` (views, no copy)."""
+        n, blob_len = _SHARED_HEAD.unpack_from(segment.buf, 0)
+        offsets, labels, blob = _shared_views(segment, n, blob_len)
+        return cls("", (), blob, offsets, labels)
+
+
+def _shared_views(segment: Segment, n: int, blob_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    at = _SHARED_HEAD.size
+    offsets = np.ndarray((n + 1,), np.int64, buffer=segment.buf, offset=at)
+    labels = np.ndarray((n,), np.int64, buffer=segment.buf, offset=at + 8 * (n + 1))
+    blob = np.ndarray((blob_len,), np.uint8, buffer=segment.buf, offset=at + 8 * (2 * n + 1))
+    return offsets, labels, blob
+

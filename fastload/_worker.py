@@ -13,6 +13,7 @@ creates or unlinks shared memory: it only attaches to the slots it is told about
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Callable
@@ -39,8 +40,7 @@ class WorkerSpec:
     identity: bytes
     parent_pid: int
     worker_id: int
-    job: FolderJob | DatasetJob
-    batch_size: int
+    jobs: dict[int, FolderJob | DatasetJob]  # forked in (local mode); a daemon sends JOB messages
     worker_init_fn: Callable[[int], Any] | None
 
 
@@ -68,9 +68,12 @@ def worker_main(spec: WorkerSpec) -> None:
 
 
 def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg]
-    job = spec.job
-    layout = job.layout if isinstance(job, FolderJob) else None
+    jobs = dict(spec.jobs)
+    layouts: dict[int, BatchLayout | None] = {
+        job_id: job.layout for job_id, job in jobs.items() if isinstance(job, FolderJob)
+    }
     segments: dict[str, Segment] = {}
+    job_slots: dict[int, set[str]] = {}  # a daemon's job -> the slots its tasks named
     while True:
         if not sock.poll(_PARENT_CHECK_MS):
             if os.getppid() != spec.parent_pid:
@@ -80,16 +83,29 @@ def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg
         kind = frames[0]
         if kind == proto.STOP:
             return
-        if kind == proto.LAYOUT:
-            layout = BatchLayout.from_json(frames[1])
+        if kind in (proto.JOB, proto.DROP, proto.LAYOUT):
+            (job_id,) = proto.JOB_HEAD.unpack(frames[1])
+            if kind == proto.JOB:
+                folder_job = FolderJob.from_config(json.loads(frames[2]))
+                jobs[job_id], layouts[job_id] = folder_job, folder_job.layout
+            elif kind == proto.DROP:
+                dropped = jobs.pop(job_id, None)
+                layouts.pop(job_id, None)
+                if isinstance(dropped, FolderJob):
+                    dropped.close()
+                for name in job_slots.pop(job_id, ()):
+                    segments.pop(name).close()
+            else:
+                layouts[job_id] = BatchLayout.from_json(frames[2])
             continue
-        seq, batch_index, epoch, _ = proto.TASK_HEAD.unpack(frames[1])
+        seq, batch_index, epoch, _, job_id = proto.TASK_HEAD.unpack(frames[1])
         slot_name = frames[2].decode()
         indices = np.frombuffer(frames[3], dtype=np.int64)
         try:
+            job = jobs[job_id]
             if kind == proto.PROBE:
                 assert isinstance(job, DatasetJob)
-                probed = job.probe(seq, epoch, batch_index, int(indices[0]), spec.batch_size, False)
+                probed = job.probe(seq, epoch, batch_index, int(indices[0]), False)
                 sock.send_multipart(
                     [proto.PROBED, proto.SEQ_HEAD.pack(seq), probed.to_json().encode() if probed else b""]
                 )
@@ -102,6 +118,8 @@ def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg
             else:
                 if slot_name not in segments:
                     segments[slot_name] = Segment.attach(slot_name)
+                    job_slots.setdefault(job_id, set()).add(slot_name)
+                layout = layouts[job_id]
                 assert layout is not None
                 arrays = layout.arrays(segments[slot_name].buf)
                 if isinstance(job, FolderJob):

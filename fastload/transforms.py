@@ -288,3 +288,67 @@ def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
             "end it with RandomResizedCrop, CenterCrop or Resize((height, width))"
         )
     return TransformPlan(chain, out[0], out[1], interpolation)
+
+
+_BY_NAME: dict[str, type] = {
+    "RandomResizedCrop": RandomResizedCrop,
+    "Resize": Resize,
+    "CenterCrop": CenterCrop,
+    "RandomHorizontalFlip": RandomHorizontalFlip,
+}
+
+
+def to_config(transforms: Sequence[Transform]) -> list[dict[str, object]]:
+    """The chain as plain JSON-able data: [{"type": name, field: value, ...}, ...]."""
+    config: list[dict[str, object]] = []
+    for t in transforms:
+        entry: dict[str, object] = {"type": type(t).__name__}
+        for name, value in vars(t).items():
+            entry[name] = list(value) if isinstance(value, tuple) else value
+        config.append(entry)
+    return config
+
+
+def _field_value(kind: str, name: str, value: object) -> object:
+    """Check one field read from configuration: numbers, short strings, pairs of numbers, None."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str) and len(value) <= 32:
+        return value
+    if isinstance(value, list) and 1 <= len(value) <= 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
+        return tuple(value)
+    raise ConfigError(f"{kind}.{name}: {value!r} is not a valid value")
+
+
+def from_config(config: object) -> tuple[Transform, ...]:
+    """Rebuild a chain from `to_config` data, validating every name, field and value.
+
+    This is how transforms cross a socket (the daemon's clients): data, never pickles.
+    """
+    if not isinstance(config, list) or len(config) > 32:
+        raise ConfigError("transforms must be a list of at most 32 entries")
+    chain: list[Transform] = []
+    for entry in config:
+        if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+            raise ConfigError(f"a transform entry must be an object with a 'type': {entry!r}")
+        kind = entry["type"]
+        cls = _BY_NAME.get(kind)
+        if cls is None:
+            raise ConfigError(f"unknown transform {kind!r}; known: {', '.join(sorted(_BY_NAME))}")
+        fields = {f for f in cls.__dataclass_fields__}  # type: ignore[attr-defined]
+        kwargs = {}
+        for name, value in entry.items():
+            if name == "type":
+                continue
+            if name not in fields:
+                raise ConfigError(f"{kind} has no parameter {name!r}")
+            kwargs[name] = _field_value(kind, name, value)
+        try:
+            chain.append(cls(**kwargs))
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{kind}: {e}") from e
+    return tuple(chain)

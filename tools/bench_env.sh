@@ -64,4 +64,4 @@ if [ ! -e /usr/include/jpeglib.h ] || [ ! -e /usr/include/zlib.h ]; then
 fi
 CC="cc -mavx2" make_venv simd \
     "import PIL, numpy; from PIL import Image; assert '.post' in PIL.__version__, PIL.__version__" \
-    --no-binary pillow-simd pillow-simd numpy
+    --no-cache-dir --no-binary pillow-simd pillow-simd numpy

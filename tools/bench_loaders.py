@@ -50,6 +50,7 @@ SYSTEMS_DIR = REPO / "tools" / "bench_systems"
 VENVS = Path(os.environ.get("BENCH_VENVS", "/work/venvs"))
 TV_PYTHON = VENVS / "tv" / "bin" / "python"
 FFCV_PYTHON = VENVS / "ffcv" / "bin" / "python"
+DALI_PYTHON = VENVS / "dali" / "bin" / "python"
 MAIN_PYTHON = REPO / ".venv" / "bin" / "python"
 DEFAULT_DATA = Path("/work/bench-data/imagenet-like")
 
@@ -76,6 +77,13 @@ SYSTEMS: dict[str, System] = {
     "torchvision-fastcollate": System(TV_PYTHON, SYSTEMS_DIR / "dataloader_fastcollate.py"),
     "ffcv": System(FFCV_PYTHON, SYSTEMS_DIR / "ffcv_loader.py", prepare=True),
     "fastload": System(MAIN_PYTHON, SYSTEMS_DIR / "fastload_loader.py"),
+    "fastload-pil": System(MAIN_PYTHON, SYSTEMS_DIR / "fastload_loader.py", ("--backend", "pil")),
+    "dali-cpu": System(DALI_PYTHON, SYSTEMS_DIR / "dali_cpu_loader.py"),
+    # Validation pipelines: Resize(256) + CenterCrop(224) (or the system's equivalent), in order.
+    "fastload-val": System(MAIN_PYTHON, SYSTEMS_DIR / "fastload_loader.py", ("--val",)),
+    "torchvision-val": System(TV_PYTHON, SYSTEMS_DIR / "dataloader_torchvision.py", ("--val",)),
+    "ffcv-val": System(FFCV_PYTHON, SYSTEMS_DIR / "ffcv_loader.py", ("--val",), prepare=True),
+    "dali-cpu-val": System(DALI_PYTHON, SYSTEMS_DIR / "dali_cpu_loader.py", ("--val",)),
     "ceiling": System(MAIN_PYTHON, SYSTEMS_DIR / "decode_ceiling.py"),
     "transport-fastload": System(
         MAIN_PYTHON,

@@ -5,17 +5,19 @@ ToTorchImage (uint8 NCHW on the CPU), random order, drop_last.
 Run with a python that has ffcv (e.g. /work/venvs/ffcv/bin/python); prints the bench_common JSON
 line. The .beton (DIR.beton beside DIR, images stored as JPEG at quality 90, original sizes) is
 made by `--prepare`, or before the timer starts if missing or older than DIR; else reused. FFCV's
-"workers" are threads of this process.
+"workers" are threads of this process. `--val`: CenterCropRGBImageDecoder((224, 224), ratio=224/256)
+(FFCV's Resize(256) + CenterCrop(224)), ToTensor, ToTorchImage, sequential order.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
 from bench_common import batches_of, measure, parse_args
 from ffcv.fields import IntField, RGBImageField
-from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
+from ffcv.fields.decoders import CenterCropRGBImageDecoder, IntDecoder, RandomResizedCropRGBImageDecoder
 from ffcv.loader import Loader, OrderOption
 from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
 from ffcv.writer import DatasetWriter
@@ -60,6 +62,9 @@ def write_beton(data: Path, beton: Path) -> None:
 
 
 def main() -> None:
+    val = "--val" in sys.argv  # removed before the common parser runs
+    if val:
+        sys.argv.remove("--val")
     options = parse_args(__doc__.splitlines()[0], can_prepare=True)
     assert options.data is not None
     data = options.data.resolve()
@@ -69,19 +74,19 @@ def main() -> None:
     if options.prepare:
         return
     start = time.monotonic()
+    decode = (
+        [CenterCropRGBImageDecoder((224, 224), ratio=224 / 256)]
+        if val
+        else [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip()]
+    )
     loader = Loader(
         str(beton),
         batch_size=options.batch_size,
         num_workers=options.workers,
-        order=OrderOption.RANDOM,
+        order=OrderOption.SEQUENTIAL if val else OrderOption.RANDOM,
         drop_last=True,
         pipelines={
-            "image": [
-                RandomResizedCropRGBImageDecoder((224, 224)),
-                RandomHorizontalFlip(),
-                ToTensor(),
-                ToTorchImage(),
-            ],
+            "image": [*decode, ToTensor(), ToTorchImage()],
             "label": [IntDecoder(), ToTensor(), Squeeze()],
         },
     )

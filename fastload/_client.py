@@ -1,0 +1,247 @@
+"""The trainer's side of a daemon session: the executor interface, spoken over a socket.
+
+A `DaemonSession` says hello with the loader's declarative configuration, attaches to the ring
+the daemon made for it, and then behaves like the local `Engine` (`submit`, `poll`, `in_flight`,
+`close`), so the epoch iterator, the ring and the delivery are the same code in both modes.
+Every wait is bounded: when no reply comes, the daemon's liveness is checked (its pid for a local
+socket, a ping for TCP) and a `DaemonError` says what happened instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from fastload import _wire as wire
+from fastload._engine import Event, Task
+from fastload._errors import DaemonError
+from fastload._layout import BatchLayout
+from fastload._protocol import Done, Failure
+from fastload._ring import Ring
+from fastload._shm import Segment
+
+CONNECT_TIMEOUT_S = 5.0
+_PING_EVERY_S = 1.0
+_TCP_SILENCE_LIMIT_S = 10.0
+
+
+def runtime_dir() -> str:
+    """This user's private fastload directory ($XDG_RUNTIME_DIR/fastload, else /tmp/fastload-UID).
+
+    Created 0700; refused if it exists but belongs to someone else or others can enter it.
+    """
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    path = os.path.join(base, "fastload") if base and os.path.isdir(base) else f"/tmp/fastload-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not os.path.isdir(path) or os.path.islink(path):
+        raise DaemonError(
+            f"{path} must be a directory owned by you with mode 0700 (it is not): remove it and retry"
+        )
+    return path
+
+
+def default_address() -> str:
+    return f"ipc://{runtime_dir()}/daemon.sock"
+
+
+def resolve_address(daemon: str) -> str:
+    """ "default" -> this user's local socket; ipc://... and tcp://... are taken as given."""
+    if daemon == "default":
+        return default_address()
+    if daemon.startswith(("ipc://", "tcp://")):
+        return daemon
+    raise DaemonError(f"daemon address {daemon!r} is not 'default', ipc://PATH or tcp://HOST:PORT")
+
+
+@dataclass(frozen=True)
+class Welcome:
+    session: int
+    daemon_pid: int
+    slots: list[str]
+    slot_bytes: int
+    layout: BatchLayout
+    num_samples: int
+    classes: tuple[str, ...]
+
+
+class DaemonSession:
+    """One trainer's session with a loader daemon."""
+
+    def __init__(self, address: str, hello: dict[str, Any], timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        self.address = address
+        self._local = address.startswith("ipc://")
+        if self._local and not os.path.exists(address[len("ipc://") :]):
+            raise DaemonError(f"no fastload daemon is running at {address}: start one with `fastload serve`")
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        if not self._local:
+            _set_curve_client(self._sock)
+        self._sock.connect(address)
+        self._events: deque[Event] = deque()
+        self._in_flight: set[int] = set()
+        self._last_heard = time.monotonic()
+        self._last_ping = 0.0
+        self._closed = False
+        try:
+            self._send("hello", **hello)
+            _op, fields = self._wait_for(("welcome",), timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        self.welcome = Welcome(
+            session=fields["session"],
+            daemon_pid=fields["daemon_pid"],
+            slots=[str(s) for s in fields["slots"]],
+            slot_bytes=fields["slot_bytes"],
+            layout=BatchLayout.from_json(fields["layout"]),
+            num_samples=fields["num_samples"],
+            classes=tuple(str(c) for c in fields["classes"]),
+        )
+
+    def _send(self, op: str, *extra: bytes, **fields: Any) -> None:
+        self._sock.send_multipart([wire.encode(op, **fields), *extra])
+
+    def _receive(self, timeout_s: float) -> tuple[str, dict[str, Any]] | None:
+        if not self._sock.poll(int(max(0.0, timeout_s) * 1000)):
+            return None
+        frames = self._sock.recv_multipart()
+        self._last_heard = time.monotonic()
+        op, fields = wire.decode(frames[0])
+        if op == "error":
+            raise DaemonError(f"the daemon at {self.address} refused: {fields['message']}")
+        return op, fields
+
+    def _wait_for(self, ops: tuple[str, ...], timeout_s: float) -> tuple[str, dict[str, Any]]:
+        """Wait for a reply whose op is in `ops`, keeping batch events that arrive meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            message = self._receive(min(0.1, max(0.0, deadline - time.monotonic())))
+            if message is None:
+                self._check_alive()
+                if time.monotonic() >= deadline:
+                    raise DaemonError(
+                        f"no answer from the fastload daemon at {self.address} within {timeout_s:g} s: "
+                        "is it running (`fastload status`)?"
+                    )
+                continue
+            if message[0] in ops:
+                return message
+            self._keep(*message)
+
+    def _keep(self, op: str, fields: dict[str, Any]) -> None:
+        if op == "done":
+            self._in_flight.discard(fields["seq"])
+            self._events.append(
+                Done(fields["seq"], fields["count"], fields["read_ns"], fields["decode_ns"], fields["bytes"])
+            )
+        elif op == "failed":
+            self._in_flight.discard(fields["seq"])
+            self._events.append(Failure(**fields))
+
+    def _check_alive(self) -> None:
+        now = time.monotonic()
+        if self._local:
+            pid = getattr(self, "welcome", None)
+            if pid is not None and not _pid_alive(pid.daemon_pid):
+                raise DaemonError(
+                    f"the fastload daemon (pid {pid.daemon_pid}) is gone; restart it with `fastload serve` "
+                    "and resume from your loader's last state_dict()"
+                )
+            return
+        if now - self._last_heard > _TCP_SILENCE_LIMIT_S:
+            raise DaemonError(f"the fastload daemon at {self.address} stopped answering")
+        if now - self._last_ping > _PING_EVERY_S:
+            self._last_ping = now
+            self._send("ping")
+
+    def attach_ring(self) -> Ring:
+        """The session's ring, attached (the daemon owns and unlinks it)."""
+        segments = [Segment.attach(name) for name in self.welcome.slots]
+        return Ring(self.welcome.slot_bytes, len(segments), allocate=self._grow, initial=segments)
+
+    def _grow(self, slot_bytes: int) -> Segment:
+        self._send("grow")
+        _, fields = self._wait_for(("slot",), CONNECT_TIMEOUT_S)
+        return Segment.attach(fields["name"])
+
+    # -- the executor interface (see fastload._engine.Engine) --------------------------------
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return []
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def set_layout(self, layout: BatchLayout, job_id: int = 0) -> None:
+        """The daemon fixed the layout in its welcome."""
+
+    def submit(self, task: Task) -> None:
+        self._in_flight.add(task.seq)
+        self._send(
+            "task",
+            task.indices.astype("<i8", copy=False).tobytes(),
+            seq=task.seq,
+            epoch=task.epoch,
+            batch_index=task.batch_index,
+            slot=task.slot_name,
+        )
+
+    def poll(self, timeout_s: float) -> list[Event]:
+        deadline = time.monotonic() + timeout_s
+        while not self._events:
+            message = self._receive(min(0.1, max(0.0, deadline - time.monotonic())))
+            if message is not None:
+                self._keep(*message)
+                continue
+            if self._in_flight:
+                self._check_alive()
+            if time.monotonic() >= deadline:
+                break
+        events = list(self._events)
+        self._events.clear()
+        return events
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(zmq.ZMQError):
+            self._send("bye")
+        self._sock.close(0)
+        self._ctx.term()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _set_curve_client(sock: zmq.Socket) -> None:  # type: ignore[type-arg]
+    """CURVE keys for a TCP daemon: the server's public key and this client's key pair.
+
+    Read from FASTLOAD_CURVE_SERVER_KEY, FASTLOAD_CURVE_PUBLIC_KEY and FASTLOAD_CURVE_SECRET_KEY
+    (Z85 text, as `fastload keys` prints); a TCP daemon never accepts an unauthenticated client.
+    """
+    names = ("FASTLOAD_CURVE_SERVER_KEY", "FASTLOAD_CURVE_PUBLIC_KEY", "FASTLOAD_CURVE_SECRET_KEY")
+    values = [os.environ.get(n, "") for n in names]
+    if not all(values):
+        raise DaemonError("a TCP daemon needs CURVE keys: set " + ", ".join(names) + " (see `fastload keys`)")
+    sock.curve_serverkey = values[0].encode()
+    sock.curve_publickey = values[1].encode()
+    sock.curve_secretkey = values[2].encode()

@@ -1,0 +1,168 @@
+"""`fastload serve`, `status`, `stop` and `keys`: the daemon's command-line side.
+
+`serve` reads its settings from flags or a TOML file; `status` and `stop` send one request to
+the daemon's local socket and exit non-zero when no daemon answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import time
+import tomllib
+from typing import Any, TextIO
+
+import zmq
+
+from fastload import _wire as wire
+from fastload._client import default_address, resolve_address
+from fastload._errors import ConfigError, DaemonError
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gib": 1 << 30,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """'4GiB', '512m', '1073741824' -> bytes."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ConfigError(f"{text!r} is not a size like 4GiB, 512MiB or 1073741824")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def default_budget() -> int:
+    """Half of /dev/shm: room for the daemon's rings while leaving the rest to others."""
+    st = os.statvfs("/dev/shm")
+    return st.f_blocks * st.f_frsize // 2
+
+
+def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The DaemonConfig and datasets to warm, from a TOML file's [daemon] table plus flags."""
+    from fastload._daemon import DaemonConfig
+
+    table: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                table = tomllib.load(f).get("daemon", {})
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read daemon configuration {path}: {e}") from e
+    table.update({k: v for k, v in overrides.items() if v is not None})
+    known = {
+        "workers",
+        "memory_budget",
+        "socket_dir",
+        "listen",
+        "curve_secret_key",
+        "curve_public_key",
+        "curve_clients",
+        "max_sessions",
+        "datasets",
+    }
+    unknown = set(table) - known
+    if unknown:
+        raise ConfigError(f"unknown daemon settings: {', '.join(sorted(unknown))}")
+    listen = table.get("listen")
+    if listen is not None and not str(listen).startswith("tcp://"):
+        raise ConfigError(f"listen must be tcp://HOST:PORT, got {listen!r}")
+    config = DaemonConfig(
+        workers=int(table.get("workers", len(os.sched_getaffinity(0)))),
+        memory_budget_bytes=parse_size(table.get("memory_budget", default_budget())),
+        socket_dir=table.get("socket_dir"),
+        listen=listen,
+        curve_secret_key=table.get("curve_secret_key"),
+        curve_public_key=table.get("curve_public_key"),
+        curve_clients=tuple(table.get("curve_clients", ())),
+        max_sessions=int(table.get("max_sessions", 64)),
+    )
+    if config.workers < 1:
+        raise ConfigError("the daemon needs at least one worker")
+    return config, [str(d) for d in table.get("datasets", ())]
+
+
+def serve(config_path: str | None, overrides: dict[str, Any]) -> int:
+    """Run the daemon in the foreground until SIGTERM/SIGINT or `fastload stop`."""
+    from fastload._daemon import Daemon
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s fastload %(levelname)s %(message)s")
+    config, datasets = load_config(config_path, overrides)
+    daemon = Daemon(config)
+    try:
+        for path in datasets:
+            index, _ = daemon.warm(path)
+            logging.getLogger("fastload.daemon").info("warmed %s: %d images", path, len(index))
+    except BaseException:
+        daemon.close()
+        raise
+    daemon.serve_forever()
+    return 0
+
+
+def request(address: str, op: str, timeout_s: float = 3.0) -> dict[str, Any]:
+    """Send one request to a daemon and return the reply's fields (DaemonError if none)."""
+    if address.startswith("ipc://") and not os.path.exists(address[len("ipc://") :]):
+        raise DaemonError(f"no fastload daemon is running at {address}")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send(wire.encode(op))
+        if not sock.poll(int(timeout_s * 1000)):
+            raise DaemonError(f"no fastload daemon answers at {address}")
+        reply_op, fields = wire.decode(sock.recv_multipart()[0])
+        if reply_op == "error":
+            raise DaemonError(fields["message"])
+        return fields
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def status(address: str | None, out: TextIO = sys.stdout) -> int:
+    """Print the daemon's sessions; exit status 1 when no daemon answers."""
+    target = resolve_address(address) if address else default_address()
+    s = request(target, "status")
+    out.write(
+        f"fastload daemon pid {s['pid']}: {s['workers']} workers, "
+        f"memory {s['used_bytes'] / 2**20:.0f}/{s['budget_bytes'] / 2**20:.0f} MiB"
+        f"{', draining' if s['draining'] else ''}, {len(s['sessions'])} session(s)\n"
+    )
+    if s["sessions"]:
+        out.write(f"{'session':>7} {'pid':>7} {'rank':>7} {'images':>9} {'img/s':>8} {'MiB':>6}  dataset\n")
+        for x in s["sessions"]:
+            out.write(
+                f"{x['session']:>7} {x['pid']:>7} {x['rank']:>3}/{x['world_size']:<3} {x['images']:>9} "
+                f"{x['images_per_s']:>8.0f} {x['memory_bytes'] / 2**20:>6.0f}  {x['dataset']}\n"
+            )
+    return 0
+
+
+def stop(address: str | None, wait_s: float = 40.0) -> int:
+    """Ask the local daemon to drain and exit; wait until its socket is gone."""
+    target = resolve_address(address) if address else default_address()
+    request(target, "stop")
+    path = target[len("ipc://") :] if target.startswith("ipc://") else None
+    deadline = time.monotonic() + wait_s
+    while path and os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return 0
+
+
+def keys(out: TextIO = sys.stdout) -> int:
+    """Print a new CURVE key pair (Z85) for a TCP daemon or one of its clients."""
+    public, secret = zmq.curve_keypair()
+    out.write(f'public_key = "{public.decode()}"\nsecret_key = "{secret.decode()}"\n')
+    return 0

@@ -1,0 +1,131 @@
+"""The trainer<->daemon wire format: versioned JSON headers, validated on arrival; never pickles.
+
+Every message is one JSON object (the header, at most 64 KiB) and, for tasks, one frame of raw
+little-endian int64 sample indices. A header that is not valid JSON, has the wrong version, an
+unknown `op`, or fields of the wrong type raises `WireError`; the daemon answers it with an
+`error` reply and keeps serving.
+
+    trainer -> daemon                                daemon -> trainer
+    hello  {dataset, transforms, backend, seed,      welcome {session, daemon_pid, slots,
+            batch_size, prefetch, pid, rank,                 slot_bytes, layout, num_samples,
+            world_size}                                      classes}
+    task   {seq, epoch, batch_index, slot} + indices done    {seq, count, read_ns, decode_ns, bytes}
+    grow   {}                                        failed  {seq, message, path, index,
+    ping   {}                                                 exc_type, traceback}
+    bye    {}                                        slot    {name}      (reply to grow)
+    status {}                                        pong    {}
+    stop   {}          (local socket only)           status  {sessions, workers, budget, ...}
+                                                     error   {message}   (anything refused)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from fastload._errors import FastloadError
+
+VERSION = 1
+MAX_HEADER_BYTES = 64 << 10
+MAX_BATCH = 1 << 16
+
+# op -> {field: accepted types}; fields not listed are refused.
+_INT = (int,)
+_SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
+    "hello": {
+        "dataset": (str,),
+        "transforms": (list,),
+        "backend": (str,),
+        "seed": _INT,
+        "batch_size": _INT,
+        "prefetch": _INT,
+        "pid": _INT,
+        "rank": _INT,
+        "world_size": _INT,
+    },
+    "task": {"seq": _INT, "epoch": _INT, "batch_index": _INT, "slot": (str,)},
+    "grow": {},
+    "ping": {},
+    "bye": {},
+    "status": {},
+    "stop": {},
+    "welcome": {
+        "session": _INT,
+        "daemon_pid": _INT,
+        "slots": (list,),
+        "slot_bytes": _INT,
+        "layout": (str,),
+        "num_samples": _INT,
+        "classes": (list,),
+    },
+    "done": {"seq": _INT, "count": _INT, "read_ns": _INT, "decode_ns": _INT, "bytes": _INT},
+    "failed": {
+        "seq": _INT,
+        "message": (str,),
+        "path": (str,),
+        "index": _INT,
+        "exc_type": (str,),
+        "traceback": (str,),
+    },
+    "slot": {"name": (str,)},
+    "pong": {},
+    "status_reply": {
+        "sessions": (list,),
+        "workers": _INT,
+        "budget_bytes": _INT,
+        "used_bytes": _INT,
+        "pid": _INT,
+        "draining": (bool,),
+    },
+    "error": {"message": (str,)},
+}
+
+
+class WireError(FastloadError):
+    """A message that does not follow the protocol (malformed, wrong version, unknown op)."""
+
+
+def encode(op: str, **fields: Any) -> bytes:
+    """One header frame."""
+    return json.dumps({"v": VERSION, "op": op, **fields}, separators=(",", ":")).encode()
+
+
+def decode(frame: bytes) -> tuple[str, dict[str, Any]]:
+    """Parse and validate a header frame; return (op, fields)."""
+    if len(frame) > MAX_HEADER_BYTES:
+        raise WireError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        message = json.loads(frame)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise WireError(f"header is not JSON: {e}") from None
+    if not isinstance(message, dict):
+        raise WireError("header is not a JSON object")
+    if message.get("v") != VERSION:
+        raise WireError(f"protocol version {message.get('v')!r} is not {VERSION}: upgrade the older side")
+    op = message.get("op")
+    schema = _SCHEMAS.get(op) if isinstance(op, str) else None
+    if schema is None or not isinstance(op, str):
+        raise WireError(f"unknown op {op!r}")
+    fields = {k: v for k, v in message.items() if k not in ("v", "op")}
+    for name, value in fields.items():
+        types = schema.get(name)
+        if types is None:
+            raise WireError(f"{op}: unexpected field {name!r}")
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise WireError(f"{op}.{name}: {type(value).__name__} is not allowed")
+    missing = set(schema) - set(fields)
+    if missing:
+        raise WireError(f"{op}: missing {', '.join(sorted(missing))}")
+    return op, fields
+
+
+def decode_indices(frame: bytes, num_samples: int) -> np.ndarray:
+    """Validate a task's index frame: 1..MAX_BATCH int64 values, each within the dataset."""
+    if len(frame) == 0 or len(frame) % 8 or len(frame) > 8 * MAX_BATCH:
+        raise WireError(f"index frame of {len(frame)} bytes is not 1..{MAX_BATCH} int64 values")
+    indices = np.frombuffer(frame, dtype="<i8")
+    if int(indices.min()) < 0 or int(indices.max()) >= num_samples:
+        raise WireError(f"sample index out of range 0..{num_samples - 1}")
+    return indices.astype(np.int64, copy=False)
