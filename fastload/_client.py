@@ -70,6 +70,7 @@ class Welcome:
     layout: BatchLayout
     num_samples: int
     classes: tuple[str, ...]
+    workers: int
 
 
 class DaemonSession:
@@ -105,6 +106,7 @@ class DaemonSession:
             layout=BatchLayout.from_json(fields["layout"]),
             num_samples=fields["num_samples"],
             classes=tuple(str(c) for c in fields["classes"]),
+            workers=fields["workers"],
         )
 
     def _send(self, op: str, *extra: bytes, **fields: Any) -> None:
@@ -195,6 +197,7 @@ class DaemonSession:
             epoch=task.epoch,
             batch_index=task.batch_index,
             slot=task.slot_name,
+            row=task.row,
         )
 
     def poll(self, timeout_s: float) -> list[Event]:

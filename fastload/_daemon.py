@@ -73,6 +73,7 @@ class _Session:
     num_samples: int
     segments: dict[str, Segment]
     slot_bytes: int
+    batch_size: int
     pending: deque[Task] = field(default_factory=deque)
     client_seq: dict[int, int] = field(default_factory=dict)  # daemon seq -> trainer seq
     started: float = field(default_factory=time.monotonic)
@@ -311,6 +312,7 @@ class Daemon:
             num_samples=len(index),
             segments={},
             slot_bytes=job.layout.slot_bytes,
+            batch_size=batch_size,
         )
         try:
             for _ in range(slots):
@@ -344,6 +346,7 @@ class Daemon:
             layout=job.layout.to_json(),
             num_samples=len(index),
             classes=list(index.classes),
+            workers=self.config.workers,
         )
 
     def warm(self, path: str) -> tuple[ImageFolderIndex, Segment]:
@@ -385,11 +388,17 @@ class Daemon:
         if len(extra) != 1:
             raise wire.WireError("a task carries exactly one index frame")
         indices = wire.decode_indices(extra[0], session.num_samples)
+        if f["row"] < 0 or f["row"] + len(indices) > session.batch_size:
+            raise wire.WireError(
+                f"rows {f['row']}..{f['row'] + len(indices)} exceed the batch of {session.batch_size}"
+            )
         seq = next(self._seqs)
         session.client_seq[seq] = f["seq"]
         self._seq_owner[seq] = session
         session.pending.append(
-            Task(seq, f["epoch"], f["batch_index"], indices.copy(), f["slot"], job_id=session.id)
+            Task(
+                seq, f["epoch"], f["batch_index"], indices.copy(), f["slot"], job_id=session.id, row=f["row"]
+            )
         )
 
     # -- scheduling and results --------------------------------------------------------------

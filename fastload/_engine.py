@@ -56,6 +56,7 @@ class Task:
     slot_name: str  # "" for opaque batches and probes
     probe: bool = False
     job_id: int = 0
+    row: int = 0  # first row of the slot's batch this task writes (a batch split across workers)
     deaths: int = 0
     suspect: bool = False  # lost with a dead worker among others: runs alone until it completes
 
@@ -211,7 +212,7 @@ class Engine:
             task = self._queue.popleft()
             kind = proto.PROBE if task.probe else proto.TASK
             head = proto.TASK_HEAD.pack(
-                task.seq, task.batch_index, task.epoch, len(task.indices), task.job_id
+                task.seq, task.batch_index, task.epoch, len(task.indices), task.job_id, task.row
             )
             worker.tasks[task.seq] = task
             self._send(worker, [kind, head, task.slot_name.encode(), task.indices.tobytes()])
@@ -382,7 +383,7 @@ class InlineExecutor:
                     )
                 ]
             assert self._layout is not None
-            arrays = self._layout.arrays(self._resolve_slot(task.slot_name))
+            arrays = [a[task.row :] for a in self._layout.arrays(self._resolve_slot(task.slot_name))]
             if isinstance(job, FolderJob):
                 return [job.run(task.seq, task.epoch, task.batch_index, task.indices, arrays)]
             return [job.run(task.seq, task.epoch, task.batch_index, task.indices, arrays, self._layout, True)]

@@ -8,6 +8,7 @@ each ready slot to the delivery. Every wait is bounded and re-checks worker live
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import time
@@ -30,8 +31,22 @@ from fastload._ring import Ring
 from fastload._shm import install_signal_cleanup, reap_orphans
 
 _POLL_S = 0.05
+# A cold batch is split so that each part keeps at least this many rows.
+_MIN_SPLIT_ROWS = 4
 # Ring slots beyond `prefetch`: the batch the user holds while asking for the next, and one spare.
 _EXTRA_SLOTS = 2
+
+
+@dataclass
+class _Parts:
+    """The joined outcome of a batch split across workers (see NOTE [cold start])."""
+
+    left: int
+    count: int = 0
+    read_ns: int = 0
+    decode_ns: int = 0
+    bytes_read: int = 0
+    failure: Failure | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,9 @@ class Pipeline:
         self._probed: Probed | Failure | None = None  # the reply to the layout probe
         self._probe_seq = -1
         self._collect_at = 0  # ring size at which a starved ring next runs the garbage collector
+        self._part_of: dict[int, int] = {}  # seq of a part of a split batch -> the batch's seq
+        self._split: dict[int, _Parts] = {}  # batch seq -> its parts' joined outcome so far
+        self.workers = config.num_workers if session is None else session.welcome.workers
         install_signal_cleanup()
         reap_orphans()
         self.executor: Engine | InlineExecutor | DaemonSession
@@ -147,8 +165,45 @@ class Pipeline:
             slot_name = self.ring.name(slot)
         self._owner[seq] = owner
         owner.submitted(seq)
-        self.executor.submit(Task(seq, epoch, batch_index, indices, slot_name))
+        parts = self._split_count(len(indices))
+        if parts == 1:
+            self.executor.submit(Task(seq, epoch, batch_index, indices, slot_name))
+            return True
+        # NOTE [cold start]: with nothing in flight (an epoch's first batch), one worker decoding
+        # a whole batch is the time to first batch; split it into row ranges of the same slot so
+        # every worker decodes a share. Per-sample seeds make the result identical.
+        bounds = np.linspace(0, len(indices), parts + 1).astype(int)
+        self._split[seq] = _Parts(left=parts)
+        for row, end in itertools.pairwise(bounds):
+            part = self.next_seq()
+            self._part_of[part] = seq
+            self.executor.submit(Task(part, epoch, batch_index, indices[row:end], slot_name, row=int(row)))
         return True
+
+    def _split_count(self, n: int) -> int:
+        """How many tasks to make of a batch of `n`: one, unless the pool is idle (cold start)."""
+        if self.opaque or self.executor.in_flight:
+            return 1
+        return max(1, min(self.workers, n // _MIN_SPLIT_ROWS))
+
+    def _join_part(self, event: Done | Failure) -> Done | Failure | None:
+        """Fold one part's outcome into its batch's; the batch's outcome once every part is in."""
+        seq = self._part_of.pop(event.seq)
+        parts = self._split[seq]
+        parts.left -= 1
+        if isinstance(event, Done):
+            parts.count += event.count
+            parts.read_ns += event.read_ns
+            parts.decode_ns += event.decode_ns
+            parts.bytes_read += event.bytes_read
+        elif parts.failure is None:
+            parts.failure = dataclasses.replace(event, seq=seq)
+        if parts.left:
+            return None  # the slot stays taken until every part has stopped writing into it
+        del self._split[seq]
+        if parts.failure is not None:
+            return parts.failure
+        return Done(seq, parts.count, parts.read_ns, parts.decode_ns, parts.bytes_read)
 
     def poll_once(self, deadline: float | None) -> None:
         """Wait a little for events and hand each to its epoch; raise LoaderTimeout past deadline."""
@@ -170,6 +225,11 @@ class Pipeline:
             return
         if isinstance(event, Failure) and event.seq < 0:
             raise_failure(event)
+        if isinstance(event, (Done, Failure)) and event.seq in self._part_of:
+            joined = self._join_part(event)
+            if joined is None:
+                return
+            event = joined
         owner = self._owner.pop(event.seq, None)
         slot = self._slot_of.pop(event.seq, None)
         outcome: _Outcome

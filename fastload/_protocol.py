@@ -1,8 +1,8 @@
 """The engine<->worker wire format: ZeroMQ multipart messages of fixed structs, never pickles.
 
 Engine (ROUTER) -> worker (DEALER):
-    TASK    [b"T", TASK_HEAD(seq, batch_index, epoch, count, job), slot name, int64 indices]
-    PROBE   [b"P", TASK_HEAD(seq, batch_index, epoch, 1, job), b"", int64 index]
+    TASK    [b"T", TASK_HEAD(seq, batch_index, epoch, count, job, row), slot name, int64 indices]
+    PROBE   [b"P", TASK_HEAD(seq, batch_index, epoch, 1, job, 0), b"", int64 index]
     JOB     [b"J", JOB_HEAD(job), job JSON]        (a daemon's jobs; local mode forks job 0 in)
     DROP    [b"X", JOB_HEAD(job)]                  (forget a job)
     LAYOUT  [b"L", JOB_HEAD(job), layout JSON]
@@ -39,7 +39,7 @@ FAILED = b"E"
 PROBED = b"P"
 OPAQUE = b"B"
 
-TASK_HEAD = struct.Struct("<qqqqq")
+TASK_HEAD = struct.Struct("<qqqqqq")
 JOB_HEAD = struct.Struct("<q")
 READY_HEAD = struct.Struct("<q")
 DONE_HEAD = struct.Struct("<qqqqq")

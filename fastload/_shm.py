@@ -70,8 +70,12 @@ class Segment:
         return cls(name, size, mapping, owner=True)
 
     @classmethod
-    def attach(cls, name: str) -> Segment:
-        """Map an existing segment by name (never unlinks it)."""
+    def attach(cls, name: str, populate: bool = False) -> Segment:
+        """Map an existing segment by name (never unlinks it).
+
+        `populate` faults every page in now, in one call (MAP_POPULATE): what a writer wants
+        before writing a whole slot, rather than one trap per page mid-batch.
+        """
         if not _NAME_RE.match(name):
             raise SharedMemoryError(f"{name!r} is not a fastload shared-memory segment name")
         path = os.path.join(SHM_DIR, name)
@@ -81,8 +85,7 @@ class Segment:
             raise SharedMemoryError(f"cannot attach shared memory {path}: {e}") from e
         try:
             size = os.fstat(fd).st_size
-            # Fault every page in now, in one call, rather than one trap per page mid-batch.
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
             mapping = mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)

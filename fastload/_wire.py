@@ -8,8 +8,9 @@ unknown `op`, or fields of the wrong type raises `WireError`; the daemon answers
     trainer -> daemon                                daemon -> trainer
     hello  {dataset, transforms, backend, seed,      welcome {session, daemon_pid, slots,
             batch_size, prefetch, pid, rank,                 slot_bytes, layout, num_samples,
-            world_size}                                      classes}
-    task   {seq, epoch, batch_index, slot} + indices done    {seq, count, read_ns, decode_ns, bytes}
+            world_size}                                      classes, workers}
+    task   {seq, epoch, batch_index, slot, row}      done    {seq, count, read_ns, decode_ns, bytes}
+           + indices
     grow   {}                                        failed  {seq, message, path, index,
     ping   {}                                                 exc_type, traceback}
     bye    {}                                        slot    {name}      (reply to grow)
@@ -45,7 +46,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "rank": _INT,
         "world_size": _INT,
     },
-    "task": {"seq": _INT, "epoch": _INT, "batch_index": _INT, "slot": (str,)},
+    "task": {"seq": _INT, "epoch": _INT, "batch_index": _INT, "slot": (str,), "row": _INT},
     "grow": {},
     "ping": {},
     "bye": {},
@@ -59,6 +60,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "layout": (str,),
         "num_samples": _INT,
         "classes": (list,),
+        "workers": _INT,
     },
     "done": {"seq": _INT, "count": _INT, "read_ns": _INT, "decode_ns": _INT, "bytes": _INT},
     "failed": {

@@ -98,7 +98,7 @@ def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg
             else:
                 layouts[job_id] = BatchLayout.from_json(frames[2])
             continue
-        seq, batch_index, epoch, _, job_id = proto.TASK_HEAD.unpack(frames[1])
+        seq, batch_index, epoch, _, job_id, row = proto.TASK_HEAD.unpack(frames[1])
         slot_name = frames[2].decode()
         indices = np.frombuffer(frames[3], dtype=np.int64)
         try:
@@ -117,11 +117,11 @@ def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg
                 )
             else:
                 if slot_name not in segments:
-                    segments[slot_name] = Segment.attach(slot_name)
+                    segments[slot_name] = Segment.attach(slot_name, populate=True)
                     job_slots.setdefault(job_id, set()).add(slot_name)
                 layout = layouts[job_id]
                 assert layout is not None
-                arrays = layout.arrays(segments[slot_name].buf)
+                arrays = [a[row:] for a in layout.arrays(segments[slot_name].buf)]
                 if isinstance(job, FolderJob):
                     done = job.run(seq, epoch, batch_index, indices, arrays)
                 else:
