@@ -72,8 +72,18 @@ def _run_pair(commands: list[list[str]], extra_pids: list[int]) -> dict[str, flo
 
 def _start_daemon(socket_dir: str, workers: int, data: str) -> subprocess.Popen[bytes]:
     daemon = subprocess.Popen(
-        [str(MAIN_PYTHON), "-m", "fastload", "serve", "--workers", str(workers), "--socket-dir", socket_dir,
-         "--dataset", data],
+        [
+            str(MAIN_PYTHON),
+            "-m",
+            "fastload",
+            "serve",
+            "--workers",
+            str(workers),
+            "--socket-dir",
+            socket_dir,
+            "--dataset",
+            data,
+        ],
         stderr=subprocess.DEVNULL,
     )
     sock = Path(socket_dir) / "daemon.sock"
@@ -87,7 +97,9 @@ def _start_daemon(socket_dir: str, workers: int, data: str) -> subprocess.Popen[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", default="/work/bench-data/imagenet-like")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -104,28 +116,51 @@ def main() -> None:
         daemon = _start_daemon(socket_dir, args.workers, args.data)
         try:
             fast = [str(MAIN_PYTHON), str(SYSTEMS / "fastload_loader.py"), "--daemon", address, *common]
-            torch_dl = [str(TV_PYTHON), str(SYSTEMS / "dataloader_fastcollate.py"),
-                        "--workers", str(max(1, args.workers // 2)), *common]
+            torch_dl = [
+                str(TV_PYTHON),
+                str(SYSTEMS / "dataloader_fastcollate.py"),
+                "--workers",
+                str(max(1, args.workers // 2)),
+                *common,
+            ]
             runs: dict[str, list[dict[str, float]]] = {"daemon, 2 trainers": [], "2 DataLoaders": []}
             for r in range(args.rounds):
                 order = list(runs) if r % 2 == 0 else list(reversed(runs))
                 for name in order:
                     if name.startswith("daemon"):
-                        result = _run_pair([fast + ["--seed", str(k)] for k in range(2)], [daemon.pid])
+                        result = _run_pair([[*fast, "--seed", str(k)] for k in range(2)], [daemon.pid])
                     else:
                         result = _run_pair([torch_dl, torch_dl], [])
                     runs[name].append(result)
                     print(f"# round {r} {name}: {result['images_per_s']:.0f} img/s", file=sys.stderr)
 
-            attach: dict[str, list[float]] = {"FastLoader attach to warm daemon": [], "DataLoader start-up": []}
+            attach: dict[str, list[float]] = {
+                "FastLoader attach to warm daemon": [],
+                "DataLoader start-up": [],
+            }
             short = ["--data", args.data, "--batch-size", str(args.batch_size), "--batches", "2"]
             for _ in range(args.attach_runs):
-                out = subprocess.run([str(MAIN_PYTHON), str(SYSTEMS / "fastload_loader.py"), "--daemon", address,
-                                      *short], capture_output=True, text=True, check=True).stdout
-                attach["FastLoader attach to warm daemon"].append(json.loads(out.splitlines()[-1])["ttfb_seconds"])
-                out = subprocess.run([str(TV_PYTHON), str(SYSTEMS / "dataloader_fastcollate.py"),
-                                      "--workers", str(args.workers), *short], capture_output=True, text=True,
-                                     check=True).stdout
+                out = subprocess.run(
+                    [str(MAIN_PYTHON), str(SYSTEMS / "fastload_loader.py"), "--daemon", address, *short],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+                attach["FastLoader attach to warm daemon"].append(
+                    json.loads(out.splitlines()[-1])["ttfb_seconds"]
+                )
+                out = subprocess.run(
+                    [
+                        str(TV_PYTHON),
+                        str(SYSTEMS / "dataloader_fastcollate.py"),
+                        "--workers",
+                        str(args.workers),
+                        *short,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
                 attach["DataLoader start-up"].append(json.loads(out.splitlines()[-1])["ttfb_seconds"])
         finally:
             daemon.send_signal(signal.SIGTERM)

@@ -176,8 +176,9 @@ def table(pipeline: str, result: dict[str, Any], images: int) -> str:
     ffcv = med.get("ffcv-1t")
     floor = med.get("entropy-floor")
     title = ("RandomResizedCrop(224) + flip" if pipeline == "train" else "Resize(256) + CenterCrop(224)")
+    rounds = len(next(iter(result["passes"].values())))
     lines = [
-        f"**{pipeline}: {title}**, {images} images, one core, median of {len(next(iter(result['passes'].values())))} passes",
+        f"**{pipeline}: {title}**, {images} images, one core, median of {rounds} passes",
         "",
         "| method | version | images/s | ms/image | min–max images/s | vs ffcv-1t | vs floor |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -259,8 +260,8 @@ def pillow_methods(method: str, spec: dict[str, Any]):
                 left, top = int(round((nw - SIZE) / 2)), int(round((nh - SIZE) / 2))
                 res = res.crop((left, top, left + SIZE, top + SIZE))
             else:  # torchvision resized_crop: crop, then resize
-                l, t, r, b = (round(v) for v in job["box"])
-                res = rgb.crop((l, t, r, b)).resize((SIZE, SIZE), bilinear)
+                box = tuple(round(v) for v in job["box"])
+                res = rgb.crop(box).resize((SIZE, SIZE), bilinear)
         if job["flip"]:
             res = res.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         out[...] = np.asarray(res)
@@ -270,7 +271,8 @@ def pillow_methods(method: str, spec: dict[str, Any]):
             width, height = img.size
             left, top, right, bottom = job["box"]
             clip = job["clip"] or (0.0, 0.0, float(width), float(height))
-            img.draft("RGB", (math.ceil(width * SIZE / (right - left)), math.ceil(height * SIZE / (bottom - top))))
+            wanted = (math.ceil(width * SIZE / (right - left)), math.ceil(height * SIZE / (bottom - top)))
+            img.draft("RGB", wanted)
             sx, sy = img.size[0] / width, img.size[1] / height
             left, top, right, bottom = left * sx, top * sy, right * sx, bottom * sy
             clip = (clip[0] * sx, clip[1] * sy, clip[2] * sx, clip[3] * sy)
@@ -338,8 +340,10 @@ def dali_method(method: str, spec: dict[str, Any]):
             images = fn.resize(images, resize_shorter=256)
             images = fn.crop(images, crop=(SIZE, SIZE))
         else:
-            images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
-                                                   random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
+            images = fn.decoders.image_random_crop(
+                jpegs, device="cpu", output_type=types.RGB,
+                random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
+            )
             images = fn.resize(images, resize_x=SIZE, resize_y=SIZE)
             images = fn.flip(images, horizontal=fn.random.coin_flip())
         return images

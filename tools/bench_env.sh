@@ -13,6 +13,11 @@
 #   build isolation: no patch, no --no-build-isolation, no cupy (CPU only). It pulled numba
 #   0.68.1, llvmlite 0.50.0, opencv-python 5.0.0.93 and numpy 2.4.6, on which ffcv's CPU
 #   Loader runs. Those versions are pinned below so that the peers stay comparable over time.
+# - dali: `pip install nvidia-dali-cuda120 numpy pillow` gave DALI 2.4.0 (with nvidia-nvimgcodec-cu12
+#   0.9.0.20); its CPU-only pipelines (device_id=None) run here without a GPU or CUDA driver.
+# - simd: `CC="cc -mavx2" pip install --no-binary pillow-simd pillow-simd` built pillow-simd
+#   12.1.1.post0 from its sdist in about a minute against Debian's libjpeg62-turbo-dev (2.1.5) and
+#   zlib1g-dev (--no-cache-dir: a cached wheel built without -mavx2 would otherwise be reused).
 set -euo pipefail
 
 venvs=${BENCH_VENVS:-/work/venvs}
@@ -55,7 +60,7 @@ make_venv ffcv "import torch, ffcv.loader, ffcv.writer" \
 # dali: NVIDIA DALI's CPU-only pipelines (device_id=None) need no GPU; the CUDA 12 wheel installs
 # and runs its CPU operators on this machine.
 make_venv dali "import nvidia.dali, nvidia.dali.fn, numpy, PIL" \
-    nvidia-dali-cuda120 numpy pillow
+    nvidia-dali-cuda120==2.4.0 numpy==2.4.6 pillow==13.0.0
 
 # simd: pillow-simd built from source with AVX2 against the system libjpeg-turbo and zlib.
 if [ ! -e /usr/include/jpeglib.h ] || [ ! -e /usr/include/zlib.h ]; then
@@ -64,4 +69,4 @@ if [ ! -e /usr/include/jpeglib.h ] || [ ! -e /usr/include/zlib.h ]; then
 fi
 CC="cc -mavx2" make_venv simd \
     "import PIL, numpy; from PIL import Image; assert '.post' in PIL.__version__, PIL.__version__" \
-    --no-cache-dir --no-binary pillow-simd pillow-simd numpy
+    --no-cache-dir --no-binary pillow-simd pillow-simd==12.1.1.post0 numpy==2.4.6

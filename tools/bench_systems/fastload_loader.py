@@ -1,8 +1,9 @@
 """Benchmark system: FastLoader over the image folder, RandomResizedCrop(224) + flip, uint8 out.
 
-Run with /work/main/.venv/bin/python; prints the bench_common JSON line. `--backend` picks the
-decode backend (native, pil); `--val` the validation transform Resize(256) + CenterCrop(224), in
-order (shuffle off).
+Run with /work/main/.venv/bin/python; prints the bench_common JSON line. fastload's own options,
+taken out before the common parser runs: `--backend NAME` (native, pil); `--val` for the
+validation transform Resize(256) + CenterCrop(224), in order (shuffle off); `--daemon ADDRESS`
+to attach to a running `fastload serve` instead of starting workers; `--seed N`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,20 @@ from fastload import FastLoader
 from fastload import transforms as T
 
 
+def _take(flag: str, default: str | None) -> str | None:
+    """Remove `flag VALUE` from sys.argv and return VALUE (or `default`)."""
+    if flag not in sys.argv:
+        return default
+    at = sys.argv.index(flag)
+    value = sys.argv[at + 1]
+    del sys.argv[at : at + 2]
+    return value
+
+
 def main() -> None:
-    backend = "native"
-    if "--backend" in sys.argv:  # fastload's own option, removed before the common parser runs
-        at = sys.argv.index("--backend")
-        backend = sys.argv[at + 1]
-        del sys.argv[at : at + 2]
+    backend = _take("--backend", "native") or "native"
+    daemon = _take("--daemon", None)
+    seed = int(_take("--seed", "0") or 0)
     val = "--val" in sys.argv
     if val:
         sys.argv.remove("--val")
@@ -31,9 +40,8 @@ def main() -> None:
     options = parse_args(__doc__.splitlines()[0])
     start = time.monotonic()
     loader = FastLoader(
-        options.data, batch_size=options.batch_size, shuffle=not val, drop_last=True, seed=0,
-        num_workers=options.workers, device="cpu", backend=backend,
-        transform=transform,
+        options.data, batch_size=options.batch_size, shuffle=not val, drop_last=True, seed=seed,
+        num_workers=options.workers, device="cpu", backend=backend, transform=transform, daemon=daemon,
     )
     with loader:
         measure(start, batches_of(loader, options), lambda batch: len(batch[1]))
