@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +118,7 @@ class CudaDelivery:
         images: ImageOutput | None,
         device: torch.device,
         cuda: Any = torch.cuda,
+        on_copied: Callable[[float], None] | None = None,
     ) -> None:
         self._ring = ring
         self._layout = layout
@@ -125,7 +127,9 @@ class CudaDelivery:
         self._cuda = cuda
         self._stream = cuda.Stream(device=device)
         self._affine = images.affine(device) if images else None
-        self._pending: deque[tuple[Any, int]] = deque()  # (copy-done event, slot), in copy order
+        self._on_copied = on_copied
+        # (copy-start event, copy-done event, slot), in copy order
+        self._pending: deque[tuple[Any, Any, int]] = deque()
         self._registered: list[int] = []
         self._cudart: Any = cuda.cudart()
         for segment in ring.segments.values():
@@ -148,22 +152,27 @@ class CudaDelivery:
         host = [torch.from_numpy(a) for a in arrays]
         user_stream = self._cuda.current_stream(self._device)
         with self._cuda.stream(self._stream):
+            started = self._cuda.Event(enable_timing=True)
+            started.record(self._stream)
             on_device = [t.to(self._device, non_blocking=True) for t in host]
             if self._images is not None:
                 on_device[0] = present_images(on_device[0], self._images, self._affine)
-            copied = self._cuda.Event()
+            copied = self._cuda.Event(enable_timing=True)
             copied.record(self._stream)
         user_stream.wait_event(copied)
         for t in on_device:
             if t.is_cuda:  # tell the caching allocator the user's stream uses it too
                 t.record_stream(user_stream)
-        self._pending.append((copied, slot))
+        self._pending.append((started, copied, slot))
         return self._layout.build(on_device)
 
     def poll(self) -> None:
         """Release the slots whose copies have completed (event queries, no host sync)."""
-        while self._pending and self._pending[0][0].query():
-            self._ring.release(self._pending.popleft()[1])
+        while self._pending and self._pending[0][1].query():
+            started, copied, slot = self._pending.popleft()
+            self._ring.release(slot)
+            if self._on_copied is not None:
+                self._on_copied(started.elapsed_time(copied) / 1000.0)
 
     def close(self) -> None:
         """Wait for copies in flight, then unregister the pinned slots."""
@@ -175,9 +184,17 @@ class CudaDelivery:
 
 
 def make_delivery(
-    ring: Ring, layout: BatchLayout, images: ImageOutput | None, device: torch.device, pin_memory: bool
+    ring: Ring,
+    layout: BatchLayout,
+    images: ImageOutput | None,
+    device: torch.device,
+    pin_memory: bool,
+    on_copied: Callable[[float], None] | None = None,
 ) -> CpuDelivery | CudaDelivery:
-    """The delivery for `device`: CUDA when it is a CUDA device, CPU otherwise."""
+    """The delivery for `device`: CUDA when it is a CUDA device, CPU otherwise.
+
+    `on_copied(seconds)` hears each completed host-to-device copy's duration (CUDA only).
+    """
     if device.type == "cuda":
-        return CudaDelivery(ring, layout, images, device)
+        return CudaDelivery(ring, layout, images, device, on_copied=on_copied)
     return CpuDelivery(ring, layout, images, pin_memory)

@@ -7,6 +7,7 @@ a `Pipeline`; it keeps the position (epoch, batches yielded) that `state_dict` s
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from fastload._jobs import DatasetJob, FolderJob
 from fastload._pipeline import EpochIterator, Pipeline, PipelineConfig
 from fastload._plan import BatchSampler, SamplerPlan, ShuffledPlan
 from fastload._sources import ImageFolderIndex
+from fastload._stats import LoaderStats, format_summary
 from fastload.transforms import Transform, compile_transforms, to_config
 
 _STATE_VERSION = 1
@@ -87,6 +89,7 @@ class FastLoader:
         daemon: str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        summary: bool = False,
     ) -> None:
         del pin_memory_device, in_order  # batches are always delivered in order
         is_folder = isinstance(dataset, (str, os.PathLike))
@@ -188,7 +191,10 @@ class FastLoader:
             device=self.device,
             pin_memory=pin_memory and self.device.type == "cpu" and torch.cuda.is_available(),
             images=images,
+            dataset_label=os.path.abspath(os.fspath(dataset)) if is_folder else type(dataset).__name__,  # type: ignore[arg-type]
         )
+        self._summary = summary
+        self._last_stats: LoaderStats | None = None
         self._pipeline: Pipeline | None = None
         self._iterator: EpochIterator | None = None
         self._epoch = 0  # the epoch the next iteration runs
@@ -283,10 +289,20 @@ class FastLoader:
         self._closed = True
         self._close_pipeline()
 
+    def stats(self) -> LoaderStats | None:
+        """This loader's counters and stage timings (what `fastload iostat` shows), or None
+        before the first iteration. Cumulative since the workers started."""
+        if self._pipeline is not None:
+            return self._pipeline.stats.snapshot()
+        return self._last_stats
+
     def _close_pipeline(self) -> None:
         if self._iterator is not None:
             self._iterator.stop()
         if self._pipeline is not None:
+            self._last_stats = self._pipeline.stats.snapshot()
+            if self._summary:
+                sys.stderr.write(format_summary(self._last_stats))
             self._pipeline.close()
             self._pipeline = None
         if self._session is not None:

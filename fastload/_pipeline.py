@@ -29,6 +29,7 @@ from fastload._layout import BatchLayout
 from fastload._protocol import Done, Failure
 from fastload._ring import Ring
 from fastload._shm import install_signal_cleanup, reap_orphans
+from fastload._stats import StatsWriter
 
 _POLL_S = 0.05
 # A cold batch is split so that each part keeps at least this many rows.
@@ -60,6 +61,7 @@ class PipelineConfig:
     device: torch.device
     pin_memory: bool
     images: ImageOutput | None
+    dataset_label: str = ""  # what `fastload iostat` calls this loader (the folder, the Dataset's class)
 
 
 _Outcome = tuple[int, int] | Failure | Opaque  # (slot, count) | failure | opaque batch
@@ -103,8 +105,13 @@ class Pipeline:
             )
         else:
             self.executor = InlineExecutor(job, resolve_slot=self._slot_buffer)
+        self.stats = StatsWriter(
+            config.dataset_label, "daemon" if session is not None else "local", config.device.type,
+            self.workers, config.batch_size,
+        )
+        self._slot_wait_since: float | None = None
         # Closed in reverse order of creation: delivery, ring, then the executor's workers.
-        self._resources: list[Any] = [self.executor]
+        self._resources: list[Any] = [self.executor, self.stats]
         self._finalizer = weakref.finalize(self, _close_all, self._resources)
         if session is not None:  # the daemon fixed the layout and made the ring
             self.layout = session.welcome.layout
@@ -148,7 +155,8 @@ class Pipeline:
         self.ring = ring
         self._resources.append(ring)
         self.delivery = make_delivery(
-            ring, self.layout, self.config.images, self.config.device, self.config.pin_memory
+            ring, self.layout, self.config.images, self.config.device, self.config.pin_memory,
+            on_copied=self._copied,
         )
         self._resources.append(self.delivery)
 
@@ -160,7 +168,12 @@ class Pipeline:
             assert self.ring is not None
             slot = self.ring.acquire()
             if slot is None:
+                if self._slot_wait_since is None:
+                    self._slot_wait_since = time.perf_counter()
                 return False
+            if self._slot_wait_since is not None:
+                self.stats.add("slot_wait_ns", int((time.perf_counter() - self._slot_wait_since) * 1e9))
+                self._slot_wait_since = None
             self._slot_of[seq] = slot
             slot_name = self.ring.name(slot)
         self._owner[seq] = owner
@@ -179,6 +192,10 @@ class Pipeline:
             self._part_of[part] = seq
             self.executor.submit(Task(part, epoch, batch_index, indices[row:end], slot_name, row=int(row)))
         return True
+
+    def _copied(self, seconds: float) -> None:
+        self.stats.add("h2d_ns", int(seconds * 1e9))
+        self.stats.add("h2d_batches", 1)
 
     def _split_count(self, n: int) -> int:
         """How many tasks to make of a batch of `n`: one, unless the pool is idle (cold start)."""
@@ -230,6 +247,15 @@ class Pipeline:
             if joined is None:
                 return
             event = joined
+        if isinstance(event, Done):
+            stats = self.stats
+            stats.add("batches", 1)
+            stats.add("samples", event.count)
+            stats.add("bytes_read", event.bytes_read)
+            stats.add("read_ns", event.read_ns)
+            stats.add("decode_ns", event.decode_ns)
+        elif isinstance(event, Failure):
+            self.stats.add("failures", 1)
         owner = self._owner.pop(event.seq, None)
         slot = self._slot_of.pop(event.seq, None)
         outcome: _Outcome
@@ -352,6 +378,17 @@ class EpochIterator(Iterator[Any]):
     def __next__(self) -> Any:
         if not self._active:
             raise StopIteration
+        entered = time.perf_counter()
+        try:
+            return self._next()
+        finally:
+            stats = self._pipeline.stats
+            stats.add("trainer_wait_ns", int((time.perf_counter() - entered) * 1e9))
+            stats.add("next_calls", 1)
+            stats.set("ready_batches", len(self._ready))
+            stats.set("in_flight", len(self._seq_of_batch))
+
+    def _next(self) -> Any:
         pipe = self._pipeline
         deadline = _deadline(pipe.config.timeout_s)
         while self._next_yield not in self._ready:

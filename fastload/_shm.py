@@ -28,7 +28,8 @@ from fastload._errors import SharedMemoryError
 
 SHM_DIR = "/dev/shm"
 PREFIX = "fastload_"
-_NAME_RE = re.compile(r"^fastload_(\d+)_[0-9a-f]{32}$")
+_NAME_RE = re.compile(r"^fastload_(\d+)_(?:stats_)?[0-9a-f]{32}$")
+STATS_TAG = "stats_"  # marks a loader's statistics block (see fastload._stats), found by iostat
 # Head-room kept free in /dev/shm beyond what the ring needs (other users of shm, page rounding).
 _SHM_MARGIN_BYTES = 64 << 20
 
@@ -46,9 +47,13 @@ class Segment:
             _live_segments.add(self)
 
     @classmethod
-    def create(cls, size: int) -> Segment:
-        """Create a new 0600 segment of `size` bytes, zero-filled, and map it."""
-        name = f"{PREFIX}{os.getpid()}_{secrets.token_hex(16)}"
+    def create(cls, size: int, tag: str = "") -> Segment:
+        """Create a new 0600 segment of `size` bytes, zero-filled, and map it.
+
+        `tag` ("" or STATS_TAG) goes before the random part of the name, so readers can find
+        segments of one kind without opening the others.
+        """
+        name = f"{PREFIX}{os.getpid()}_{tag}{secrets.token_hex(16)}"
         path = os.path.join(SHM_DIR, name)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

@@ -21,12 +21,19 @@ from fastload._ring import Ring
 
 
 class FakeEvent:
-    def __init__(self, log: list[str], complete_after: int) -> None:
+    def __init__(self, log: list[str], complete_after: int, enable_timing: bool) -> None:
         self.log, self.queries, self.complete_after = log, 0, complete_after
         self.recorded_on: Any = None
+        self.enable_timing = enable_timing
+        self.at_ms = 0.0
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.enable_timing and end.enable_timing, "timing needs enable_timing=True events"
+        return end.at_ms - self.at_ms
 
     def record(self, stream: Any) -> None:
         self.recorded_on = stream
+        self.at_ms = 2.5 * len([e for e in self.log if e.startswith("record")])
         self.log.append(f"record:{stream.name}")
 
     def query(self) -> bool:
@@ -75,8 +82,8 @@ class FakeCuda:
     def Stream(self, device: Any = None) -> FakeStream:
         return FakeStream("side", self.log)
 
-    def Event(self) -> FakeEvent:
-        event = FakeEvent(self.log, self.complete_after)
+    def Event(self, enable_timing: bool = False) -> FakeEvent:
+        event = FakeEvent(self.log, self.complete_after, enable_timing)
         self.events.append(event)
         return event
 
@@ -97,12 +104,15 @@ class FakeCuda:
         return self.rt
 
 
-def _setup(complete_after: int = 2) -> tuple[Ring, BatchLayout, FakeCuda, CudaDelivery]:
+def _setup(
+    complete_after: int = 2, copied: list[float] | None = None
+) -> tuple[Ring, BatchLayout, FakeCuda, CudaDelivery]:
     layout = BatchLayout.infer([np.zeros((4, 4, 3), np.uint8), 0], 2)
     assert layout is not None
     ring = Ring(layout.slot_bytes, 3)
     cuda = FakeCuda(complete_after)
-    delivery = CudaDelivery(ring, layout, ImageOutput(), torch.device("cpu"), cuda=cuda)
+    on_copied = copied.append if copied is not None else None
+    delivery = CudaDelivery(ring, layout, ImageOutput(), torch.device("cpu"), cuda=cuda, on_copied=on_copied)
     return ring, layout, cuda, delivery
 
 
@@ -121,7 +131,8 @@ def test_every_slot_registered_once_and_unregistered_on_close() -> None:
 
 
 def test_copy_on_side_stream_user_waits_and_slot_released_after_event() -> None:
-    ring, layout, cuda, delivery = _setup(complete_after=2)
+    copy_seconds: list[float] = []
+    ring, layout, cuda, delivery = _setup(complete_after=2, copied=copy_seconds)
     try:
         slot = ring.acquire()
         assert slot is not None
@@ -129,8 +140,9 @@ def test_copy_on_side_stream_user_waits_and_slot_released_after_event() -> None:
         images[:] = 7
         labels[:] = [3, 4]
         x, y = delivery.deliver(slot, 2)
-        assert cuda.log == ["enter:side", "record:side", "exit:side", "wait:user"]
-        event = cuda.events[0]
+        assert cuda.log == ["enter:side", "record:side", "record:side", "exit:side", "wait:user"]
+        started, event = cuda.events
+        assert started.recorded_on.name == "side" and started.enable_timing
         assert event.recorded_on.name == "side" and cuda.user.waited == [event]
         assert x.shape == (2, 3, 4, 4) and int(x.sum()) == 7 * x.numel()
         assert y.tolist() == [3, 4]
@@ -139,8 +151,10 @@ def test_copy_on_side_stream_user_waits_and_slot_released_after_event() -> None:
         assert ring.free_count == free_before and delivery.pending == 1
         delivery.poll()
         assert ring.free_count == free_before
+        assert copy_seconds == []
         delivery.poll()  # third query reports completion
         assert ring.free_count == free_before + 1 and delivery.pending == 0
+        assert copy_seconds == [0.0025]  # the copy's event-timed duration, in seconds
     finally:
         delivery.close()
         ring.close()

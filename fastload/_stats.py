@@ -1,0 +1,175 @@
+"""Per-loader counters and timings in a small fixed-layout shared-memory block, always on.
+
+Every loader (local, or a daemon session's trainer side) owns one block: a 64-byte header and a
+row of int64 counters, written only by the trainer's process (one writer: no locks; aligned
+8-byte stores are atomic on the platforms we run on), read by `loader.stats()` and by
+`fastload iostat` from other processes, which find blocks by name (`fastload_<pid>_stats_...`).
+
+Layout (little-endian): magic "FLSTATS1" | version | pid | created (unix ns) | workers |
+batch size | mode (0 local, 1 daemon) | device (0 cpu, 1 cuda) | counters[...] | dataset (256 B).
+
+What the stages mean: `read` is getting a sample's bytes (file read, or a Dataset's
+`__getitem__`); `decode` is decode + augment + the write into the batch slot (one fused pass in
+the native backend, so it is not split further); `slot_wait` is time the pipeline had a batch to
+start but no free slot; `h2d` is the host-to-device copy (+ normalize) measured by CUDA events;
+`trainer_wait` is time the trainer spent inside `next()`.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastload._shm import SHM_DIR, STATS_TAG, Segment
+
+MAGIC = b"FLSTATS1"
+VERSION = 1
+_HEAD = struct.Struct("<8sqqqqqqq")
+COUNTERS = (
+    "batches",
+    "samples",
+    "bytes_read",
+    "read_ns",
+    "decode_ns",
+    "slot_wait_ns",
+    "h2d_ns",
+    "h2d_batches",
+    "trainer_wait_ns",
+    "next_calls",
+    "ready_batches",  # gauge: batches decoded and waiting for the trainer
+    "in_flight",  # gauge: batches being decoded
+    "failures",
+    "updated_ns",  # monotonic-free wall clock (time.time_ns) of the last update
+)
+_INDEX = {name: i for i, name in enumerate(COUNTERS)}
+_PATH_BYTES = 256
+BLOCK_BYTES = _HEAD.size + 8 * len(COUNTERS) + _PATH_BYTES
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A snapshot of one loader's counters (cumulative since it started; gauges are current).
+
+    Times are seconds summed over batches (worker time for read/decode, so they can exceed wall
+    time with several workers).
+    """
+
+    pid: int
+    dataset: str
+    mode: str  # "local" | "daemon"
+    device: str  # "cpu" | "cuda"
+    num_workers: int
+    batch_size: int
+    created: float  # unix time
+    batches: int
+    samples: int
+    bytes_read: int
+    read_s: float
+    decode_s: float
+    slot_wait_s: float
+    h2d_s: float
+    h2d_batches: int
+    trainer_wait_s: float
+    next_calls: int
+    ready_batches: int
+    in_flight: int
+    failures: int
+    updated: float  # unix time of the last update
+
+
+class StatsWriter:
+    """The trainer-side owner of a block; `add` and `set` are a few numpy stores each."""
+
+    def __init__(self, dataset: str, mode: str, device: str, num_workers: int, batch_size: int) -> None:
+        self.segment = Segment.create(BLOCK_BYTES, tag=STATS_TAG)
+        _HEAD.pack_into(
+            self.segment.buf, 0, MAGIC, VERSION, os.getpid(), time.time_ns(), num_workers, batch_size,
+            1 if mode == "daemon" else 0, 1 if device == "cuda" else 0,
+        )
+        encoded = dataset.encode("utf-8", "replace")[:_PATH_BYTES]
+        start = _HEAD.size + 8 * len(COUNTERS)
+        self.segment.buf[start : start + len(encoded)] = encoded
+        self._c = np.ndarray((len(COUNTERS),), np.int64, buffer=self.segment.buf, offset=_HEAD.size)
+
+    def add(self, name: str, value: int) -> None:
+        self._c[_INDEX[name]] += value
+        self._c[_INDEX["updated_ns"]] = time.time_ns()
+
+    def set(self, name: str, value: int) -> None:
+        self._c[_INDEX[name]] = value
+
+    def snapshot(self) -> LoaderStats:
+        return _parse(self.segment.buf)
+
+    def close(self) -> None:
+        del self._c
+        self.segment.close()
+
+
+def _parse(buf: memoryview | bytes | bytearray | object) -> LoaderStats:
+    raw = bytes(buf[:BLOCK_BYTES])  # type: ignore[index]
+    magic, version, pid, created, workers, batch, mode, device = _HEAD.unpack_from(raw, 0)
+    if magic != MAGIC or version != VERSION:
+        raise ValueError("not a fastload statistics block")
+    c = np.frombuffer(raw, np.int64, count=len(COUNTERS), offset=_HEAD.size)
+    dataset = raw[_HEAD.size + 8 * len(COUNTERS) :].rstrip(b"\0").decode("utf-8", "replace")
+    v = {name: int(c[i]) for i, name in enumerate(COUNTERS)}
+    return LoaderStats(
+        pid=pid, dataset=dataset, mode="daemon" if mode else "local", device="cuda" if device else "cpu",
+        num_workers=workers, batch_size=batch, created=created / 1e9, batches=v["batches"],
+        samples=v["samples"], bytes_read=v["bytes_read"], read_s=v["read_ns"] / 1e9,
+        decode_s=v["decode_ns"] / 1e9, slot_wait_s=v["slot_wait_ns"] / 1e9, h2d_s=v["h2d_ns"] / 1e9,
+        h2d_batches=v["h2d_batches"], trainer_wait_s=v["trainer_wait_ns"] / 1e9,
+        next_calls=v["next_calls"], ready_batches=v["ready_batches"], in_flight=v["in_flight"],
+        failures=v["failures"], updated=v["updated_ns"] / 1e9,
+    )
+
+
+def find_loaders() -> dict[str, LoaderStats]:
+    """Every live loader of this user: statistics block name -> snapshot."""
+    found: dict[str, LoaderStats] = {}
+    try:
+        entries = list(os.scandir(SHM_DIR))
+    except OSError:
+        return found
+    uid = os.getuid()
+    for entry in entries:
+        if f"_{STATS_TAG}" not in entry.name or not entry.name.startswith("fastload_"):
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            with open(entry.path, "rb") as f:
+                stats = _parse(f.read(BLOCK_BYTES))
+            os.kill(stats.pid, 0)
+        except (OSError, ValueError):
+            continue  # gone, foreign, or its owner died (the next loader start reaps it)
+        found[entry.name] = stats
+    return found
+
+
+def format_summary(stats: LoaderStats) -> str:
+    """A profiler-style table of a loader's stages: total time, average per batch, count."""
+    batches = max(stats.batches, 1)
+    rows = [
+        ("read (storage / __getitem__)", stats.read_s, stats.batches),
+        ("decode + augment + collate", stats.decode_s, stats.batches),
+        ("waiting for a free slot", stats.slot_wait_s, stats.batches),
+        ("host-to-device copy", stats.h2d_s, stats.h2d_batches),
+        ("trainer waiting in next()", stats.trainer_wait_s, stats.next_calls),
+    ]
+    lines = [
+        f"fastload summary: {stats.dataset} — {stats.samples} samples in {stats.batches} batches, "
+        f"{stats.num_workers} workers ({stats.mode}, {stats.device})",
+        f"{'stage':<32}{'total s':>10}{'avg ms':>10}{'count':>9}",
+    ]
+    for name, total, count in rows:
+        avg = 1000 * total / max(count, 1) if count else 0.0
+        lines.append(f"{name:<32}{total:>10.3f}{avg:>10.2f}{count:>9}")
+    lines.append(f"(read and decode are summed over workers; per batch of {stats.batch_size}: "
+                 f"{1000 * (stats.read_s + stats.decode_s) / batches:.1f} ms of worker time)")
+    return "\n".join(lines) + "\n"
