@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,13 +37,27 @@ def _build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--address", help="daemon address (default: this user's local socket)")
     sub.add_parser("keys", help="print a new CURVE key pair for a TCP daemon or client")
+
+    iostat = sub.add_parser("iostat", help="where each running loader's time goes, with a verdict and advice")
+    iostat.add_argument(
+        "interval", nargs="?", type=float, help="seconds between reports (default: one report)"
+    )
+    iostat.add_argument("count", nargs="?", type=int, help="number of reports (default: until Ctrl-C)")
+    iostat.add_argument("-x", action="store_true", dest="extended", help="per-stage ms per sample")
+    iostat.add_argument("--json", action="store_true", help="one JSON object per report")
+    iostat.add_argument("--plot", metavar="FILE.png", help="draw throughput and stage times over the run")
+    iostat.add_argument(
+        "--probe", metavar="PATH", help="measure storage and decode speed of a folder, no training"
+    )
+    iostat.add_argument("--workers", type=int, help="with --probe: workers you plan to use")
+    iostat.add_argument("--target", type=float, help="with --probe: images/s you need")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     args = _build_parser().parse_args(argv)
-    from fastload._errors import FastloadError
+    from fastload._errors import ConfigError, FastloadError
 
     try:
         if args.command == "demo":
@@ -67,6 +82,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _control.stop(args.address)
         if args.command == "keys":
             return _control.keys()
+        if args.command == "iostat":
+            if args.probe:
+                from fastload._probe import format_probe, probe, probe_to_json
+
+                result = probe(args.probe, workers=args.workers, target=args.target)
+                print(json.dumps(probe_to_json(result)) if args.json else format_probe(result))
+                return 0
+            from fastload._iostat import run
+
+            if args.interval is not None and args.interval <= 0:
+                raise ConfigError("the interval must be positive")
+            return run(args.interval, args.count, args.extended, args.json, args.plot)
     except FastloadError as e:
         print(f"fastload: error: {e}", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -38,14 +39,39 @@ def runtime_dir() -> str:
     """
     base = os.environ.get("XDG_RUNTIME_DIR")
     path = os.path.join(base, "fastload") if base and os.path.isdir(base) else f"/tmp/fastload-{os.getuid()}"
-    with contextlib.suppress(FileExistsError):
+    return private_dir(path)
+
+
+def private_dir(path: str) -> str:
+    """`path` as a directory only its owner can enter: made 0700 if missing, else checked."""
+    try:
         os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise DaemonError(f"cannot create the directory {path}: {e}") from e
     st = os.lstat(path)
     if st.st_uid != os.getuid() or st.st_mode & 0o077 or not os.path.isdir(path) or os.path.islink(path):
         raise DaemonError(
             f"{path} must be a directory owned by you with mode 0700 (it is not): remove it and retry"
         )
     return path
+
+
+def no_daemon_at(address: str) -> bool:
+    """True when `address` is a local socket nothing listens on: missing, or left behind by a
+    daemon killed with SIGKILL (connecting to it is refused). Says nothing about TCP addresses."""
+    if not address.startswith("ipc://"):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(address[len("ipc://") :])
+        except (FileNotFoundError, ConnectionRefusedError):
+            return True
+        except OSError:  # e.g. no permission: the real connection will say what is wrong
+            return False
+    return False
 
 
 def default_address() -> str:
@@ -79,7 +105,7 @@ class DaemonSession:
     def __init__(self, address: str, hello: dict[str, Any], timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         self.address = address
         self._local = address.startswith("ipc://")
-        if self._local and not os.path.exists(address[len("ipc://") :]):
+        if no_daemon_at(address):
             raise DaemonError(f"no fastload daemon is running at {address}: start one with `fastload serve`")
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
@@ -143,7 +169,14 @@ class DaemonSession:
         if op == "done":
             self._in_flight.discard(fields["seq"])
             self._events.append(
-                Done(fields["seq"], fields["count"], fields["read_ns"], fields["decode_ns"], fields["bytes"])
+                Done(
+                    fields["seq"],
+                    fields["count"],
+                    fields["read_ns"],
+                    fields["decode_ns"],
+                    fields["bytes"],
+                    fields["read_cpu_ns"],
+                )
             )
         elif op == "failed":
             self._in_flight.discard(fields["seq"])

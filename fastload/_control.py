@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import zmq
 
 from fastload import _wire as wire
-from fastload._client import default_address, resolve_address
+from fastload._client import default_address, no_daemon_at, resolve_address
 from fastload._errors import ConfigError, DaemonError
 
 _UNITS = {
@@ -112,7 +112,7 @@ def serve(config_path: str | None, overrides: dict[str, Any]) -> int:
 
 def request(address: str, op: str, timeout_s: float = 3.0) -> dict[str, Any]:
     """Send one request to a daemon and return the reply's fields (DaemonError if none)."""
-    if address.startswith("ipc://") and not os.path.exists(address[len("ipc://") :]):
+    if no_daemon_at(address):
         raise DaemonError(f"no fastload daemon is running at {address}")
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -131,8 +131,9 @@ def request(address: str, op: str, timeout_s: float = 3.0) -> dict[str, Any]:
         ctx.term()
 
 
-def status(address: str | None, out: TextIO = sys.stdout) -> int:
-    """Print the daemon's sessions; exit status 1 when no daemon answers."""
+def status(address: str | None, out: TextIO | None = None) -> int:
+    """Print the daemon's sessions (to `out`, default sys.stdout); exit status 1 when none answers."""
+    out = out or sys.stdout
     target = resolve_address(address) if address else default_address()
     s = request(target, "status")
     out.write(
@@ -161,8 +162,9 @@ def stop(address: str | None, wait_s: float = 40.0) -> int:
     return 0
 
 
-def keys(out: TextIO = sys.stdout) -> int:
+def keys(out: TextIO | None = None) -> int:
     """Print a new CURVE key pair (Z85) for a TCP daemon or one of its clients."""
+    out = out or sys.stdout
     public, secret = zmq.curve_keypair()
     out.write(f'public_key = "{public.decode()}"\nsecret_key = "{secret.decode()}"\n')
     return 0

@@ -29,7 +29,7 @@ from typing import Any
 import zmq
 
 from fastload import _wire as wire
-from fastload._client import runtime_dir
+from fastload._client import private_dir, runtime_dir
 from fastload._engine import Engine, Event, Task
 from fastload._errors import ConfigError, DaemonError, FastloadError
 from fastload._jobs import FolderJob
@@ -44,6 +44,7 @@ _POLL_MS = 100
 _LIVENESS_S = 1.0
 _DRAIN_LIMIT_S = 30.0
 _MAX_SLOTS_PER_SESSION = 256
+_MAX_PID = 2**31 - 1  # pid_t; os.kill() refuses larger numbers
 
 
 @dataclass(frozen=True)
@@ -90,24 +91,33 @@ class Daemon:
 
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
-        self.dir = config.socket_dir or runtime_dir()
+        if config.listen:
+            _check_tcp_config(config)  # before anything is created that a refusal would leave behind
+        self.dir = private_dir(config.socket_dir) if config.socket_dir else runtime_dir()
         self.pid_path = os.path.join(self.dir, "daemon.pid")
         self.sock_path = os.path.join(self.dir, "daemon.sock")
         self._claim_pidfile()
-        reap_orphans()
         self._ctx = zmq.Context()
-        self._local = self._ctx.socket(zmq.ROUTER)
-        self._local.setsockopt(zmq.LINGER, 0)
-        self._local.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        old_umask = os.umask(0o077)
-        try:
-            self._local.bind(f"ipc://{self.sock_path}")
-        finally:
-            os.umask(old_umask)
         self._tcp: Any = None
-        if config.listen:
-            self._tcp = self._bind_tcp(config)
-        self.engine = Engine({}, num_workers=config.workers, mp_context="fork", worker_init_fn=None)
+        try:
+            reap_orphans()
+            self._local = self._ctx.socket(zmq.ROUTER)
+            self._local.setsockopt(zmq.LINGER, 0)
+            self._local.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            old_umask = os.umask(0o077)
+            try:
+                self._local.bind(f"ipc://{self.sock_path}")
+            finally:
+                os.umask(old_umask)
+            if config.listen:
+                self._tcp = self._bind_tcp(config)
+            self.engine = Engine({}, num_workers=config.workers, mp_context="fork", worker_init_fn=None)
+        except BaseException:
+            if getattr(self, "_auth", None) is not None:
+                self._auth.stop()
+            self._ctx.destroy(linger=0)
+            self._remove_files()
+            raise
         self._sessions: dict[int, _Session] = {}
         self._by_identity: dict[tuple[int, bytes], _Session] = {}
         self._datasets: dict[str, tuple[ImageFolderIndex, Segment]] = {}
@@ -137,10 +147,7 @@ class Daemon:
             f.write(str(os.getpid()))
 
     def _bind_tcp(self, config: DaemonConfig) -> Any:
-        if not (config.curve_secret_key and config.curve_public_key):
-            raise ConfigError("--listen tcp://... needs CURVE keys (curve_secret_key, curve_public_key)")
-        if not config.curve_clients:
-            raise ConfigError("--listen tcp://... needs at least one allowed client key (curve_clients)")
+        assert config.curve_secret_key and config.curve_public_key
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.curve_server = True
@@ -148,7 +155,10 @@ class Daemon:
         sock.curve_publickey = config.curve_public_key.encode()
         sock.zap_domain = b"fastload"
         self._start_authenticator(config.curve_clients)
-        sock.bind(str(config.listen))
+        try:
+            sock.bind(str(config.listen))
+        except zmq.ZMQError as e:
+            raise DaemonError(f"cannot listen on {config.listen}: {e}") from e
         return sock
 
     def _start_authenticator(self, clients: tuple[str, ...]) -> None:
@@ -213,6 +223,9 @@ class Daemon:
             self._tcp.close(0)
             self._auth.stop()
         self._ctx.term()
+        self._remove_files()
+
+    def _remove_files(self) -> None:
         for path in (self.sock_path, self.pid_path):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -284,7 +297,16 @@ class Daemon:
             raise ConfigError(f"batch_size must be 1..{wire.MAX_BATCH} and prefetch 1..64")
         if not (f["world_size"] >= 1 and 0 <= f["rank"] < f["world_size"]):
             raise ConfigError(f"rank {f['rank']} is not within world_size {f['world_size']}")
+        if not (1 <= f["pid"] <= _MAX_PID and f["seed"] >= 0):
+            raise ConfigError("pid must be a process id and seed must not be negative")
+        if not os.path.isabs(f["dataset"]) or "\0" in f["dataset"]:
+            raise ConfigError("dataset must be an absolute path (the daemon's working directory is not ours)")
         plan = compile_transforms(from_config(f["transforms"]))
+        if plan.out_height * plan.out_width * 3 * batch_size > self.config.memory_budget_bytes:
+            raise DaemonError(  # refused before any of it is allocated, even to infer its layout
+                f"one batch of {batch_size} images of {plan.out_height}x{plan.out_width} is larger than "
+                f"the daemon's {self.config.memory_budget_bytes / 2**20:.0f} MiB budget"
+            )
         index, index_segment = self._dataset(f["dataset"])
         session_id = next(self._ids)
         job = FolderJob(index, plan, f["backend"], f["seed"], batch_size)
@@ -387,6 +409,8 @@ class Daemon:
             raise wire.WireError("the task names a slot that is not this session's")
         if len(extra) != 1:
             raise wire.WireError("a task carries exactly one index frame")
+        if f["epoch"] < 0 or f["batch_index"] < 0:
+            raise wire.WireError("a task's epoch and batch_index must not be negative")
         indices = wire.decode_indices(extra[0], session.num_samples)
         if f["row"] < 0 or f["row"] + len(indices) > session.batch_size:
             raise wire.WireError(
@@ -434,6 +458,7 @@ class Daemon:
                     read_ns=event.read_ns,
                     decode_ns=event.decode_ns,
                     bytes=event.bytes_read,
+                    read_cpu_ns=event.read_cpu_ns,
                 )
             else:
                 self._reply(
@@ -488,6 +513,13 @@ class Daemon:
                 for s in self._sessions.values()
             ],
         }
+
+
+def _check_tcp_config(config: DaemonConfig) -> None:
+    if not (config.curve_secret_key and config.curve_public_key):
+        raise ConfigError("--listen tcp://... needs CURVE keys (curve_secret_key, curve_public_key)")
+    if not config.curve_clients:
+        raise ConfigError("--listen tcp://... needs at least one allowed client key (curve_clients)")
 
 
 class _AllowList:

@@ -186,7 +186,10 @@ class Engine:
                 self._send(worker, [proto.DROP, proto.JOB_HEAD.pack(job_id)])
 
     def submit(self, task: Task) -> None:
+        """Queue a task and send it to a worker now: the trainer may not poll again for a while
+        (it finds the next batch ready), and workers must not idle meanwhile."""
         self._queue.append(task)
+        self._dispatch()
 
     @property
     def in_flight(self) -> int:
@@ -342,9 +345,7 @@ def _signal_name(code: int) -> str:
 class InlineExecutor:
     """Runs tasks in the caller's process (num_workers=0), with the Engine's interface."""
 
-    def __init__(
-        self, job: FolderJob | DatasetJob, *, resolve_slot: Callable[[str], Any]
-    ) -> None:
+    def __init__(self, job: FolderJob | DatasetJob, *, resolve_slot: Callable[[str], Any]) -> None:
         self._job = job
         self._resolve_slot = resolve_slot
         self._layout: BatchLayout | None = job.layout if isinstance(job, FolderJob) else None

@@ -47,6 +47,12 @@ def _failure(seq: int, exc: BaseException, index: int, path: str, what: str) -> 
     )
 
 
+def read_file(path: str) -> bytes:
+    """A sample's bytes from storage (one place, so tests can stand in a slow disk)."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
 class FolderJob:
     """Loads batches of an image folder: read files, decode+augment into NHWC uint8, labels."""
 
@@ -80,8 +86,11 @@ class FolderJob:
         segment = Segment.attach(str(config["index_segment"]))
         plan = compile_transforms(from_config(config["transforms"]))
         job = cls(
-            ImageFolderIndex.from_segment(segment), plan, str(config["backend"]),
-            int(config["seed"]), int(config["batch_size"]),
+            ImageFolderIndex.from_segment(segment),
+            plan,
+            str(config["backend"]),
+            int(config["seed"]),
+            int(config["batch_size"]),
         )
         job._index_segment = segment
         return job
@@ -101,14 +110,15 @@ class FolderJob:
         images, labels = arrays
         paths = [self.index.path(int(i)) for i in indices]
         blobs: list[bytes] = []
+        cpu0 = time.process_time_ns()
         t0 = time.perf_counter_ns()
         for i, path in zip(indices, paths, strict=True):
             try:
-                with open(path, "rb") as f:
-                    blobs.append(f.read())
+                blobs.append(read_file(path))
             except OSError as e:
                 raise JobFailed(_failure(seq, e, int(i), path, "image")) from e
         t1 = time.perf_counter_ns()
+        read_cpu = time.process_time_ns() - cpu0
         rngs = [sample_rng(self.seed, epoch, int(i)) for i in indices]
         try:
             self._backend.decode_batch(blobs, rngs, images[:n])
@@ -118,7 +128,7 @@ class FolderJob:
             raise JobFailed(_failure(seq, cause, int(indices[pos]), paths[pos], "image")) from e
         labels[:n] = self.index.labels[indices]
         t2 = time.perf_counter_ns()
-        return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs))
+        return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu)
 
 
 class DatasetJob:
@@ -191,9 +201,11 @@ class DatasetJob:
         layout: BatchLayout,
         restore_rng: bool,
     ) -> Done:
+        cpu0 = time.process_time_ns()
         t0 = time.perf_counter_ns()
         samples = self._fetch(seq, epoch, batch_index, indices, restore_rng)
         t1 = time.perf_counter_ns()
+        read_cpu = time.process_time_ns() - cpu0
         for row, (i, sample) in enumerate(zip(indices, samples, strict=True)):
             try:
                 layout.write(sample, arrays, row)
@@ -204,7 +216,7 @@ class DatasetJob:
                     "batches need fixed-shape samples unless you pass a collate_fn"
                 )
                 raise JobFailed(dataclasses.replace(failure, message=message)) from e
-        return Done(seq, len(indices), t1 - t0, time.perf_counter_ns() - t1, 0)
+        return Done(seq, len(indices), t1 - t0, time.perf_counter_ns() - t1, 0, read_cpu)
 
     def run_opaque(
         self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, restore_rng: bool

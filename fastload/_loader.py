@@ -146,8 +146,8 @@ class FastLoader:
         if is_folder:
             assert batch_size is not None
             rank, world_size = _distributed(rank, world_size)
-            plan = compile_transforms(transform)
             if self._daemon_address is not None:
+                plan = compile_transforms(transform)
                 self._hello = {
                     "dataset": os.path.abspath(os.fspath(dataset)),  # type: ignore[arg-type]
                     "transforms": to_config(plan.transforms), "backend": backend,
@@ -159,7 +159,7 @@ class FastLoader:
             else:
                 index = ImageFolderIndex.scan(dataset)  # type: ignore[arg-type]
                 num_samples, self.classes = len(index), index.classes
-                self._job = FolderJob(index, plan, backend, self.seed, batch_size)
+                self._job = FolderJob(index, compile_transforms(transform), backend, self.seed, batch_size)
             self._plan = ShuffledPlan(
                 num_samples, batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed,
                 rank=rank, world_size=world_size,

@@ -47,6 +47,7 @@ class _Parts:
     read_ns: int = 0
     decode_ns: int = 0
     bytes_read: int = 0
+    read_cpu_ns: int = 0
     failure: Failure | None = None
 
 
@@ -213,6 +214,7 @@ class Pipeline:
             parts.read_ns += event.read_ns
             parts.decode_ns += event.decode_ns
             parts.bytes_read += event.bytes_read
+            parts.read_cpu_ns += event.read_cpu_ns
         elif parts.failure is None:
             parts.failure = dataclasses.replace(event, seq=seq)
         if parts.left:
@@ -220,13 +222,13 @@ class Pipeline:
         del self._split[seq]
         if parts.failure is not None:
             return parts.failure
-        return Done(seq, parts.count, parts.read_ns, parts.decode_ns, parts.bytes_read)
+        return Done(seq, parts.count, parts.read_ns, parts.decode_ns, parts.bytes_read, parts.read_cpu_ns)
 
-    def poll_once(self, deadline: float | None) -> None:
-        """Wait a little for events and hand each to its epoch; raise LoaderTimeout past deadline."""
+    def poll_once(self, deadline: float | None, wait_s: float = _POLL_S) -> None:
+        """Wait up to `wait_s` for events and hand each to its epoch; LoaderTimeout past deadline."""
         if self.delivery is not None:
             self.delivery.poll()
-        events = self.executor.poll(_POLL_S)
+        events = self.executor.poll(wait_s)
         for event in events:
             self._route(event)
         if not events and deadline is not None and time.monotonic() > deadline:
@@ -254,6 +256,7 @@ class Pipeline:
             stats.add("bytes_read", event.bytes_read)
             stats.add("read_ns", event.read_ns)
             stats.add("decode_ns", event.decode_ns)
+            stats.add("read_cpu_ns", event.read_cpu_ns)
         elif isinstance(event, Failure):
             self.stats.add("failures", 1)
         owner = self._owner.pop(event.seq, None)
@@ -391,6 +394,10 @@ class EpochIterator(Iterator[Any]):
     def _next(self) -> Any:
         pipe = self._pipeline
         deadline = _deadline(pipe.config.timeout_s)
+        if self._next_yield in self._ready and not isinstance(pipe.executor, InlineExecutor):
+            # Take in what finished meanwhile (without waiting): it frees slots and keeps the
+            # ready-queue figure that iostat shows true even when the trainer never has to wait.
+            pipe.poll_once(None, wait_s=0.0)
         while self._next_yield not in self._ready:
             self._fill()
             if self._exhausted and not self._seq_of_batch and self._next_yield not in self._ready:

@@ -35,6 +35,7 @@ COUNTERS = (
     "bytes_read",
     "read_ns",
     "decode_ns",
+    "read_cpu_ns",  # workers' CPU time while reading: near read_ns when computing, low when waiting
     "slot_wait_ns",
     "h2d_ns",
     "h2d_batches",
@@ -70,6 +71,7 @@ class LoaderStats:
     bytes_read: int
     read_s: float
     decode_s: float
+    read_cpu_s: float
     slot_wait_s: float
     h2d_s: float
     h2d_batches: int
@@ -87,8 +89,16 @@ class StatsWriter:
     def __init__(self, dataset: str, mode: str, device: str, num_workers: int, batch_size: int) -> None:
         self.segment = Segment.create(BLOCK_BYTES, tag=STATS_TAG)
         _HEAD.pack_into(
-            self.segment.buf, 0, MAGIC, VERSION, os.getpid(), time.time_ns(), num_workers, batch_size,
-            1 if mode == "daemon" else 0, 1 if device == "cuda" else 0,
+            self.segment.buf,
+            0,
+            MAGIC,
+            VERSION,
+            os.getpid(),
+            time.time_ns(),
+            num_workers,
+            batch_size,
+            1 if mode == "daemon" else 0,
+            1 if device == "cuda" else 0,
         )
         encoded = dataset.encode("utf-8", "replace")[:_PATH_BYTES]
         start = _HEAD.size + 8 * len(COUNTERS)
@@ -119,13 +129,28 @@ def _parse(buf: memoryview | bytes | bytearray | object) -> LoaderStats:
     dataset = raw[_HEAD.size + 8 * len(COUNTERS) :].rstrip(b"\0").decode("utf-8", "replace")
     v = {name: int(c[i]) for i, name in enumerate(COUNTERS)}
     return LoaderStats(
-        pid=pid, dataset=dataset, mode="daemon" if mode else "local", device="cuda" if device else "cpu",
-        num_workers=workers, batch_size=batch, created=created / 1e9, batches=v["batches"],
-        samples=v["samples"], bytes_read=v["bytes_read"], read_s=v["read_ns"] / 1e9,
-        decode_s=v["decode_ns"] / 1e9, slot_wait_s=v["slot_wait_ns"] / 1e9, h2d_s=v["h2d_ns"] / 1e9,
-        h2d_batches=v["h2d_batches"], trainer_wait_s=v["trainer_wait_ns"] / 1e9,
-        next_calls=v["next_calls"], ready_batches=v["ready_batches"], in_flight=v["in_flight"],
-        failures=v["failures"], updated=v["updated_ns"] / 1e9,
+        pid=pid,
+        dataset=dataset,
+        mode="daemon" if mode else "local",
+        device="cuda" if device else "cpu",
+        num_workers=workers,
+        batch_size=batch,
+        created=created / 1e9,
+        batches=v["batches"],
+        samples=v["samples"],
+        bytes_read=v["bytes_read"],
+        read_s=v["read_ns"] / 1e9,
+        decode_s=v["decode_ns"] / 1e9,
+        read_cpu_s=v["read_cpu_ns"] / 1e9,
+        slot_wait_s=v["slot_wait_ns"] / 1e9,
+        h2d_s=v["h2d_ns"] / 1e9,
+        h2d_batches=v["h2d_batches"],
+        trainer_wait_s=v["trainer_wait_ns"] / 1e9,
+        next_calls=v["next_calls"],
+        ready_batches=v["ready_batches"],
+        in_flight=v["in_flight"],
+        failures=v["failures"],
+        updated=v["updated_ns"] / 1e9,
     )
 
 
@@ -170,6 +195,8 @@ def format_summary(stats: LoaderStats) -> str:
     for name, total, count in rows:
         avg = 1000 * total / max(count, 1) if count else 0.0
         lines.append(f"{name:<32}{total:>10.3f}{avg:>10.2f}{count:>9}")
-    lines.append(f"(read and decode are summed over workers; per batch of {stats.batch_size}: "
-                 f"{1000 * (stats.read_s + stats.decode_s) / batches:.1f} ms of worker time)")
+    lines.append(
+        f"(read and decode are summed over workers; per batch of {stats.batch_size}: "
+        f"{1000 * (stats.read_s + stats.decode_s) / batches:.1f} ms of worker time)"
+    )
     return "\n".join(lines) + "\n"

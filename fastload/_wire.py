@@ -2,8 +2,8 @@
 
 Every message is one JSON object (the header, at most 64 KiB) and, for tasks, one frame of raw
 little-endian int64 sample indices. A header that is not valid JSON, has the wrong version, an
-unknown `op`, or fields of the wrong type raises `WireError`; the daemon answers it with an
-`error` reply and keeps serving.
+unknown `op`, fields of the wrong type or integers beyond 64 bits raises `WireError`; the daemon
+answers it with an `error` reply and keeps serving.
 
     trainer -> daemon                                daemon -> trainer
     hello  {dataset, transforms, backend, seed,      welcome {session, daemon_pid, slots,
@@ -31,6 +31,7 @@ from fastload._errors import FastloadError
 VERSION = 1
 MAX_HEADER_BYTES = 64 << 10
 MAX_BATCH = 1 << 16
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # every integer crosses to the workers as int64
 
 # op -> {field: accepted types}; fields not listed are refused.
 _INT = (int,)
@@ -62,7 +63,14 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "classes": (list,),
         "workers": _INT,
     },
-    "done": {"seq": _INT, "count": _INT, "read_ns": _INT, "decode_ns": _INT, "bytes": _INT},
+    "done": {
+        "seq": _INT,
+        "count": _INT,
+        "read_ns": _INT,
+        "decode_ns": _INT,
+        "bytes": _INT,
+        "read_cpu_ns": _INT,
+    },
     "failed": {
         "seq": _INT,
         "message": (str,),
@@ -100,7 +108,7 @@ def decode(frame: bytes) -> tuple[str, dict[str, Any]]:
         raise WireError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
         message = json.loads(frame)
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise WireError(f"header is not JSON: {e}") from None
     if not isinstance(message, dict):
         raise WireError("header is not a JSON object")
@@ -117,6 +125,8 @@ def decode(frame: bytes) -> tuple[str, dict[str, Any]]:
             raise WireError(f"{op}: unexpected field {name!r}")
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise WireError(f"{op}.{name}: {type(value).__name__} is not allowed")
+        if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+            raise WireError(f"{op}.{name}: {value} does not fit in 64 bits")
     missing = set(schema) - set(fields)
     if missing:
         raise WireError(f"{op}: missing {', '.join(sorted(missing))}")

@@ -31,6 +31,8 @@ __all__ = [
     "Transform",
     "TransformPlan",
     "compile_transforms",
+    "from_config",
+    "to_config",
 ]
 
 _INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")

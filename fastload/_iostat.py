@@ -1,0 +1,292 @@
+"""`fastload iostat`: where each running loader's time goes, with a verdict and one advice line.
+
+Every INTERVAL seconds it reads the statistics block of every live loader of this user (no
+configuration: they are found in /dev/shm by name), subtracts the previous reading, adds the
+machine's figures (the dataset's block device from /proc/diskstats, CPU from /proc/stat, page
+cache, /dev/shm, GPU utilisation when there is one) and classifies each loader:
+storage-bound, decode-bound, transport-bound, host-to-device-bound, or not the bottleneck.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, TextIO
+
+from fastload import _sysinfo as sysinfo
+from fastload._stats import LoaderStats, find_loaders
+
+# The trainer waiting less than this share of the time means the loader keeps up.
+WAIT_BOUND_PERCENT = 10.0
+BUSY_BOUND_PERCENT = 80.0
+H2D_BOUND_PERCENT = 60.0
+DISK_BOUND_UTIL = 80.0
+IOWAIT_BOUND_PERCENT = 20.0
+READ_CPU_WAITING = 0.3  # reads using less CPU than this share of their time are waiting on I/O
+
+
+@dataclass(frozen=True)
+class LoaderRates:
+    """One loader over one interval."""
+
+    name: str
+    pid: int
+    dataset: str
+    mode: str
+    device: str
+    workers: int
+    batch_size: int
+    samples_per_s: float
+    read_mb_per_s: float
+    ms_per_sample: dict[str, float]  # read, read_cpu, decode, slot_wait, h2d
+    worker_busy_percent: float
+    trainer_wait_percent: float
+    ready_batches: int
+    in_flight: int
+    verdict: str = ""
+    advice: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MachineRates:
+    cpu: dict[str, float]
+    disk: dict[str, float] | None  # r/s, rMB/s, await ms, %util of the first loader's device
+    device: str  # what the first loader's data is on
+    device_kind: str
+    page_cache_bytes: int
+    shm_used_bytes: int
+    shm_total_bytes: int
+    gpu_percent: list[float] | None
+
+
+def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seconds: float) -> LoaderRates:
+    """Rates between two snapshots (or since the loader started when `before` is None)."""
+    if before is None:
+        seconds = max(after.updated - after.created, 1e-9)
+
+    def delta(attr: str) -> float:
+        return float(getattr(after, attr) - (getattr(before, attr) if before is not None else 0))
+
+    samples = delta("samples")
+    per_sample = 1000.0 / samples if samples else 0.0
+    batches = delta("batches")
+    sample_per_batch = samples / batches if batches else 0.0
+    worker_time = delta("read_s") + delta("decode_s")
+    return LoaderRates(
+        name=name,
+        pid=after.pid,
+        dataset=after.dataset,
+        mode=after.mode,
+        device=after.device,
+        workers=after.num_workers,
+        batch_size=after.batch_size,
+        samples_per_s=samples / seconds,
+        read_mb_per_s=delta("bytes_read") / seconds / 1e6,
+        ms_per_sample={
+            "read": delta("read_s") * per_sample,
+            "decode": delta("decode_s") * per_sample,
+            "read_cpu": delta("read_cpu_s") * per_sample,
+            "slot_wait": delta("slot_wait_s") * per_sample,
+            "h2d": delta("h2d_s") / max(delta("h2d_batches"), 1) * 1000.0 / max(sample_per_batch, 1.0)
+            if delta("h2d_batches")
+            else 0.0,
+        },
+        worker_busy_percent=min(100.0, 100.0 * worker_time / (seconds * max(after.num_workers, 1))),
+        trainer_wait_percent=min(100.0, 100.0 * delta("trainer_wait_s") / seconds),
+        ready_batches=after.ready_batches,
+        in_flight=after.in_flight,
+    )
+
+
+def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str]]:
+    """The loader's verdict and advice lines, from its rates and the machine's."""
+    advice: list[str] = []
+    if r.batch_size % 8:
+        advice.append(f"batch size {r.batch_size} is not a multiple of 8: tensor cores prefer multiples of 8")
+    if r.samples_per_s == 0 and r.trainer_wait_percent < WAIT_BOUND_PERCENT:
+        return "idle", advice
+    if r.trainer_wait_percent < WAIT_BOUND_PERCENT:
+        return "not the bottleneck", [
+            f"the trainer waits only {r.trainer_wait_percent:.0f}% of the time in next(): the model "
+            "step is slower than loading, so speed that up (AMP, channels_last, a larger batch); "
+            "the loader has headroom",
+            *advice,
+        ]
+    ms = r.ms_per_sample
+    h2d_busy = ms["h2d"] * r.samples_per_s / 10.0  # percent of wall time spent copying
+    if r.device == "cuda" and h2d_busy > H2D_BOUND_PERCENT:
+        return "host-to-device-bound", [
+            f"copies to the GPU take {h2d_busy:.0f}% of the time: ship uint8 and normalize on the GPU "
+            "(normalize=..., dtype=torch.float16), and check the PCIe link width (nvidia-smi -q)",
+            *advice,
+        ]
+    work = ms["read"] + ms["decode"]
+    read_share = ms["read"] / work if work else 0.0
+    # Reading that takes CPU is computing (a Dataset decoding in __getitem__, or a core shared
+    # with others); reading that takes wall time but little CPU is waiting for storage.
+    read_cpu_share = ms["read_cpu"] / ms["read"] if ms["read"] else 1.0
+    disk_busy = m.disk is not None and m.disk.get("util_percent", 0.0) > DISK_BOUND_UTIL
+    waiting_on_reads = read_share > 0.5 and read_cpu_share < READ_CPU_WAITING
+    if waiting_on_reads or disk_busy or m.cpu.get("iowait", 0.0) > IOWAIT_BOUND_PERCENT:
+        where = m.device
+        if m.device_kind == "network":
+            tip = "copy the data to local NVMe or pack it into shards (large sequential reads)"
+        elif m.device_kind == "hdd":
+            tip = "move the data to an SSD/NVMe, or pack it into shards so reads are sequential"
+        elif disk_busy:
+            tip = "the disk is saturated: a faster disk, or data that fits the page cache"
+        else:
+            tip = f"more workers keep more reads in flight (now {r.workers})"
+        return "storage-bound", [
+            f"storage-bound on {where}: {ms['read']:.2f} ms/sample reading vs "
+            f"{ms['decode']:.2f} decoding; {tip}",
+            *advice,
+        ]
+    if r.worker_busy_percent > BUSY_BOUND_PERCENT:
+        if r.workers < cores:
+            tip = f"{cores - r.workers} core(s) are free: raise num_workers to {cores}"
+        else:
+            tip = "add cores, store smaller images, or decode on the GPU (NVIDIA DALI)"
+        return "decode-bound", [
+            f"decode-bound: {r.workers} workers on {cores} cores are "
+            f"{r.worker_busy_percent:.0f}% busy; {tip}",
+            *advice,
+        ]
+    if ms["slot_wait"] > 0.5 * work:
+        return "transport-bound", [
+            "every slot is held while workers could work: release batches sooner (don't keep references), "
+            "or raise prefetch",
+            *advice,
+        ]
+    return "transport-bound", [
+        f"the trainer waits {r.trainer_wait_percent:.0f}% of the time while workers are only "
+        f"{r.worker_busy_percent:.0f}% busy: raise prefetch "
+        f"(now {r.in_flight + r.ready_batches} batches ahead)",
+        *advice,
+    ]
+
+
+class Sampler:
+    """Keeps the previous readings so each report covers one interval."""
+
+    def __init__(self) -> None:
+        self._loaders: dict[str, LoaderStats] = {}
+        self._disk: dict[str, sysinfo.DiskCounters] | None = None
+        self._cpu: sysinfo.CpuCounters | None = None
+        self._time = time.monotonic()
+
+    def sample(self) -> tuple[list[LoaderRates], MachineRates]:
+        now = time.monotonic()
+        seconds = max(now - self._time, 1e-9)
+        first = self._cpu is None
+        loaders = find_loaders()
+        cpu = sysinfo.read_cpu()
+        disks = sysinfo.read_diskstats()
+        rates = [
+            loader_rates(n, None if first else self._loaders.get(n), s, seconds) for n, s in loaders.items()
+        ]
+        device = (
+            sysinfo.device_for_path(rates[0].dataset) if rates and os.path.exists(rates[0].dataset) else None
+        )
+        disk = None
+        if device is not None and device.device and not first and self._disk and device.device in self._disk:
+            disk = asdict(sysinfo.disk_rates(self._disk[device.device], disks[device.device], seconds))
+        memory = sysinfo.memory()
+        used, total = sysinfo.shm_usage()
+        machine = MachineRates(
+            cpu=asdict(sysinfo.cpu_percent(self._cpu, cpu)) if self._cpu else {},
+            disk=disk,
+            device=device.describe() if device else "unknown",
+            device_kind=device.kind if device else "unknown",
+            page_cache_bytes=memory.page_cache_bytes,
+            shm_used_bytes=used,
+            shm_total_bytes=total,
+            gpu_percent=sysinfo.gpu_utilization(),
+        )
+        cores = len(os.sched_getaffinity(0))
+        classified = []
+        for r in rates:
+            verdict, advice = classify(r, machine, cores)
+            classified.append(LoaderRates(**{**asdict(r), "verdict": verdict, "advice": advice}))
+        self._loaders, self._disk, self._cpu, self._time = loaders, disks, cpu, now
+        return classified, machine
+
+
+def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: bool) -> str:
+    lines = [time.strftime("%H:%M:%S")]
+    c = machine.cpu
+    cpu = f"cpu user {c['user']:.0f}% sys {c['system']:.0f}% iowait {c['iowait']:.0f}%" if c else "cpu -"
+    disk = machine.disk
+    io = (
+        (
+            f"r/s {disk['reads_per_s']:.0f} rMB/s {disk['read_mb_per_s']:.1f} "
+            f"await {disk['await_ms']:.1f} ms %util {disk['util_percent']:.0f}"
+        )
+        if disk
+        else "disk -"
+    )
+    gpu = f" gpu {', '.join(f'{g:.0f}%' for g in machine.gpu_percent)}" if machine.gpu_percent else ""
+    lines.append(
+        f"{cpu} | {machine.device}: {io} | page cache {machine.page_cache_bytes / 2**30:.1f} GiB | "
+        f"shm {machine.shm_used_bytes / 2**20:.0f}/{machine.shm_total_bytes / 2**20:.0f} MiB{gpu}"
+    )
+    if not loaders:
+        lines.append("no running fastload loaders of this user")
+        return "\n".join(lines) + "\n"
+    head = f"{'pid':>7} {'mode':<6} {'samples/s':>10} {'rMB/s':>7} {'busy%':>6} {'queue':>5} {'wait%':>6}"
+    if extended:
+        head += f" {'read':>7} {'decode':>7} {'slot':>7} {'h2d':>7}  (ms/sample)"
+    lines.append(head + "  verdict")
+    for r in loaders:
+        row = (
+            f"{r.pid:>7} {r.mode:<6} {r.samples_per_s:>10.0f} {r.read_mb_per_s:>7.1f} "
+            f"{r.worker_busy_percent:>6.0f} {r.ready_batches:>5} {r.trainer_wait_percent:>6.0f}"
+        )
+        if extended:
+            ms = r.ms_per_sample
+            row += f" {ms['read']:>7.3f} {ms['decode']:>7.3f} {ms['slot_wait']:>7.3f} {ms['h2d']:>7.3f}"
+        lines.append(f"{row}  {r.verdict}")
+        lines.extend(f"{'':>9}- {a}" for a in r.advice)
+    return "\n".join(lines) + "\n"
+
+
+def run(
+    interval: float | None,
+    count: int | None,
+    extended: bool,
+    as_json: bool,
+    plot: str | None,
+    out: TextIO = sys.stdout,
+) -> int:
+    """The command: one report since start (no interval), or one per interval, `count` times."""
+    sampler = Sampler()
+    history: list[dict[str, Any]] = []
+    started = time.monotonic()
+    reports = 0
+    try:
+        sampler.sample()  # prime: every report covers one interval (1 s when none is given)
+        time.sleep(interval if interval is not None else 1.0)
+        while True:
+            loaders, machine = sampler.sample()
+            record = {
+                "time": time.monotonic() - started,
+                "loaders": [asdict(r) for r in loaders],
+                "machine": asdict(machine),
+            }
+            history.append({**record, "cpu": machine.cpu})
+            out.write(json.dumps(record) + "\n" if as_json else format_report(loaders, machine, extended))
+            out.flush()
+            reports += 1
+            if interval is None or (count is not None and reports >= count):
+                break
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    if plot is not None:
+        from fastload._plot import plot_history
+
+        plot_history(history, plot)
+    return 0
