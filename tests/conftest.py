@@ -7,6 +7,9 @@ Leak guards (autouse; they run at teardown, so also after a test that failed):
   or by any process that has since died (the subprocess tests), and no child process is alive.
 A leak is reported as an error, which fails the session; it is then cleaned up so that later
 tests are not blamed for it.
+
+Daemon fixtures (`daemon_pool`, `shared_daemon`) run `fastload serve` subprocesses on private
+socket directories and stop them at teardown, checking that each left nothing behind.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from daemon_helpers import DaemonPool, DaemonProcess
 from helpers import (
     build_folder,
     fastload_segments,
@@ -87,3 +91,23 @@ def make_folder(tmp_path: Path) -> Callable[..., Path]:
         return build_folder(tmp_path / name, classes, per_class, seed)
 
     return make
+
+
+@pytest.fixture
+def daemon_pool(tmp_path: Path) -> Iterator[DaemonPool]:
+    """Start daemons for one test (`daemon_pool.start(...)`); all are stopped and checked after it."""
+    pool = DaemonPool(tmp_path)
+    yield pool
+    problems = pool.close()
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """One daemon (2 workers, 64 MiB budget) for the tests of a module that leave it running."""
+    pool = DaemonPool(tmp_path_factory.mktemp("daemon"))
+    yield pool.start(workers=2, budget="64MiB")
+    problems = pool.close()
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)

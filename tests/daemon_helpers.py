@@ -1,0 +1,282 @@
+"""Run `fastload serve` as a subprocess for the daemon tests, and talk to it raw.
+
+`DaemonProcess` is one daemon: started on its own private (0700) socket directory, ready once it
+answers `status` (so its worker processes exist), stopped with SIGTERM (SIGKILL if it does not
+exit). `DaemonPool` starts daemons for one test or module and, at teardown, also after a failed
+test, stops every one still running and checks that none left a process or a segment behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+import zmq
+from helpers import fastload_segments, pid_alive, unlink_segments, wait_until
+
+from fastload import FastLoader
+from fastload import _wire as wire
+from fastload import transforms as T
+from fastload._control import request
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 20.0
+# sun_path is 108 bytes; zmq refuses longer ipc paths.
+_MAX_IPC_PATH = 100
+
+
+class DaemonProcess:
+    """One `fastload serve` subprocess with its socket directory and log file."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], socket_dir: Path, log_path: Path) -> None:
+        self.proc = proc
+        self.socket_dir = socket_dir
+        self.log_path = log_path
+        self.worker_pids: list[int] = []
+        self.killed = False  # SIGKILLed on purpose by the test: it could not clean up
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def sock_path(self) -> Path:
+        return self.socket_dir / "daemon.sock"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.socket_dir / "daemon.pid"
+
+    @property
+    def address(self) -> str:
+        return f"ipc://{self.sock_path}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def status(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        return request(self.address, "status", timeout_s)
+
+    def sessions(self) -> list[dict[str, Any]]:
+        return list(self.status()["sessions"])
+
+    def segments(self) -> set[str]:
+        """Its segments in /dev/shm (rings and dataset indexes, all named after its pid)."""
+        return fastload_segments(self.pid)
+
+    def signal_workers(self, signum: int) -> None:
+        for pid in self.worker_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    def terminate(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM, wait; SIGKILL when it does not exit in time. Returns its exit status."""
+        if self.proc.poll() is None:
+            self.signal_workers(signal.SIGCONT)  # a test may have paused them
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(
+                    f"daemon pid {self.pid} ignored SIGTERM for {timeout_s:g} s; log:\n{self.log()}"
+                ) from None
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, and reap it at once (an unreaped zombie still looks alive to kill(pid, 0))."""
+        self.killed = True
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait(STOP_TIMEOUT_S)
+
+    def workers_gone(self, timeout_s: float = 5.0) -> bool:
+        """Its worker processes exit by themselves once it is gone (they poll their parent)."""
+        return wait_until(lambda: not any(pid_alive(p) for p in self.worker_pids), timeout_s)
+
+
+def serve_command(
+    socket_dir: Path, *, workers: int = 2, budget: str = "64MiB", extra: Sequence[str] = ()
+) -> list[str]:
+    return [
+        sys.executable, "-m", "fastload", "serve", "--workers", str(workers),
+        "--socket-dir", str(socket_dir), "--memory-budget", budget, *extra,
+    ]
+
+
+def private_dir(path: Path) -> Path:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    assert len(str(path / "daemon.sock")) < _MAX_IPC_PATH, f"socket path too long for ipc: {path}"
+    return path
+
+
+def start_daemon(
+    socket_dir: Path,
+    *,
+    workers: int = 2,
+    budget: str = "64MiB",
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> DaemonProcess:
+    """Start a daemon on `socket_dir` (made 0700) and wait until it answers `status`."""
+    private_dir(socket_dir)
+    log_path = socket_dir.parent / f"daemon-{socket_dir.name}-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            serve_command(socket_dir, workers=workers, budget=budget, extra=extra),
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+    daemon = DaemonProcess(proc, socket_dir, log_path)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"the daemon exited with {proc.returncode} while starting:\n{daemon.log()}")
+        if daemon.sock_path.exists():
+            with contextlib.suppress(Exception):
+                if daemon.status(timeout_s=1.0)["pid"] == proc.pid:
+                    break
+        if time.monotonic() > deadline:
+            daemon.kill()
+            raise AssertionError(f"the daemon did not answer within {START_TIMEOUT_S:g} s:\n{daemon.log()}")
+        time.sleep(0.05)
+    daemon.worker_pids = [c.pid for c in psutil.Process(proc.pid).children()]
+    assert len(daemon.worker_pids) == workers, daemon.worker_pids
+    return daemon
+
+
+class DaemonPool:
+    """The daemons one test (or module) started; `close` stops them and checks for leaks."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.daemons: list[DaemonProcess] = []
+
+    def start(self, socket_dir: Path | None = None, **kwargs: Any) -> DaemonProcess:
+        socket_dir = socket_dir or self.base / f"s{len(self.daemons)}"
+        daemon = start_daemon(socket_dir, **kwargs)
+        self.daemons.append(daemon)
+        return daemon
+
+    def close(self) -> list[str]:
+        """Stop every daemon; return what was left behind (and clean it up)."""
+        problems: list[str] = []
+        for daemon in self.daemons:
+            was_running = daemon.proc.poll() is None
+            try:
+                code = daemon.terminate()
+            except AssertionError as e:
+                problems.append(str(e))
+                continue
+            if was_running and code != 0:
+                problems.append(f"daemon pid {daemon.pid} exited with {code} on SIGTERM:\n{daemon.log()}")
+            if not daemon.workers_gone():
+                problems.append(f"daemon pid {daemon.pid}: workers still alive: {daemon.worker_pids}")
+                for pid in daemon.worker_pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            left = daemon.segments()
+            if left:
+                # A daemon the test SIGKILLed cannot clean up (the next one reaps); any other must.
+                if not daemon.killed:
+                    problems.append(f"daemon pid {daemon.pid} left segments in /dev/shm: {sorted(left)}")
+                unlink_segments(left)
+            if not daemon.killed:
+                for path in (daemon.sock_path, daemon.pid_path):
+                    if path.exists() and not _owned_by_a_live_daemon(path, self.daemons):
+                        problems.append(f"daemon pid {daemon.pid} left {path}")
+        return problems
+
+
+def _owned_by_a_live_daemon(path: Path, daemons: list[DaemonProcess]) -> bool:
+    """A later daemon on the same directory owns the socket and pid file now."""
+    return any(d.socket_dir == path.parent and d.proc.poll() is None for d in daemons)
+
+
+# Batches
+
+
+RESIZE = [T.Resize((24, 24))]  # deterministic: a sample's pixels identify it
+AUGMENT = [T.RandomResizedCrop(24, scale=(0.3, 1.0)), T.RandomHorizontalFlip()]
+
+Batches = list[list[torch.Tensor]]
+
+
+def take(loader: FastLoader) -> Batches:
+    """One epoch, every batch copied (a batch's memory is reused once the next is taken)."""
+    return [[t.clone() for t in batch] for batch in loader]
+
+
+def assert_same_batches(got: Batches, expected: Batches) -> None:
+    assert len(got) == len(expected)
+    for k, (a, b) in enumerate(zip(got, expected, strict=True)):
+        assert a[0].dtype == b[0].dtype and a[0].shape == b[0].shape, k
+        assert torch.equal(a[0], b[0]), f"batch {k}: images differ"
+        assert torch.equal(a[1], b[1]), f"batch {k}: labels differ"
+
+
+def local_epoch(folder: Path, **kwargs: Any) -> Batches:
+    """What the same loader yields in local mode (inline: no processes to start)."""
+    with FastLoader(folder, **{"device": "cpu", **kwargs, "num_workers": 0}) as loader:
+        return take(loader)
+
+
+# Raw protocol
+
+
+class RawClient:
+    """A bare DEALER on the daemon's socket: send any frames, read one reply."""
+
+    def __init__(self, address: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+
+    def send(self, *frames: bytes) -> None:
+        self.sock.send_multipart(list(frames))
+
+    def reply(self, timeout_s: float = 5.0) -> tuple[str, dict[str, Any]] | None:
+        if not self.sock.poll(int(timeout_s * 1000)):
+            return None
+        return wire.decode(self.sock.recv_multipart()[0])
+
+    def call(self, *frames: bytes, timeout_s: float = 5.0) -> tuple[str, dict[str, Any]] | None:
+        self.send(*frames)
+        return self.reply(timeout_s)
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+    def __enter__(self) -> RawClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def hello_fields(folder: Path, /, **overrides: Any) -> dict[str, Any]:
+    """A valid hello (24x24 images, batches of 4) with some fields replaced."""
+    fields: dict[str, Any] = {
+        "dataset": str(folder),
+        "transforms": [{"type": "Resize", "size": [24, 24]}],
+        "backend": "native",
+        "seed": 1,
+        "batch_size": 4,
+        "prefetch": 2,
+        "pid": os.getpid(),
+        "rank": 0,
+        "world_size": 1,
+    }
+    fields.update(overrides)
+    return fields

@@ -1,0 +1,292 @@
+"""The loader daemon's behaviour, seen from trainers attached to a `fastload serve` subprocess.
+
+Protects the daemon-mode contract: a trainer attached to a daemon gets the same batches, bit for
+bit, as the same loader in local mode; ranks get DistributedSampler's disjoint, equal shards
+(from arguments or RANK/WORLD_SIZE); trainers attached at once are served round-robin, so none
+waits for another's whole epoch; a session over the memory budget is refused saying how much it
+needs and how much is left; `fastload status` lists sessions and fails without a daemon; a loader
+with no daemon to talk to fails at once, saying to run `fastload serve`; and a second daemon on
+the same socket directory refuses to start.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from daemon_helpers import (
+    AUGMENT,
+    RESIZE,
+    Batches,
+    DaemonProcess,
+    assert_same_batches,
+    local_epoch,
+    serve_command,
+    take,
+)
+from helpers import wait_until
+
+from fastload import DaemonError, FastLoader
+from fastload import transforms as T
+from fastload.__main__ import main
+
+pytestmark = pytest.mark.timeout(60)  # a regression here tends to be a hang
+
+def sample_ids(folder: Path) -> dict[bytes, int]:
+    """Sample index by its resized pixels: tells which samples a shard's batches hold."""
+    images, _ = local_epoch(folder, batch_size=1000, transform=RESIZE)[0]
+    ids = {images[i].numpy().tobytes(): i for i in range(len(images))}
+    assert len(ids) == len(images), "two samples have the same pixels: the test cannot tell them apart"
+    return ids
+
+
+def ids_of(batches: Batches, ids: dict[bytes, int]) -> list[int]:
+    return [ids[image.numpy().tobytes()] for images, _ in batches for image in images]
+
+
+# ---------------------------------------------------------------------------------------------
+# Same batches as local mode
+
+
+def test_daemon_batches_equal_local_batches_over_two_epochs(
+    shared_daemon: DaemonProcess, image_folder: Path
+) -> None:
+    kwargs: dict[str, Any] = {"batch_size": 5, "shuffle": True, "seed": 1234, "transform": AUGMENT}
+    with (
+        FastLoader(image_folder, num_workers=0, device="cpu", **kwargs) as local,
+        FastLoader(
+            image_folder, num_workers=2, device="cpu", daemon=shared_daemon.address, **kwargs
+        ) as attached,
+    ):
+        assert attached.classes == local.classes
+        assert len(attached) == len(local) == 5
+        epochs = []
+        for epoch in (1, 0):  # set_epoch, out of order: batches depend on (seed, epoch) only
+            local.set_epoch(epoch)
+            attached.set_epoch(epoch)
+            got = take(attached)
+            assert_same_batches(got, take(local))
+            assert [len(b[1]) for b in got] == [5, 5, 5, 5, 4]
+            epochs.append(got)
+    assert not torch.equal(epochs[0][0][0], epochs[1][0][0]), "epochs 0 and 1 gave the same batch"
+
+
+# ---------------------------------------------------------------------------------------------
+# Rank sharding
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_get_disjoint_equal_shards_covering_the_epoch(
+    shared_daemon: DaemonProcess, image_folder: Path, world_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = sample_ids(image_folder)
+    kwargs: dict[str, Any] = {
+        "batch_size": 4, "shuffle": True, "drop_last": True, "seed": 5, "transform": RESIZE, "device": "cpu",
+    }
+    shards: list[list[int]] = []
+    for rank in range(world_size):
+        with FastLoader(
+            image_folder, num_workers=1, daemon=shared_daemon.address, rank=rank, world_size=world_size,
+            **kwargs,
+        ) as loader:
+            batches = take(loader)
+            assert len(batches) == len(loader) == 24 // world_size // 4
+        shards.append(ids_of(batches, ids))
+    assert len({len(s) for s in shards}) == 1, "ranks got different numbers of samples"
+    assert sorted(i for s in shards for i in s) == list(range(24)), "shards overlap or miss samples"
+
+    # torch.distributed's environment says the same
+    last = world_size - 1
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    monkeypatch.setenv("RANK", str(last))
+    with FastLoader(image_folder, num_workers=1, daemon=shared_daemon.address, **kwargs) as loader:
+        from_env = take(loader)
+        assert [s["rank"] for s in shared_daemon.sessions()] == [last]
+    assert ids_of(from_env, ids) == shards[last]
+    assert_same_batches(from_env, local_epoch(image_folder, rank=last, world_size=world_size, **kwargs))
+
+
+def test_uneven_dataset_is_sharded_as_distributed_sampler_with_drop_last(
+    shared_daemon: DaemonProcess, make_folder: Callable[..., Path]
+) -> None:
+    folder = make_folder(classes=3, per_class=9)  # 27 samples
+    ids = sample_ids(folder)
+    shards = []
+    for rank in range(2):
+        with FastLoader(
+            folder, batch_size=4, shuffle=True, drop_last=True, seed=2, transform=RESIZE, device="cpu",
+            num_workers=1, daemon=shared_daemon.address, rank=rank, world_size=2,
+        ) as loader:
+            shards.append(ids_of(take(loader), ids))
+    # 27 -> 13 samples per rank (the 27th dropped), 3 whole batches of 4 each (one more dropped)
+    assert [len(s) for s in shards] == [12, 12]
+    assert not set(shards[0]) & set(shards[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Two trainers at once
+
+
+def test_two_trainers_are_served_round_robin_with_correct_batches(
+    shared_daemon: DaemonProcess, image_folder: Path
+) -> None:
+    """A trainer that queued its whole epoch does not make a later one wait for all of it."""
+    kwargs: dict[str, Any] = {"batch_size": 2, "shuffle": True, "transform": RESIZE, "device": "cpu"}
+    expected = {name: local_epoch(image_folder, seed=seed, **kwargs) for name, seed in (("a", 1), ("b", 2))}
+    got: dict[str, Batches] = {"a": [], "b": []}
+    order: list[str] = []
+    errors: dict[str, BaseException] = {}
+
+    def run(name: str, loader: FastLoader) -> None:
+        try:
+            for batch in loader:
+                got[name].append([t.clone() for t in batch])
+                order.append(name)
+        except BaseException as e:  # reported by the test thread
+            errors[name] = e
+
+    def queued() -> list[int]:
+        mine = [s for s in shared_daemon.sessions() if s["pid"] == os.getpid()]
+        return [s["queued"] for s in sorted(mine, key=lambda s: s["session"])]
+
+    address = shared_daemon.address
+    with (
+        FastLoader(image_folder, seed=1, prefetch=12, num_workers=1, daemon=address, **kwargs) as a,
+        FastLoader(image_folder, seed=2, prefetch=2, num_workers=1, daemon=address, **kwargs) as b,
+    ):
+        threads = {
+            name: threading.Thread(target=run, args=(name, loader), daemon=True)
+            for name, loader in (("a", a), ("b", b))
+        }
+        # Pause the pool so that the queues build up as they would under load: a asks for all 12
+        # of its batches (4 go to the workers, 8 wait), then b asks for 2.
+        shared_daemon.signal_workers(signal.SIGSTOP)
+        try:
+            threads["a"].start()
+            assert wait_until(lambda: queued()[:1] == [8], 10), queued()
+            threads["b"].start()
+            assert wait_until(lambda: queued() == [8, 2], 10), queued()
+        finally:
+            shared_daemon.signal_workers(signal.SIGCONT)
+        for thread in threads.values():
+            thread.join(30)
+            assert not thread.is_alive(), "a trainer hangs"
+    assert not errors, errors
+    assert_same_batches(got["a"], expected["a"])
+    assert_same_batches(got["b"], expected["b"])
+    # First come, first served would give b its first batch after all 12 of a's.
+    a_first = order.index("b")
+    assert a_first <= 8, f"b waited for {a_first} of a's batches: {''.join(order)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory budget
+
+
+_REFUSED = re.compile(r"needs (\d+) MiB but only (\d+) MiB of the daemon's 64 MiB budget is left")
+
+
+def test_session_over_the_budget_is_refused_saying_what_is_needed_and_left(
+    shared_daemon: DaemonProcess, image_folder: Path
+) -> None:
+    address = shared_daemon.address
+    big: dict[str, Any] = {
+        "transform": [T.Resize((64, 64))], "prefetch": 4, "device": "cpu", "num_workers": 1,
+    }
+    # 6 slots of 512 x 64 x 64 x 3 bytes: 36 MiB of the 64
+    with FastLoader(image_folder, batch_size=512, daemon=address, **big) as first:
+        status = shared_daemon.status()
+        left_mib = round((status["budget_bytes"] - status["used_bytes"]) / 2**20)
+        segments = shared_daemon.segments()
+        for batch_size, need_mib in ((512, 36), (4096, 288)):
+            with pytest.raises(DaemonError, match=_REFUSED) as refused:
+                FastLoader(image_folder, batch_size=batch_size, daemon=address, **big)
+            match = _REFUSED.search(str(refused.value))
+            assert match is not None
+            assert (int(match.group(1)), int(match.group(2))) == (need_mib, left_mib), str(refused.value)
+            assert "--memory-budget" in str(refused.value)
+        assert shared_daemon.segments() == segments, "a refused session left segments"
+        assert len(shared_daemon.sessions()) == 1
+        assert [len(y) for _, y in first] == [24]
+    # Once the first session is gone, the second fits.
+    with FastLoader(image_folder, batch_size=512, daemon=address, **big) as second:
+        assert [len(y) for _, y in second] == [24]
+
+
+# ---------------------------------------------------------------------------------------------
+# `fastload status`, no daemon, a second daemon
+
+
+def test_status_lists_the_sessions(
+    shared_daemon: DaemonProcess, image_folder: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with FastLoader(
+        image_folder, batch_size=4, transform=RESIZE, device="cpu", num_workers=1,
+        daemon=shared_daemon.address, rank=1, world_size=2,
+    ) as loader:
+        next(iter(loader))
+        assert main(["status", "--address", shared_daemon.address]) == 0
+    out = capfd.readouterr().out
+    assert f"fastload daemon pid {shared_daemon.pid}: 2 workers" in out
+    assert "1 session(s)" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().endswith(str(image_folder))]
+    assert len(rows) == 1, out
+    assert rows[0][1:3] == [str(os.getpid()), "1/2"], out
+    assert int(rows[0][3]) >= 4  # images loaded so far
+
+
+def test_status_without_a_daemon_exits_non_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--address", f"ipc://{tmp_path}/daemon.sock"]) == 1
+    assert "no fastload daemon is running" in capsys.readouterr().err
+    # The command itself, at this user's default address.
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    result = subprocess.run(
+        [sys.executable, "-m", "fastload", "status"], capture_output=True, text=True, timeout=30,
+        env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+    )
+    assert result.returncode == 1
+    assert f"no fastload daemon is running at ipc://{runtime}/fastload/daemon.sock" in result.stderr
+
+
+def test_loader_with_no_daemon_fails_at_once_saying_to_start_one(
+    tmp_path: Path, image_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def attach(address: str) -> None:
+        start = time.monotonic()
+        with pytest.raises(DaemonError, match=r"fastload serve"):
+            FastLoader(image_folder, batch_size=4, transform=RESIZE, device="cpu", daemon=address)
+        assert time.monotonic() - start < 2.0
+
+    attach(f"ipc://{tmp_path}/daemon.sock")  # no socket at all
+    # A stale socket file, as a daemon killed with SIGKILL leaves: nothing listens on it.
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(stale))
+    assert stale.exists()
+    attach(f"ipc://{stale}")
+    # daemon="default": this user's runtime directory.
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    attach("default")
+
+
+def test_second_daemon_on_the_same_socket_dir_refuses(shared_daemon: DaemonProcess) -> None:
+    result = subprocess.run(
+        serve_command(shared_daemon.socket_dir, workers=1), capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 1, result.stderr
+    assert f"already running (pid {shared_daemon.pid}" in result.stderr
+    # ...and took nothing away from the first one.
+    assert shared_daemon.pid_path.read_text().strip() == str(shared_daemon.pid)
+    assert shared_daemon.status()["pid"] == shared_daemon.pid
