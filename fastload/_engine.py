@@ -89,6 +89,8 @@ def raise_failure(failure: Failure) -> NoReturn:
     """Raise the trainer-side error for a worker's Failure."""
     if failure.seq < 0:
         raise WorkerError(f"a worker could not start: {failure.message}\n{failure.traceback}")
+    if failure.exc_type == WorkerError.__name__:  # the task kept killing workers (see Engine)
+        raise WorkerError(failure.message)
     raise SampleError(
         failure.message,
         path=failure.path,
@@ -130,6 +132,8 @@ class Engine:
         self._sock.bind(self._address)
         self._workers: dict[bytes, _Worker] = {}
         self._queue: deque[Task] = deque()
+        # Failures found by supervision (a task that kept killing workers), returned by drain().
+        self._supervision_events: list[Event] = []
         # What every worker must be told, per job, before its tasks: JOB and LAYOUT messages.
         self._announcements: dict[int, list[list[bytes]]] = {}
         self._generation = itertools.count()
@@ -222,7 +226,7 @@ class Engine:
 
     def drain(self) -> list[Event]:
         """Handle every reply already waiting (never blocks), then dispatch queued tasks."""
-        events: list[Event] = []
+        events, self._supervision_events = self._supervision_events, []
         while True:
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
@@ -250,6 +254,8 @@ class Engine:
             events = self.drain() if self._sock.poll(wait_ms) else []
             if time.monotonic() - self._last_liveness >= _LIVENESS_INTERVAL_S or not events:
                 self.supervise()
+                events.extend(self._supervision_events)
+                self._supervision_events = []
             if events or time.monotonic() >= deadline:
                 return events
 
@@ -293,11 +299,9 @@ class Engine:
                 task = lost[0]
                 task.deaths += 1
                 if task.deaths >= MAX_DEATHS_PER_TASK:
-                    raise WorkerError(
-                        f"batch {task.batch_index} (samples {task.indices[:8].tolist()}...) killed "
-                        f"{task.deaths} worker processes in a row (last exit code {code}"
-                        f"{_signal_name(code)}); a sample probably crashes the decoder"
-                    )
+                    # Fail this task only (in a daemon, only its session): the pool carries on.
+                    lost = []
+                    self._supervision_events.append(self._poisoned(task, code))
             for task in reversed(lost):
                 self._queue.appendleft(task)
             if not worker.ready and not lost and code != 0:
@@ -306,6 +310,21 @@ class Engine:
                     f"{_signal_name(code)} before it was ready; see its output above"
                 )
             self._spawn(worker.worker_id)
+
+    @staticmethod
+    def _poisoned(task: Task, code: int) -> Failure:
+        return Failure(
+            seq=task.seq,
+            message=(
+                f"batch {task.batch_index} (samples {task.indices[:8].tolist()}...) killed "
+                f"{task.deaths} worker processes in a row (last exit code {code}{_signal_name(code)}); "
+                "a sample probably crashes the decoder"
+            ),
+            path="",
+            index=int(task.indices[0]) if len(task.indices) else -1,
+            exc_type=WorkerError.__name__,
+            traceback="",
+        )
 
     def close(self) -> None:
         """Stop every worker (politely, then by force) and remove the socket."""
