@@ -25,7 +25,7 @@ from fastload._errors import DaemonError
 from fastload._layout import BatchLayout
 from fastload._protocol import Done, Failure
 from fastload._ring import Ring
-from fastload._shm import Segment
+from fastload._shm import Segment, pid_alive
 
 CONNECT_TIMEOUT_S = 5.0
 _PING_EVERY_S = 1.0
@@ -186,7 +186,7 @@ class DaemonSession:
         now = time.monotonic()
         if self._local:
             pid = getattr(self, "welcome", None)
-            if pid is not None and not _pid_alive(pid.daemon_pid):
+            if pid is not None and not pid_alive(pid.daemon_pid):
                 raise DaemonError(
                     f"the fastload daemon (pid {pid.daemon_pid}) is gone; restart it with `fastload serve` "
                     "and resume from your loader's last state_dict()"
@@ -257,15 +257,6 @@ class DaemonSession:
         self._sock.close(0)
         self._ctx.term()
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _set_curve_client(sock: zmq.Socket) -> None:  # type: ignore[type-arg]

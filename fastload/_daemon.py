@@ -34,7 +34,7 @@ from fastload._engine import Engine, Event, Task
 from fastload._errors import ConfigError, DaemonError, FastloadError
 from fastload._jobs import FolderJob
 from fastload._protocol import Done, Failure
-from fastload._shm import Segment, preflight, reap_orphans
+from fastload._shm import Segment, pid_alive, preflight, reap_orphans
 from fastload._sources import ImageFolderIndex
 from fastload.transforms import compile_transforms, from_config
 
@@ -136,7 +136,7 @@ class Daemon:
                 other = int(f.read().strip() or 0)
         except (OSError, ValueError):
             other = 0
-        if other and other != os.getpid() and _alive(other):
+        if other and other != os.getpid() and pid_alive(other):
             raise DaemonError(f"a fastload daemon is already running (pid {other}, socket {self.sock_path})")
         # A daemon killed with SIGKILL left these behind: take them over.
         for stale in (self.sock_path, self.pid_path):
@@ -475,7 +475,7 @@ class Daemon:
 
     def _reap_dead_sessions(self) -> None:
         for session in list(self._sessions.values()):
-            if session.local and not _alive(session.pid):
+            if session.local and not pid_alive(session.pid):
                 log.info("session %d: trainer pid %d is gone; reclaiming it", session.id, session.pid)
                 self._end_session(session)
 
@@ -531,12 +531,3 @@ class _AllowList:
     def callback(self, domain: str, key: bytes) -> bool:
         return key in self._keys
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

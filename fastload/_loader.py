@@ -56,6 +56,12 @@ class FastLoader:
 
     Batches depend only on (seed, epoch): the same for every `num_workers`. Each new iteration
     starts the next epoch unless `set_epoch` says which.
+
+    Folder-only options: `daemon="default"` (or "ipc://PATH") attaches to a running
+    `fastload serve` instead of starting workers (same batches, bit for bit); `rank` and
+    `world_size` (default: torch.distributed's RANK and WORLD_SIZE) give this process its
+    DistributedSampler-style shard. `summary=True` prints a per-stage table when the loader closes;
+    `stats()` returns the counters `fastload iostat` shows.
     """
 
     def __init__(

@@ -21,6 +21,7 @@ import signal
 import stat
 import threading
 import weakref
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -116,7 +117,8 @@ def unlink(name: str) -> None:
         os.unlink(os.path.join(SHM_DIR, name))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while a process with this pid exists (someone else's counts too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -126,13 +128,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def reap_orphans() -> list[str]:
-    """Unlink this user's segments whose creating process is gone; return their names."""
-    reaped: list[str] = []
+def own_segments() -> Iterator[tuple[os.DirEntry[str], int]]:
+    """This user's fastload segments in /dev/shm, each with the pid of the process that made it."""
     try:
         entries = list(os.scandir(SHM_DIR))
     except OSError:
-        return reaped
+        return
     uid = os.getuid()
     for entry in entries:
         match = _NAME_RE.match(entry.name)
@@ -143,7 +144,14 @@ def reap_orphans() -> list[str]:
                 continue
         except OSError:
             continue
-        if not _pid_alive(int(match.group(1))):
+        yield entry, int(match.group(1))
+
+
+def reap_orphans() -> list[str]:
+    """Unlink this user's segments whose creating process is gone; return their names."""
+    reaped: list[str] = []
+    for entry, owner in own_segments():
+        if not pid_alive(owner):
             unlink(entry.name)
             reaped.append(entry.name)
     return reaped

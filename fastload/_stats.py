@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastload._shm import SHM_DIR, STATS_TAG, Segment
+from fastload._shm import STATS_TAG, Segment, own_segments, pid_alive
 
 MAGIC = b"FLSTATS1"
 VERSION = 1
@@ -157,23 +157,14 @@ def _parse(buf: memoryview | bytes | bytearray | object) -> LoaderStats:
 def find_loaders() -> dict[str, LoaderStats]:
     """Every live loader of this user: statistics block name -> snapshot."""
     found: dict[str, LoaderStats] = {}
-    try:
-        entries = list(os.scandir(SHM_DIR))
-    except OSError:
-        return found
-    uid = os.getuid()
-    for entry in entries:
-        if f"_{STATS_TAG}" not in entry.name or not entry.name.startswith("fastload_"):
-            continue
+    for entry, owner in own_segments():
+        if f"_{STATS_TAG}" not in entry.name or not pid_alive(owner):
+            continue  # not a statistics block, or its owner died (the next loader start reaps it)
         try:
-            if entry.stat().st_uid != uid:
-                continue
             with open(entry.path, "rb") as f:
-                stats = _parse(f.read(BLOCK_BYTES))
-            os.kill(stats.pid, 0)
+                found[entry.name] = _parse(f.read(BLOCK_BYTES))
         except (OSError, ValueError):
-            continue  # gone, foreign, or its owner died (the next loader start reaps it)
-        found[entry.name] = stats
+            continue  # gone meanwhile, or not (yet) a valid block
     return found
 
 
