@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import zmq
 
 from fastload import _wire as wire
@@ -115,6 +116,11 @@ class DaemonSession:
         self._sock.connect(address)
         self._events: deque[Event] = deque()
         self._in_flight: set[int] = set()
+        # Over TCP the daemon's slots are on another machine: the trainer keeps a ring of its own
+        # (local slot name -> the daemon's slot it mirrors) and copies each batch's bytes into it.
+        self._remote_slots: dict[str, str] = {}
+        self._local_segments: dict[str, Segment] = {}
+        self._rows: dict[int, tuple[str, int]] = {}  # seq -> (local slot, first row)
         self._last_heard = time.monotonic()
         self._last_ping = 0.0
         self._closed = False
@@ -146,7 +152,25 @@ class DaemonSession:
         op, fields = wire.decode(frames[0])
         if op == "error":
             raise DaemonError(f"the daemon at {self.address} refused: {fields['message']}")
+        if op == "done" and not self._local:
+            self._copy_in(fields, frames[1:])
         return op, fields
+
+    def _copy_in(self, fields: dict[str, Any], payload: list[bytes]) -> None:
+        """Write a remote batch's bytes (one frame per leaf, its rows only) into the local slot."""
+        where = self._rows.pop(fields["seq"], None)
+        if where is None:
+            raise wire.WireError("a done message for a task this session did not send")
+        name, row = where
+        layout, count = self.welcome.layout, fields["count"]
+        if len(payload) != len(layout.leaves) or count < 0 or row + count > layout.batch_size:
+            raise wire.WireError("a remote batch does not match the session's layout")
+        for array, leaf, frame in zip(
+            layout.arrays(self._local_segments[name].buf), layout.leaves, payload, strict=True
+        ):
+            if len(frame) != count * leaf.nbytes:
+                raise wire.WireError("a remote batch frame has the wrong size")
+            array[row : row + count] = np.frombuffer(frame, dtype=array.dtype).reshape((count, *leaf.shape))
 
     def _wait_for(self, ops: tuple[str, ...], timeout_s: float) -> tuple[str, dict[str, Any]]:
         """Wait for a reply whose op is in `ops`, keeping batch events that arrive meanwhile."""
@@ -199,14 +223,23 @@ class DaemonSession:
             self._send("ping")
 
     def attach_ring(self) -> Ring:
-        """The session's ring, attached (the daemon owns and unlinks it)."""
-        segments = [Segment.attach(name) for name in self.welcome.slots]
+        """The session's ring: the daemon's, attached (it owns and unlinks it); over TCP, a local
+        mirror of it that this process owns."""
+        segments = [self._slot(name) for name in self.welcome.slots]
         return Ring(self.welcome.slot_bytes, len(segments), allocate=self._grow, initial=segments)
+
+    def _slot(self, daemon_name: str) -> Segment:
+        if self._local:
+            return Segment.attach(daemon_name)
+        segment = Segment.create(self.welcome.slot_bytes)
+        self._remote_slots[segment.name] = daemon_name
+        self._local_segments[segment.name] = segment
+        return segment
 
     def _grow(self, slot_bytes: int) -> Segment:
         self._send("grow")
         _, fields = self._wait_for(("slot",), CONNECT_TIMEOUT_S)
-        return Segment.attach(fields["name"])
+        return self._slot(fields["name"])
 
     # -- the executor interface (see fastload._engine.Engine) --------------------------------
 
@@ -223,13 +256,17 @@ class DaemonSession:
 
     def submit(self, task: Task) -> None:
         self._in_flight.add(task.seq)
+        slot = task.slot_name
+        if not self._local:
+            self._rows[task.seq] = (slot, task.row)
+            slot = self._remote_slots[slot]
         self._send(
             "task",
             task.indices.astype("<i8", copy=False).tobytes(),
             seq=task.seq,
             epoch=task.epoch,
             batch_index=task.batch_index,
-            slot=task.slot_name,
+            slot=slot,
             row=task.row,
         )
 
@@ -256,7 +293,6 @@ class DaemonSession:
             self._send("bye")
         self._sock.close(0)
         self._ctx.term()
-
 
 
 def _set_curve_client(sock: zmq.Socket) -> None:  # type: ignore[type-arg]

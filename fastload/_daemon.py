@@ -12,6 +12,8 @@ Loop: poll the client sockets and the workers' socket; on SIGTERM/SIGINT stop ac
 finish the tasks in flight, then exit, unlinking every segment and the socket.
 Security: the ipc socket is in a 0700 directory; a TCP listener exists only when asked for, and
 then requires CURVE; every message is validated (`_wire`), and malformed ones get an error reply.
+A TCP session's batches cannot be mapped by its trainer: each `done` carries the batch's rows as
+zero-copy views of the slot, and the session is reclaimed after 120 s without a word.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from fastload._client import private_dir, runtime_dir
 from fastload._engine import Engine, Event, Task
 from fastload._errors import ConfigError, DaemonError, FastloadError
 from fastload._jobs import FolderJob
+from fastload._layout import BatchLayout
 from fastload._protocol import Done, Failure
 from fastload._shm import Segment, pid_alive, preflight, reap_orphans
 from fastload._sources import ImageFolderIndex
@@ -44,6 +47,8 @@ _POLL_MS = 100
 _LIVENESS_S = 1.0
 _DRAIN_LIMIT_S = 30.0
 _MAX_SLOTS_PER_SESSION = 256
+# A TCP trainer has no pid we can check: a session silent this long is taken as gone.
+_REMOTE_IDLE_S = 120.0
 _MAX_PID = 2**31 - 1  # pid_t; os.kill() refuses larger numbers
 
 
@@ -80,6 +85,9 @@ class _Session:
     started: float = field(default_factory=time.monotonic)
     images: int = 0
     last_batch: int = -1
+    layout: BatchLayout | None = None
+    task_rows: dict[int, tuple[str, int]] = field(default_factory=dict)  # TCP: daemon seq -> (slot, row)
+    last_heard: float = field(default_factory=time.monotonic)
 
     @property
     def memory(self) -> int:
@@ -250,14 +258,17 @@ class Daemon:
                 log.exception("error while handling a client message")
                 self._reply(sock, identity, "error", message=f"internal error: {type(e).__name__}: {e}")
 
-    def _reply(self, sock: Any, identity: bytes, op: str, *extra: bytes, **fields: Any) -> None:
+    def _reply(self, sock: Any, identity: bytes, op: str, *extra: Any, **fields: Any) -> None:
+        # copy=False: a TCP batch's frames are views of its slot; pyzmq copies small frames anyway.
         with contextlib.suppress(zmq.ZMQError):
-            sock.send_multipart([identity, wire.encode(op, **fields), *extra])
+            sock.send_multipart([identity, wire.encode(op, **fields), *extra], copy=not extra)
 
     def _handle(
         self, sock: Any, identity: bytes, local: bool, op: str, fields: dict[str, Any], extra: list[bytes]
     ) -> None:
         session = self._by_identity.get((id(sock), identity))
+        if session is not None:
+            session.last_heard = time.monotonic()
         if op == "hello":
             if session is not None:
                 raise wire.WireError("this connection already has a session")
@@ -290,8 +301,6 @@ class Daemon:
             raise DaemonError("the daemon is shutting down and accepts no new sessions")
         if len(self._sessions) >= self.config.max_sessions:
             raise DaemonError(f"the daemon already serves {self.config.max_sessions} sessions")
-        if not local:
-            raise DaemonError("sessions over TCP are not supported yet: run the trainer on this machine")
         batch_size, prefetch = f["batch_size"], f["prefetch"]
         if not (1 <= batch_size <= wire.MAX_BATCH and 1 <= prefetch <= 64):
             raise ConfigError(f"batch_size must be 1..{wire.MAX_BATCH} and prefetch 1..64")
@@ -335,6 +344,7 @@ class Daemon:
             segments={},
             slot_bytes=job.layout.slot_bytes,
             batch_size=batch_size,
+            layout=job.layout,
         )
         try:
             for _ in range(slots):
@@ -419,6 +429,8 @@ class Daemon:
         seq = next(self._seqs)
         session.client_seq[seq] = f["seq"]
         self._seq_owner[seq] = session
+        if not session.local:
+            session.task_rows[seq] = (f["slot"], f["row"])
         session.pending.append(
             Task(
                 seq, f["epoch"], f["batch_index"], indices.copy(), f["slot"], job_id=session.id, row=f["row"]
@@ -447,12 +459,14 @@ class Daemon:
             if session is None or session.id not in self._sessions:
                 continue
             client_seq = session.client_seq.pop(event.seq)
+            rows = session.task_rows.pop(event.seq, None)
             if isinstance(event, Done):
                 session.images += event.count
                 self._reply(
                     session.sock,
                     session.identity,
                     "done",
+                    *(self._payload(session, rows, event.count) if rows is not None else ()),
                     seq=client_seq,
                     count=event.count,
                     read_ns=event.read_ns,
@@ -473,10 +487,31 @@ class Daemon:
                     traceback=event.traceback,
                 )
 
+    @staticmethod
+    def _payload(session: _Session, rows: tuple[str, int], count: int) -> list[Any]:
+        """A TCP session's batch: each leaf's written rows, as views of the slot (sent zero-copy;
+        the slot is only reused after the trainer has received them and sent a new task)."""
+        assert session.layout is not None
+        name, row = rows
+        view = memoryview(session.segments[name].buf)
+        frames = []
+        for leaf, offset in zip(session.layout.leaves, session.layout.offsets, strict=True):
+            start = offset + row * leaf.nbytes
+            frames.append(view[start : start + count * leaf.nbytes])
+        return frames
+
     def _reap_dead_sessions(self) -> None:
+        now = time.monotonic()
         for session in list(self._sessions.values()):
             if session.local and not pid_alive(session.pid):
                 log.info("session %d: trainer pid %d is gone; reclaiming it", session.id, session.pid)
+                self._end_session(session)
+            elif not session.local and now - session.last_heard > _REMOTE_IDLE_S:
+                log.info(
+                    "session %d: no word from its TCP trainer for %.0f s; reclaiming it",
+                    session.id,
+                    _REMOTE_IDLE_S,
+                )
                 self._end_session(session)
 
     def _end_session(self, session: _Session, notify_engine: bool = True) -> None:
@@ -530,4 +565,3 @@ class _AllowList:
 
     def callback(self, domain: str, key: bytes) -> bool:
         return key in self._keys
-

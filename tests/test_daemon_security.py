@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
+import torch
 import zmq
 from daemon_helpers import (
     RESIZE,
@@ -41,6 +42,7 @@ from hypothesis import strategies as st
 
 from fastload import DaemonError, FastLoader
 from fastload import _wire as wire
+from fastload import transforms as T
 from fastload._client import runtime_dir
 
 pytestmark = pytest.mark.timeout(90)
@@ -236,9 +238,37 @@ def test_tcp_listener_answers_only_allowed_curve_keys(daemon_pool: DaemonPool, t
     assert ask("stop", (client_public, client_secret)) == (
         "error", {"message": "stop is only accepted on the local socket"}
     )
-    reply = ask("hello", (client_public, client_secret))
-    assert reply is not None and reply[0] == "error" and "over TCP are not supported" in reply[1]["message"]
+    assert ask("hello", (stranger_public, stranger_secret)) is None  # no session for a stranger either
     assert daemon.status()["pid"] == daemon.pid
+
+
+def test_tcp_session_gets_the_local_batches(
+    daemon_pool: DaemonPool, tmp_path: Path, image_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CURVE-authenticated trainer over TCP gets every batch bit for bit as in local mode (the
+    bytes travel in the done messages into a ring the trainer owns)."""
+    server_public, server_secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    port = _free_port()
+    config = _write_config(
+        tmp_path / "fastload.toml", curve_public_key=server_public.decode(),
+        curve_secret_key=server_secret.decode(), curve_clients=[client_public.decode()],
+    )
+    daemon_pool.start(workers=2, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)])
+    monkeypatch.setenv("FASTLOAD_CURVE_SERVER_KEY", server_public.decode())
+    monkeypatch.setenv("FASTLOAD_CURVE_PUBLIC_KEY", client_public.decode())
+    monkeypatch.setenv("FASTLOAD_CURVE_SECRET_KEY", client_secret.decode())
+    kw: dict[str, Any] = dict(
+        batch_size=5, shuffle=True, seed=11, device="cpu", drop_last=False,
+        transform=[T.RandomResizedCrop(48), T.RandomHorizontalFlip()],
+    )
+    with FastLoader(image_folder, num_workers=2, **kw) as local:
+        expected = [(x.clone(), y.clone()) for x, y in local]
+    with FastLoader(image_folder, daemon=f"tcp://127.0.0.1:{port}", **kw) as remote:
+        got = list(remote)
+    assert len(got) == len(expected)
+    for (x, y), (ex, ey) in zip(got, expected, strict=True):
+        assert torch.equal(x, ex) and torch.equal(y, ey)
 
 
 # ---------------------------------------------------------------------------------------------
