@@ -132,6 +132,7 @@ class Engine:
         self._sock.bind(self._address)
         self._workers: dict[bytes, _Worker] = {}
         self._queue: deque[Task] = deque()
+        self._startup_deaths = 0  # workers that died before READY, in a row: 3 means it cannot start
         # Failures found by supervision (a task that kept killing workers), returned by drain().
         self._supervision_events: list[Event] = []
         # What every worker must be told, per job, before its tasks: JOB and LAYOUT messages.
@@ -267,6 +268,7 @@ class Engine:
         kind = body[0]
         if kind == proto.READY:
             worker.ready = True
+            self._startup_deaths = 0
             for messages in self._announcements.values():
                 for frames in messages:
                     self._send(worker, frames)
@@ -305,9 +307,12 @@ class Engine:
             for task in reversed(lost):
                 self._queue.appendleft(task)
             if not worker.ready and not lost and code != 0:
+                self._startup_deaths += 1
+            if self._startup_deaths >= MAX_DEATHS_PER_TASK:
                 raise WorkerError(
-                    f"worker {worker.worker_id} (pid {worker.process.pid}) exited with code {code}"
-                    f"{_signal_name(code)} before it was ready; see its output above"
+                    f"{self._startup_deaths} workers in a row exited before they were ready (the last, "
+                    f"worker {worker.worker_id} pid {worker.process.pid}, with code {code}"
+                    f"{_signal_name(code)}); see their output above"
                 )
             self._spawn(worker.worker_id)
 
