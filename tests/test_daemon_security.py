@@ -201,18 +201,27 @@ def test_listen_without_curve_keys_refuses_to_start(tmp_path: Path, keys: str) -
         s.bind(("127.0.0.1", port))  # nobody took the port
 
 
-def test_tcp_listener_answers_only_allowed_curve_keys(daemon_pool: DaemonPool, tmp_path: Path) -> None:
+def _curve_daemon(
+    daemon_pool: DaemonPool, tmp_path: Path, workers: int
+) -> tuple[DaemonProcess, int, bytes, tuple[bytes, bytes]]:
+    """A daemon listening on loopback TCP with CURVE; returns it, its port, its public key and
+    the one allowed client's key pair."""
     server_public, server_secret = zmq.curve_keypair()
-    client_public, client_secret = zmq.curve_keypair()
-    stranger_public, stranger_secret = zmq.curve_keypair()
+    client_keys = zmq.curve_keypair()
     port = _free_port()
     config = _write_config(
         tmp_path / "fastload.toml", curve_public_key=server_public.decode(),
-        curve_secret_key=server_secret.decode(), curve_clients=[client_public.decode()],
+        curve_secret_key=server_secret.decode(), curve_clients=[client_keys[0].decode()],
     )
     daemon = daemon_pool.start(
-        workers=1, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)]
+        workers=workers, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)]
     )
+    return daemon, port, server_public, client_keys
+
+
+def test_tcp_listener_answers_only_allowed_curve_keys(daemon_pool: DaemonPool, tmp_path: Path) -> None:
+    daemon, port, server_public, (client_public, client_secret) = _curve_daemon(daemon_pool, tmp_path, 1)
+    stranger_public, stranger_secret = zmq.curve_keypair()
     listening = [addr for addr, state in _tcp_sockets(daemon.pid) if state == "LISTEN"]
     assert listening == [f"0100007F:{port:04X}"]
 
@@ -247,14 +256,7 @@ def test_tcp_session_gets_the_local_batches(
 ) -> None:
     """A CURVE-authenticated trainer over TCP gets every batch bit for bit as in local mode (the
     bytes travel in the done messages into a ring the trainer owns)."""
-    server_public, server_secret = zmq.curve_keypair()
-    client_public, client_secret = zmq.curve_keypair()
-    port = _free_port()
-    config = _write_config(
-        tmp_path / "fastload.toml", curve_public_key=server_public.decode(),
-        curve_secret_key=server_secret.decode(), curve_clients=[client_public.decode()],
-    )
-    daemon_pool.start(workers=2, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)])
+    _, port, server_public, (client_public, client_secret) = _curve_daemon(daemon_pool, tmp_path, 2)
     monkeypatch.setenv("FASTLOAD_CURVE_SERVER_KEY", server_public.decode())
     monkeypatch.setenv("FASTLOAD_CURVE_PUBLIC_KEY", client_public.decode())
     monkeypatch.setenv("FASTLOAD_CURVE_SECRET_KEY", client_secret.decode())
