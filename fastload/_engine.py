@@ -369,9 +369,10 @@ def _signal_name(code: int) -> str:
 class InlineExecutor:
     """Runs tasks in the caller's process (num_workers=0), with the Engine's interface."""
 
-    def __init__(self, job: FolderJob | DatasetJob, *, resolve_slot: Callable[[str], Any]) -> None:
+    def __init__(self, job: FolderJob | DatasetJob) -> None:
         self._job = job
-        self._resolve_slot = resolve_slot
+        # slot name -> its buffer; set by the pipeline once its ring exists
+        self.resolve_slot: Callable[[str], Any] | None = None
         self._layout: BatchLayout | None = job.layout if isinstance(job, FolderJob) else None
         self._queue: deque[Task] = deque()
 
@@ -408,7 +409,8 @@ class InlineExecutor:
                     )
                 ]
             assert self._layout is not None
-            arrays = [a[task.row :] for a in self._layout.arrays(self._resolve_slot(task.slot_name))]
+            assert self.resolve_slot is not None
+            arrays = [a[task.row :] for a in self._layout.arrays(self.resolve_slot(task.slot_name))]
             if isinstance(job, FolderJob):
                 return [job.run(task.seq, task.epoch, task.batch_index, task.indices, arrays)]
             return [job.run(task.seq, task.epoch, task.batch_index, task.indices, arrays, self._layout, True)]

@@ -105,22 +105,21 @@ class Pipeline:
                 worker_init_fn=config.worker_init_fn,
             )
         else:
-            self.executor = InlineExecutor(job, resolve_slot=self._slot_buffer)
+            self.executor = InlineExecutor(job)
         self.stats = StatsWriter(
             config.dataset_label, "daemon" if session is not None else "local", config.device.type,
             self.workers, config.batch_size,
         )
         self._slot_wait_since: float | None = None
         # Closed in reverse order of creation: delivery, ring, then the executor's workers.
+        # NOTE [no reference back]: nothing in this list may refer to the pipeline itself (no
+        # bound methods of it), or the finalizer would keep it alive and a loader dropped without
+        # close() would keep its workers and segments until the interpreter exits.
         self._resources: list[Any] = [self.executor, self.stats]
         self._finalizer = weakref.finalize(self, _close_all, self._resources)
         if session is not None:  # the daemon fixed the layout and made the ring
             self.layout = session.welcome.layout
             self._build_ring(session.attach_ring())
-
-    def _slot_buffer(self, name: str) -> memoryview:
-        assert self.ring is not None
-        return self.ring.buffer(name)
 
     def next_seq(self) -> int:
         return next(self._seqs)
@@ -155,9 +154,11 @@ class Pipeline:
         assert self.layout is not None
         self.ring = ring
         self._resources.append(ring)
+        if isinstance(self.executor, InlineExecutor):
+            self.executor.resolve_slot = ring.buffer
         self.delivery = make_delivery(
             ring, self.layout, self.config.images, self.config.device, self.config.pin_memory,
-            on_copied=self._copied,
+            on_copied=self.stats.copied,
         )
         self._resources.append(self.delivery)
 
@@ -193,10 +194,6 @@ class Pipeline:
             self._part_of[part] = seq
             self.executor.submit(Task(part, epoch, batch_index, indices[row:end], slot_name, row=int(row)))
         return True
-
-    def _copied(self, seconds: float) -> None:
-        self.stats.add("h2d_ns", int(seconds * 1e9))
-        self.stats.add("h2d_batches", 1)
 
     def _split_count(self, n: int) -> int:
         """How many tasks to make of a batch of `n`: one, unless the pool is idle (cold start)."""

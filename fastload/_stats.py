@@ -112,6 +112,11 @@ class StatsWriter:
     def set(self, name: str, value: int) -> None:
         self._c[_INDEX[name]] = value
 
+    def copied(self, seconds: float) -> None:
+        """One host-to-device copy completed, taking `seconds` (timed by CUDA events)."""
+        self.add("h2d_ns", int(seconds * 1e9))
+        self.add("h2d_batches", 1)
+
     def snapshot(self) -> LoaderStats:
         return _parse(self.segment.buf)
 

@@ -8,14 +8,19 @@ context manager, and close() is idempotent and final.
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
+import os
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import fastload_segments, pid_alive, wait_until
 from torch.utils.data import Dataset
 
 import fastload
+from fastload import FastLoader
 from fastload import transforms as T
 
 ERRORS = ["ConfigError", "DatasetError", "LoaderTimeout", "SampleError", "SharedMemoryError", "WorkerError"]
@@ -115,3 +120,18 @@ def test_loader_attributes_like_dataloader() -> None:
         assert loader.dataset is dataset
         assert (loader.batch_size, loader.drop_last, loader.num_workers, loader.seed) == (4, True, 0, 5)
         assert len(loader) == 1
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_dropped_without_close_is_cleaned_up_when_collected(
+    image_folder: Path, num_workers: int
+) -> None:
+    # DataLoader users often just drop a loader: its workers and shared memory must not outlive it.
+    loader = FastLoader(image_folder, batch_size=4, num_workers=num_workers, device="cpu",
+                        transform=[T.CenterCrop(32)])
+    batch = next(iter(loader))
+    pids = loader.worker_pids
+    del loader, batch
+    gc.collect()
+    assert wait_until(lambda: not any(pid_alive(p) for p in pids), 10.0)
+    assert not fastload_segments(os.getpid())
