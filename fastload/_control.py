@@ -142,11 +142,16 @@ def status(address: str | None, out: TextIO | None = None) -> int:
         f"{', draining' if s['draining'] else ''}, {len(s['sessions'])} session(s)\n"
     )
     if s["sessions"]:
-        out.write(f"{'session':>7} {'pid':>7} {'rank':>7} {'images':>9} {'img/s':>8} {'MiB':>6}  dataset\n")
+        out.write(
+            f"{'session':>7} {'pid':>7} {'rank':>7} {'epoch.batch':>11} {'images':>9} {'img/s':>8} "
+            f"{'MiB':>6}  dataset\n"
+        )
         for x in s["sessions"]:
+            position = f"{x['epoch']}.{x['batch']}" if x["batch"] >= 0 else "-"
             out.write(
-                f"{x['session']:>7} {x['pid']:>7} {x['rank']:>3}/{x['world_size']:<3} {x['images']:>9} "
-                f"{x['images_per_s']:>8.0f} {x['memory_bytes'] / 2**20:>6.0f}  {x['dataset']}\n"
+                f"{x['session']:>7} {x['pid']:>7} {x['rank']:>3}/{x['world_size']:<3} {position:>11} "
+                f"{x['images']:>9} {x['images_per_s']:>8.0f} {x['memory_bytes'] / 2**20:>6.0f}  "
+                f"{x['dataset']}\n"
             )
     return 0
 

@@ -84,7 +84,8 @@ class _Session:
     client_seq: dict[int, int] = field(default_factory=dict)  # daemon seq -> trainer seq
     started: float = field(default_factory=time.monotonic)
     images: int = 0
-    last_batch: int = -1
+    epoch: int = -1  # the newest (epoch, batch) the trainer asked for: its position
+    batch: int = -1
     layout: BatchLayout | None = None
     task_rows: dict[int, tuple[str, int]] = field(default_factory=dict)  # TCP: daemon seq -> (slot, row)
     last_heard: float = field(default_factory=time.monotonic)
@@ -426,6 +427,7 @@ class Daemon:
             raise wire.WireError(
                 f"rows {f['row']}..{f['row'] + len(indices)} exceed the batch of {session.batch_size}"
             )
+        session.epoch, session.batch = max((session.epoch, session.batch), (f["epoch"], f["batch_index"]))
         seq = next(self._seqs)
         session.client_seq[seq] = f["seq"]
         self._seq_owner[seq] = session
@@ -544,6 +546,8 @@ class Daemon:
                     "memory_bytes": s.memory,
                     "images_per_s": s.images / max(now - s.started, 1e-9),
                     "queued": len(s.pending),
+                    "epoch": s.epoch,
+                    "batch": s.batch,
                 }
                 for s in self._sessions.values()
             ],

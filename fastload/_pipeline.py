@@ -75,7 +75,6 @@ class Pipeline:
         self, job: FolderJob | DatasetJob | None, config: PipelineConfig, session: DaemonSession | None = None
     ) -> None:
         """Run `job` on local workers (or inline), or, given a daemon `session`, on the daemon's pool."""
-        self.job = job
         self.config = config
         self.layout: BatchLayout | None = job.layout if isinstance(job, FolderJob) else None
         self.opaque = False

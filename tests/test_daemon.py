@@ -243,7 +243,8 @@ def test_status_lists_the_sessions(
     rows = [line.split() for line in out.splitlines() if line.strip().endswith(str(image_folder))]
     assert len(rows) == 1, out
     assert rows[0][1:3] == [str(os.getpid()), "1/2"], out
-    assert int(rows[0][3]) >= 4  # images loaded so far
+    assert rows[0][3].startswith("0."), out  # position: epoch 0, the newest batch asked for
+    assert int(rows[0][4]) >= 4  # images loaded so far
 
 
 def test_status_without_a_daemon_exits_non_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
