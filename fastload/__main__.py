@@ -29,6 +29,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--socket-dir", help="directory of the local socket (default: $XDG_RUNTIME_DIR/fastload)"
     )
     serve.add_argument("--dataset", action="append", dest="datasets", help="a folder to index at start")
+    serve.add_argument(
+        "--hang-timeout", type=float, help="seconds a batch may run before its worker is replaced (0: off)"
+    )
 
     for name, text in (
         ("status", "show the daemon's sessions; non-zero exit when none runs"),
@@ -74,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "listen": args.listen,
                 "socket_dir": args.socket_dir,
                 "datasets": args.datasets,
+                "hang_timeout": args.hang_timeout,
             }
             return _control.serve(args.config, overrides)
         if args.command == "status":

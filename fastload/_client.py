@@ -27,36 +27,12 @@ from fastload._layout import BatchLayout
 from fastload._protocol import Done, Failure
 from fastload._ring import Ring
 from fastload._shm import Segment, pid_alive
+from fastload._sockdir import daemon_dir_candidates
 
 CONNECT_TIMEOUT_S = 5.0
 _PING_EVERY_S = 1.0
 _TCP_SILENCE_LIMIT_S = 10.0
-
-
-def runtime_dir() -> str:
-    """This user's private fastload directory ($XDG_RUNTIME_DIR/fastload, else /tmp/fastload-UID).
-
-    Created 0700; refused if it exists but belongs to someone else or others can enter it.
-    """
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    path = os.path.join(base, "fastload") if base and os.path.isdir(base) else f"/tmp/fastload-{os.getuid()}"
-    return private_dir(path)
-
-
-def private_dir(path: str) -> str:
-    """`path` as a directory only its owner can enter: made 0700 if missing, else checked."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise DaemonError(f"cannot create the directory {path}: {e}") from e
-    st = os.lstat(path)
-    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not os.path.isdir(path) or os.path.islink(path):
-        raise DaemonError(
-            f"{path} must be a directory owned by you with mode 0700 (it is not): remove it and retry"
-        )
-    return path
+_TCP_HEARTBEAT_MS, _TCP_HEARTBEAT_TIMEOUT_MS = 5_000, 30_000
 
 
 def no_daemon_at(address: str) -> bool:
@@ -76,7 +52,14 @@ def no_daemon_at(address: str) -> bool:
 
 
 def default_address() -> str:
-    return f"ipc://{runtime_dir()}/daemon.sock"
+    """This user's daemon socket: in the standard runtime directory, or in the private fallback
+    directory a daemon used because someone else held the standard one (see `_sockdir`)."""
+    candidates = daemon_dir_candidates()
+    for directory in candidates:
+        path = os.path.join(directory, "daemon.sock")
+        if os.path.exists(path):
+            return f"ipc://{path}"
+    return f"ipc://{os.path.join(candidates[0], 'daemon.sock')}"
 
 
 def resolve_address(daemon: str) -> str:
@@ -113,6 +96,10 @@ class DaemonSession:
         self._sock.setsockopt(zmq.LINGER, 0)
         if not self._local:
             _set_curve_client(self._sock)
+            # Answered by ZeroMQ's I/O thread even while the trainer computes: the daemon keeps
+            # the session as long as this connection lives.
+            self._sock.setsockopt(zmq.HEARTBEAT_IVL, _TCP_HEARTBEAT_MS)
+            self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _TCP_HEARTBEAT_TIMEOUT_MS)
         self._sock.connect(address)
         self._events: deque[Event] = deque()
         self._in_flight: set[int] = set()
@@ -149,7 +136,7 @@ class DaemonSession:
             return None
         frames = self._sock.recv_multipart()
         self._last_heard = time.monotonic()
-        op, fields = wire.decode(frames[0])
+        op, fields = wire.decode(frames[0], wire.MAX_REPLY_HEADER_BYTES)
         if op == "error":
             raise DaemonError(f"the daemon at {self.address} refused: {fields['message']}")
         if op == "done" and not self._local:
@@ -187,6 +174,9 @@ class DaemonSession:
                 continue
             if message[0] in ops:
                 return message
+            if message[0] == "indexing":  # the daemon is indexing our folder: it is alive, wait on
+                deadline = max(deadline, time.monotonic() + timeout_s)
+                continue
             self._keep(*message)
 
     def _keep(self, op: str, fields: dict[str, Any]) -> None:

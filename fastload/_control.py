@@ -51,6 +51,7 @@ def default_budget() -> int:
 def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[str]]:
     """The DaemonConfig and datasets to warm, from a TOML file's [daemon] table plus flags."""
     from fastload._daemon import DaemonConfig
+    from fastload._indexes import IndexLimits
 
     table: dict[str, Any] = {}
     if path is not None:
@@ -69,6 +70,11 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         "curve_public_key",
         "curve_clients",
         "max_sessions",
+        "max_sessions_per_peer",
+        "hang_timeout",
+        "index_max_files",
+        "index_timeout",
+        "index_idle",
         "datasets",
     }
     unknown = set(table) - known
@@ -86,9 +92,24 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         curve_public_key=table.get("curve_public_key"),
         curve_clients=tuple(table.get("curve_clients", ())),
         max_sessions=int(table.get("max_sessions", 64)),
+        max_sessions_per_peer=int(table.get("max_sessions_per_peer", 8)),
+        hang_timeout_s=None if table.get("hang_timeout") is None else float(table["hang_timeout"]),
+        index=IndexLimits(
+            max_files=int(table.get("index_max_files", IndexLimits.max_files)),
+            timeout_s=float(table.get("index_timeout", IndexLimits.timeout_s)),
+        ),
+        index_idle_s=float(table.get("index_idle", 60.0)),
     )
     if config.workers < 1:
         raise ConfigError("the daemon needs at least one worker")
+    if config.max_sessions < 1 or config.max_sessions_per_peer < 1:
+        raise ConfigError("max_sessions and max_sessions_per_peer must be at least 1")
+    if config.hang_timeout_s is not None and not 0 <= config.hang_timeout_s < float("inf"):
+        raise ConfigError(
+            f"hang_timeout must be a number of seconds >= 0 (0: off), got {config.hang_timeout_s}"
+        )
+    if config.index.max_files < 1 or not 0 < config.index.timeout_s < float("inf") or config.index_idle_s < 0:
+        raise ConfigError("index_max_files and index_timeout must be positive, index_idle >= 0")
     return config, [str(d) for d in table.get("datasets", ())]
 
 
@@ -101,8 +122,8 @@ def serve(config_path: str | None, overrides: dict[str, Any]) -> int:
     daemon = Daemon(config)
     try:
         for path in datasets:
-            index, _ = daemon.warm(path)
-            logging.getLogger("fastload.daemon").info("warmed %s: %d images", path, len(index))
+            entry = daemon.warm(path)
+            logging.getLogger("fastload.daemon").info("warmed %s: %d images", path, len(entry.index))
     except BaseException:
         daemon.close()
         raise
@@ -141,6 +162,17 @@ def status(address: str | None, out: TextIO | None = None) -> int:
         f"memory {s['used_bytes'] / 2**20:.0f}/{s['budget_bytes'] / 2**20:.0f} MiB"
         f"{', draining' if s['draining'] else ''}, {len(s['sessions'])} session(s)\n"
     )
+    deaths = s["worker_deaths"]
+    if any(deaths.values()):
+        out.write(
+            f"workers replaced: {deaths.get('crash', 0)} crashed, {deaths.get('hang', 0)} hung, "
+            f"{deaths.get('external', 0)} killed from outside\n"
+        )
+    for d in s["datasets"]:
+        out.write(
+            f"dataset {d['path']}: {d['state']}, {d['images']} images, {d['bytes'] / 2**20:.1f} MiB, "
+            f"{d['sessions']} session(s)\n"
+        )
     if s["sessions"]:
         out.write(
             f"{'session':>7} {'pid':>7} {'rank':>7} {'epoch.batch':>11} {'images':>9} {'img/s':>8} "

@@ -8,12 +8,18 @@ The trainer plans its own batches (the same code as local mode, so the same batc
 and sends tasks naming one of its slots; the daemon validates them, queues them per session and
 feeds the pool round-robin across sessions, so a busy trainer cannot starve another.
 
-Loop: poll the client sockets and the workers' socket; on SIGTERM/SIGINT stop accepting sessions,
-finish the tasks in flight, then exit, unlinking every segment and the socket.
+Loop: poll the client sockets, their connection monitors and the workers' socket; on
+SIGTERM/SIGINT stop accepting sessions, finish the tasks in flight, then exit, unlinking every
+segment and the socket. Nothing a client or a worker does may end the loop: a worker's death is
+the engine's to repair, a folder is indexed on a background thread (`_indexes`), and an error
+while handling one message is logged and answered, never raised.
 Security: the ipc socket is in a 0700 directory; a TCP listener exists only when asked for, and
-then requires CURVE; every message is validated (`_wire`), and malformed ones get an error reply.
+then requires CURVE; every message is validated (`_wire`), frames past the largest legal one drop
+the connection (ZMQ_MAXMSGSIZE), and malformed ones get an error reply. A session is bound to its
+connection and to the peer the kernel (SO_PEERCRED) or CURVE names (`_peers`): it ends when the
+connection closes or that process dies, and each peer may hold only a few sessions.
 A TCP session's batches cannot be mapped by its trainer: each `done` carries the batch's rows as
-zero-copy views of the slot, and the session is reclaimed after 120 s without a word.
+zero-copy views of the slot.
 """
 
 from __future__ import annotations
@@ -24,22 +30,22 @@ import logging
 import os
 import signal
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 from fastload import _wire as wire
-from fastload._client import private_dir, runtime_dir
 from fastload._engine import Engine, Event, Task
-from fastload._errors import ConfigError, DaemonError, FastloadError
+from fastload._errors import ConfigError, DaemonError, FastloadError, WorkerError
+from fastload._indexes import DatasetIndexes, IndexEntry, IndexLimits
 from fastload._jobs import FolderJob
-from fastload._layout import BatchLayout
+from fastload._peers import ConnectionTracker, Peer
 from fastload._protocol import Done, Failure
-from fastload._shm import Segment, pid_alive, preflight, reap_orphans
-from fastload._sources import ImageFolderIndex
-from fastload.transforms import compile_transforms, from_config
+from fastload._sessions import PendingHello, Session, batch_frames, status_row
+from fastload._shm import Segment, ensure_fd_room, pid_alive, preflight, reap_orphans
+from fastload._sockdir import private_dir, reap_engine_dirs, remove_if_fallback, runtime_dir
+from fastload.transforms import TransformPlan, compile_transforms, from_config
 
 log = logging.getLogger("fastload.daemon")
 
@@ -47,9 +53,12 @@ _POLL_MS = 100
 _LIVENESS_S = 1.0
 _DRAIN_LIMIT_S = 30.0
 _MAX_SLOTS_PER_SESSION = 256
-# A TCP trainer has no pid we can check: a session silent this long is taken as gone.
-_REMOTE_IDLE_S = 120.0
 _MAX_PID = 2**31 - 1  # pid_t; os.kill() refuses larger numbers
+_PROGRESS_EVERY_S = 1.0  # an `indexing` note to each hello waiting for its folder's index
+# The largest message a worker sends (DONE, FAILED with a clipped traceback, READY).
+_MAX_WORKER_MESSAGE_BYTES = 1 << 20
+# TCP peers that vanish (cable, crash) are noticed by ZMTP heartbeats, then their sessions end.
+_TCP_HEARTBEAT_MS, _TCP_HEARTBEAT_TIMEOUT_MS = 5_000, 30_000
 
 
 @dataclass(frozen=True)
@@ -64,35 +73,10 @@ class DaemonConfig:
     curve_public_key: str | None = None
     curve_clients: tuple[str, ...] = ()  # Z85 public keys allowed over TCP
     max_sessions: int = 64
-
-
-@dataclass
-class _Session:
-    id: int
-    identity: bytes
-    sock: Any
-    local: bool
-    pid: int
-    rank: int
-    world_size: int
-    dataset: str
-    num_samples: int
-    segments: dict[str, Segment]
-    slot_bytes: int
-    batch_size: int
-    pending: deque[Task] = field(default_factory=deque)
-    client_seq: dict[int, int] = field(default_factory=dict)  # daemon seq -> trainer seq
-    started: float = field(default_factory=time.monotonic)
-    images: int = 0
-    epoch: int = -1  # the newest (epoch, batch) the trainer asked for: its position
-    batch: int = -1
-    layout: BatchLayout | None = None
-    task_rows: dict[int, tuple[str, int]] = field(default_factory=dict)  # TCP: daemon seq -> (slot, row)
-    last_heard: float = field(default_factory=time.monotonic)
-
-    @property
-    def memory(self) -> int:
-        return self.slot_bytes * len(self.segments)
+    max_sessions_per_peer: int = 8  # per trainer process (local) or CURVE key (TCP)
+    hang_timeout_s: float | None = None  # floor of the workers' hang bound (None: default; 0: off)
+    index: IndexLimits = field(default_factory=IndexLimits)
+    index_idle_s: float = 60.0  # an index no session used for this long is dropped
 
 
 class Daemon:
@@ -108,11 +92,15 @@ class Daemon:
         self._claim_pidfile()
         self._ctx = zmq.Context()
         self._tcp: Any = None
+        self._trackers: dict[int, ConnectionTracker] = {}  # id(socket) -> its connections
         try:
             reap_orphans()
+            reap_engine_dirs()
             self._local = self._ctx.socket(zmq.ROUTER)
             self._local.setsockopt(zmq.LINGER, 0)
             self._local.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            self._local.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+            self._trackers[id(self._local)] = ConnectionTracker(self._local, local=True)
             old_umask = os.umask(0o077)
             try:
                 self._local.bind(f"ipc://{self.sock_path}")
@@ -120,19 +108,26 @@ class Daemon:
                 os.umask(old_umask)
             if config.listen:
                 self._tcp = self._bind_tcp(config)
-            self.engine = Engine({}, num_workers=config.workers, mp_context="fork", worker_init_fn=None)
+            self.engine = Engine(
+                {},
+                num_workers=config.workers,
+                mp_context="fork",
+                worker_init_fn=None,
+                hang_timeout_s=config.hang_timeout_s,
+                max_message_bytes=_MAX_WORKER_MESSAGE_BYTES,
+                close_inherited_sockets=True,
+            )
         except BaseException:
-            if getattr(self, "_auth", None) is not None:
-                self._auth.stop()
-            self._ctx.destroy(linger=0)
+            self._close_sockets()
             self._remove_files()
             raise
-        self._sessions: dict[int, _Session] = {}
-        self._by_identity: dict[tuple[int, bytes], _Session] = {}
-        self._datasets: dict[str, tuple[ImageFolderIndex, Segment]] = {}
+        self._sessions: dict[int, Session] = {}
+        self._by_identity: dict[tuple[int, bytes], Session] = {}
+        self._pending: dict[tuple[int, bytes], PendingHello] = {}
+        self._indexes = DatasetIndexes(config.index, config.index_idle_s)
         self._ids = itertools.count(1)
         self._seqs = itertools.count()
-        self._seq_owner: dict[int, _Session] = {}
+        self._seq_owner: dict[int, Session] = {}
         self._stopping = False
         self._rr = 0
         self._last_liveness = 0.0
@@ -159,14 +154,19 @@ class Daemon:
         assert config.curve_secret_key and config.curve_public_key
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, _TCP_HEARTBEAT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _TCP_HEARTBEAT_TIMEOUT_MS)
         sock.curve_server = True
         sock.curve_secretkey = config.curve_secret_key.encode()
         sock.curve_publickey = config.curve_public_key.encode()
         sock.zap_domain = b"fastload"
         self._start_authenticator(config.curve_clients)
+        self._trackers[id(sock)] = ConnectionTracker(sock, local=False)
         try:
             sock.bind(str(config.listen))
         except zmq.ZMQError as e:
+            sock.close(0)
             raise DaemonError(f"cannot listen on {config.listen}: {e}") from e
         return sock
 
@@ -192,24 +192,21 @@ class Daemon:
             self.config.memory_budget_bytes >> 20,
         )
         poller = zmq.Poller()
-        poller.register(self._local, zmq.POLLIN)
-        poller.register(self.engine.socket, zmq.POLLIN)
-        if self._tcp is not None:
-            poller.register(self._tcp, zmq.POLLIN)
+        for sock in (self._local, self.engine.socket, self._tcp):
+            if sock is not None:
+                poller.register(sock, zmq.POLLIN)
+        for tracker in self._trackers.values():
+            poller.register(tracker.monitor, zmq.POLLIN)
         drain_deadline: float | None = None
         try:
             while True:
                 ready = dict(poller.poll(_POLL_MS))
-                if self._local in ready:
-                    self._read_clients(self._local, local=True)
-                if self._tcp is not None and self._tcp in ready:
-                    self._read_clients(self._tcp, local=False)
-                self._on_events(self.engine.drain() if self.engine.socket in ready else [])
-                if time.monotonic() - self._last_liveness >= _LIVENESS_S:
-                    self._last_liveness = time.monotonic()
-                    self.engine.supervise()
-                    self._reap_dead_sessions()
-                self._schedule()
+                try:
+                    self._turn(ready)
+                except WorkerError:
+                    raise  # workers cannot even start: nothing to serve with
+                except Exception:  # a bug must not take every session down with the daemon
+                    log.exception("error in the daemon's loop; carrying on")
                 if self._stopping:
                     drain_deadline = drain_deadline or time.monotonic() + _DRAIN_LIMIT_S
                     if self.engine.in_flight == 0 or time.monotonic() > drain_deadline:
@@ -219,40 +216,62 @@ class Daemon:
                 signal.signal(s, handler)
             self.close()
 
+    def _turn(self, ready: dict[Any, int]) -> None:
+        """One turn of the loop: clients, connections, workers, supervision, scheduling."""
+        if self._local in ready:
+            self._read_clients(self._local, local=True)
+        if self._tcp is not None and self._tcp in ready:
+            self._read_clients(self._tcp, local=False)
+        self._end_closed_connections()
+        self._on_events(self.engine.drain() if self.engine.socket in ready else [])
+        self._resume_hellos()
+        if time.monotonic() - self._last_liveness >= _LIVENESS_S:
+            self._last_liveness = time.monotonic()
+            self.engine.supervise()
+            self._reap_dead_sessions()
+            self._indexes.evict()
+        self._schedule()
+
     def close(self) -> None:
         """Stop the workers, unlink every ring and index, remove the socket and the pid file."""
         self.engine.close()
         for session in list(self._sessions.values()):
             self._end_session(session, notify_engine=False)
-        for _, segment in self._datasets.values():
-            segment.close()
-        self._datasets.clear()
-        self._local.close(0)
-        if self._tcp is not None:
-            self._tcp.close(0)
+        self._pending.clear()
+        self._indexes.close()
+        self._close_sockets()
+        self._remove_files()
+
+    def _close_sockets(self) -> None:
+        for tracker in self._trackers.values():
+            tracker.close()
+        for sock in (getattr(self, "_local", None), self._tcp):
+            if sock is not None:
+                sock.close(0)
+        if getattr(self, "_auth", None) is not None:
             self._auth.stop()
         self._ctx.term()
-        self._remove_files()
 
     def _remove_files(self) -> None:
         for path in (self.sock_path, self.pid_path):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        remove_if_fallback(self.dir)
 
     # -- client messages ---------------------------------------------------------------------
 
     def _read_clients(self, sock: Any, local: bool) -> None:
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            identity, body = frames[0], frames[1:]
+            identity = frames[0].bytes
             try:
-                if not body:
+                if len(frames) < 2:
                     raise wire.WireError("empty message")
-                op, fields = wire.decode(body[0])
-                self._handle(sock, identity, local, op, fields, body[1:])
+                op, fields = wire.decode(frames[1].bytes)
+                self._handle(sock, identity, local, op, fields, frames[1:])
             except FastloadError as e:
                 self._reply(sock, identity, "error", message=str(e))
             except Exception as e:  # a bug must not take the daemon down with every session
@@ -265,15 +284,15 @@ class Daemon:
             sock.send_multipart([identity, wire.encode(op, **fields), *extra], copy=not extra)
 
     def _handle(
-        self, sock: Any, identity: bytes, local: bool, op: str, fields: dict[str, Any], extra: list[bytes]
+        self, sock: Any, identity: bytes, local: bool, op: str, fields: dict[str, Any], frames: list[Any]
     ) -> None:
         session = self._by_identity.get((id(sock), identity))
-        if session is not None:
-            session.last_heard = time.monotonic()
+        extra = [f.bytes for f in frames[1:]]
         if op == "hello":
-            if session is not None:
+            if session is not None or (id(sock), identity) in self._pending:
                 raise wire.WireError("this connection already has a session")
-            self._hello(sock, identity, local, fields)
+            peer = self._trackers[id(sock)].identify(frames[0])
+            self._hello(sock, identity, local, fields, peer)
         elif op == "task":
             if session is None:
                 raise wire.WireError("task before hello")
@@ -285,6 +304,7 @@ class Daemon:
         elif op == "ping":
             self._reply(sock, identity, "pong")
         elif op == "bye":
+            self._pending.pop((id(sock), identity), None)
             if session is not None:
                 self._end_session(session)
         elif op == "status":
@@ -297,11 +317,19 @@ class Daemon:
         else:
             raise wire.WireError(f"{op} is not a request")
 
-    def _hello(self, sock: Any, identity: bytes, local: bool, f: dict[str, Any]) -> None:
+    def _hello(self, sock: Any, identity: bytes, local: bool, f: dict[str, Any], peer: Peer) -> None:
         if self._stopping:
             raise DaemonError("the daemon is shutting down and accepts no new sessions")
-        if len(self._sessions) >= self.config.max_sessions:
+        if len(self._sessions) + len(self._pending) >= self.config.max_sessions:
             raise DaemonError(f"the daemon already serves {self.config.max_sessions} sessions")
+        held = sum(s.peer == peer.name for s in self._sessions.values()) + sum(
+            p.peer.name == peer.name for p in self._pending.values()
+        )
+        if held >= self.config.max_sessions_per_peer:
+            raise DaemonError(
+                f"{peer.name} already holds {held} sessions, the most one trainer may hold "
+                f"(max_sessions_per_peer): close loaders you no longer use"
+            )
         batch_size, prefetch = f["batch_size"], f["prefetch"]
         if not (1 <= batch_size <= wire.MAX_BATCH and 1 <= prefetch <= 64):
             raise ConfigError(f"batch_size must be 1..{wire.MAX_BATCH} and prefetch 1..64")
@@ -317,12 +345,63 @@ class Daemon:
                 f"one batch of {batch_size} images of {plan.out_height}x{plan.out_width} is larger than "
                 f"the daemon's {self.config.memory_budget_bytes / 2**20:.0f} MiB budget"
             )
-        index, index_segment = self._dataset(f["dataset"])
+        key = DatasetIndexes.key(f["dataset"])
+        entry = self._indexes.get(key)
+        if entry is not None:
+            self._open_session(sock, identity, local, f, plan, peer, entry)
+            return
+        # NOTE [indexing off the loop]: a folder is scanned on a background thread; the hello
+        # waits (told `indexing` every second) while the daemon goes on serving everyone else.
+        self._indexes.evict(all_idle=True)
+        self._indexes.request(key, max(0, self.config.memory_budget_bytes - self._used_bytes()))
+        self._pending[(id(sock), identity)] = PendingHello(sock, identity, local, f, plan, peer, key)
+
+    def _resume_hellos(self) -> None:
+        """Answer the hellos whose index is now ready (or failed); tell the others to wait on."""
+        for key, outcome in self._indexes.finished():
+            for where, hello in list(self._pending.items()):
+                if hello.key != key:
+                    continue
+                del self._pending[where]
+                try:
+                    if isinstance(outcome, Exception):
+                        raise outcome
+                    self._open_session(
+                        hello.sock, hello.identity, hello.local, hello.fields, hello.plan, hello.peer, outcome
+                    )
+                except FastloadError as e:
+                    self._reply(hello.sock, hello.identity, "error", message=str(e))
+                except Exception as e:
+                    log.exception("error while opening a session")
+                    self._reply(hello.sock, hello.identity, "error", message=f"internal error: {e}")
+        now = time.monotonic()
+        scanning = self._indexes.scanning()
+        for hello in self._pending.values():
+            if now - hello.progress_at >= _PROGRESS_EVERY_S:
+                hello.progress_at = now
+                seconds = scanning[1] if scanning is not None and scanning[0] == hello.key else 0.0
+                self._reply(hello.sock, hello.identity, "indexing", path=hello.key, seconds=round(seconds, 1))
+
+    def _open_session(
+        self,
+        sock: Any,
+        identity: bytes,
+        local: bool,
+        f: dict[str, Any],
+        plan: TransformPlan,
+        peer: Peer,
+        entry: IndexEntry,
+    ) -> None:
+        if self._stopping:
+            raise DaemonError("the daemon is shutting down and accepts no new sessions")
         session_id = next(self._ids)
-        job = FolderJob(index, plan, f["backend"], f["seed"], batch_size)
+        batch_size = f["batch_size"]
+        job = FolderJob(entry.index, plan, f["backend"], f["seed"], batch_size)
         assert job.layout is not None
-        slots = prefetch + 2
+        slots = f["prefetch"] + 2
         need = job.layout.slot_bytes * slots
+        if self._used_bytes() + need > self.config.memory_budget_bytes:
+            self._indexes.evict(all_idle=True)
         used = self._used_bytes()
         if used + need > self.config.memory_budget_bytes:
             raise DaemonError(
@@ -332,19 +411,25 @@ class Daemon:
                 "prefetch, or start the daemon with a larger --memory-budget"
             )
         preflight(need)
-        session = _Session(
+        ensure_fd_room(slots)
+        # The kernel's word for who the trainer is; the hello's own claim only where there is none.
+        pid = peer.pid if peer.pid is not None else f["pid"]
+        session = Session(
             id=session_id,
             identity=identity,
             sock=sock,
             local=local,
-            pid=f["pid"],
+            pid=pid,
             rank=f["rank"],
             world_size=f["world_size"],
             dataset=f["dataset"],
-            num_samples=len(index),
+            num_samples=len(entry.index),
             segments={},
             slot_bytes=job.layout.slot_bytes,
             batch_size=batch_size,
+            connection=peer.connection,
+            peer=peer.name,
+            index_key=entry.path,
             layout=job.layout,
         )
         try:
@@ -357,11 +442,12 @@ class Daemon:
             raise
         self._sessions[session_id] = session
         self._by_identity[(id(sock), identity)] = session
-        self.engine.add_job(session_id, job.to_config(index_segment.name))
+        self._indexes.acquire(entry)
+        self.engine.add_job(session_id, job.to_config(entry.segment.name))
         log.info(
-            "session %d: pid %d rank %d/%d, %s, %d slots of %d KiB",
+            "session %d: %s rank %d/%d, %s, %d slots of %d KiB",
             session_id,
-            session.pid,
+            peer.name,
             session.rank,
             session.world_size,
             f["dataset"],
@@ -377,31 +463,19 @@ class Daemon:
             slots=list(session.segments),
             slot_bytes=session.slot_bytes,
             layout=job.layout.to_json(),
-            num_samples=len(index),
-            classes=list(index.classes),
+            num_samples=len(entry.index),
+            classes=list(entry.index.classes),
             workers=self.config.workers,
         )
 
-    def warm(self, path: str) -> tuple[ImageFolderIndex, Segment]:
-        """Index a dataset now, so that its first session starts fast."""
-        return self._dataset(path)
-
-    def _dataset(self, path: str) -> tuple[ImageFolderIndex, Segment]:
-        """The index of a folder, scanned once and shared with the workers through shm."""
-        key = os.path.realpath(path)
-        cached = self._datasets.get(key)
-        if cached is None:
-            index = ImageFolderIndex.scan(key)
-            cached = (index, index.to_segment())
-            self._datasets[key] = cached
-        return cached
+    def warm(self, path: str) -> IndexEntry:
+        """Index a dataset now (at start-up) and keep it, so that its sessions start fast."""
+        return self._indexes.warm(path, max(0, self.config.memory_budget_bytes - self._used_bytes()))
 
     def _used_bytes(self) -> int:
-        return sum(s.memory for s in self._sessions.values()) + sum(
-            seg.size for _, seg in self._datasets.values()
-        )
+        return sum(s.memory for s in self._sessions.values()) + self._indexes.memory
 
-    def _new_slot(self, session: _Session) -> Segment:
+    def _new_slot(self, session: Session) -> Segment:
         if len(session.segments) >= _MAX_SLOTS_PER_SESSION:
             raise DaemonError(f"a session may hold at most {_MAX_SLOTS_PER_SESSION} slots")
         if self._used_bytes() + session.slot_bytes > self.config.memory_budget_bytes:
@@ -413,7 +487,7 @@ class Daemon:
         session.segments[segment.name] = segment
         return segment
 
-    def _task(self, session: _Session, f: dict[str, Any], extra: list[bytes]) -> None:
+    def _task(self, session: Session, f: dict[str, Any], extra: list[bytes]) -> None:
         if self._stopping:
             raise DaemonError("the daemon is shutting down; resume from the last state_dict() later")
         if f["slot"] not in session.segments:
@@ -468,7 +542,7 @@ class Daemon:
                     session.sock,
                     session.identity,
                     "done",
-                    *(self._payload(session, rows, event.count) if rows is not None else ()),
+                    *(batch_frames(session, rows, event.count) if rows is not None else ()),
                     seq=client_seq,
                     count=event.count,
                     read_ns=event.read_ns,
@@ -489,35 +563,29 @@ class Daemon:
                     traceback=event.traceback,
                 )
 
-    @staticmethod
-    def _payload(session: _Session, rows: tuple[str, int], count: int) -> list[Any]:
-        """A TCP session's batch: each leaf's written rows, as views of the slot (sent zero-copy;
-        the slot is only reused after the trainer has received them and sent a new task)."""
-        assert session.layout is not None
-        name, row = rows
-        view = memoryview(session.segments[name].buf)
-        frames = []
-        for leaf, offset in zip(session.layout.leaves, session.layout.offsets, strict=True):
-            start = offset + row * leaf.nbytes
-            frames.append(view[start : start + count * leaf.nbytes])
-        return frames
+    def _end_closed_connections(self) -> None:
+        """End the sessions (and forget the waiting hellos) of connections that closed."""
+        for sock_id, tracker in self._trackers.items():
+            closed = set(tracker.closed())
+            if not closed:
+                continue
+            for session in list(self._sessions.values()):
+                if id(session.sock) == sock_id and session.connection in closed:
+                    log.info("session %d: its connection closed; reclaiming it", session.id)
+                    self._end_session(session)
+            for where, hello in list(self._pending.items()):
+                if id(hello.sock) == sock_id and hello.peer.connection in closed:
+                    del self._pending[where]
 
     def _reap_dead_sessions(self) -> None:
-        now = time.monotonic()
         for session in list(self._sessions.values()):
             if session.local and not pid_alive(session.pid):
                 log.info("session %d: trainer pid %d is gone; reclaiming it", session.id, session.pid)
                 self._end_session(session)
-            elif not session.local and now - session.last_heard > _REMOTE_IDLE_S:
-                log.info(
-                    "session %d: no word from its TCP trainer for %.0f s; reclaiming it",
-                    session.id,
-                    _REMOTE_IDLE_S,
-                )
-                self._end_session(session)
 
-    def _end_session(self, session: _Session, notify_engine: bool = True) -> None:
-        self._sessions.pop(session.id, None)
+    def _end_session(self, session: Session, notify_engine: bool = True) -> None:
+        if self._sessions.pop(session.id, None) is None:
+            return
         self._by_identity.pop((id(session.sock), session.identity), None)
         for seq in session.client_seq:
             self._seq_owner.pop(seq, None)
@@ -526,6 +594,7 @@ class Daemon:
         for segment in session.segments.values():
             segment.close()
         session.segments.clear()
+        self._indexes.release(session.index_key)
 
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -535,22 +604,9 @@ class Daemon:
             "budget_bytes": self.config.memory_budget_bytes,
             "used_bytes": self._used_bytes(),
             "draining": self._stopping,
-            "sessions": [
-                {
-                    "session": s.id,
-                    "pid": s.pid,
-                    "rank": s.rank,
-                    "world_size": s.world_size,
-                    "dataset": s.dataset,
-                    "images": s.images,
-                    "memory_bytes": s.memory,
-                    "images_per_s": s.images / max(now - s.started, 1e-9),
-                    "queued": len(s.pending),
-                    "epoch": s.epoch,
-                    "batch": s.batch,
-                }
-                for s in self._sessions.values()
-            ],
+            "datasets": self._indexes.describe(),
+            "worker_deaths": {cause.name.lower(): n for cause, n in self.engine.deaths.items()},
+            "sessions": [status_row(s, now) for s in self._sessions.values()],
         }
 
 

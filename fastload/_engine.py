@@ -2,27 +2,29 @@
 
 `Engine.submit` queues a task; `Engine.poll` dispatches queued tasks to the least-busy live
 worker over a ROUTER socket, collects replies as events, and supervises: a worker that died
-(killed, segfault) is replaced and every task it held is run again, so no batch is lost or
-duplicated. A task that keeps killing workers raises WorkerError instead of looping forever.
-Blame is only ever put on a task that was alone on the worker that died: tasks lost together are
-re-run one per idle worker ("suspect"), since a worker may die after finishing a task whose reply
-never left it.
+(killed, segfault, OOM) or that cannot be reached is replaced and every task it held is run
+again, so no batch is lost or duplicated; a worker whose task runs past the hang bound is killed
+and replaced the same way. Who is blamed for a death, and when a task is failed instead of
+retried, is `fastload._supervision`'s policy (NOTE [blame]): never a task for kills from outside.
 `InlineExecutor` has the same interface and runs tasks in the caller's process (num_workers=0).
 
 NOTE [one socket, addressed workers]: tasks are sent to a chosen worker (ROUTER identity) rather
 than load-balanced by ZeroMQ, because supervision must know which tasks died with which worker.
-The socket lives in a fresh 0700 directory (mkdtemp), so other users cannot connect to it.
+The socket lives in a fresh 0700 directory (`engine_socket_dir`), so other users cannot connect.
+A send to a worker whose connection is gone (ROUTER_MANDATORY: EHOSTUNREACH) or whose queue is
+full (EAGAIN: it stopped reading) never raises: that worker is killed and treated as dead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import logging
 import multiprocessing as mp
 import os
 import pickle
 import shutil
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,12 +39,17 @@ from fastload._errors import SampleError, WorkerError
 from fastload._jobs import DatasetJob, FolderJob, JobFailed
 from fastload._layout import BatchLayout
 from fastload._protocol import Done, Failure
+from fastload._sockdir import engine_socket_dir
+from fastload._supervision import MAX_STRIKES, Cause, HangBound, classify, describe_exit, oom_kill_count
 from fastload._worker import WorkerSpec, worker_main
 
-# A task that has killed this many workers in a row is reported instead of retried.
-MAX_DEATHS_PER_TASK = 3
+log = logging.getLogger("fastload")
+
 _LIVENESS_INTERVAL_S = 0.1
+_OOM_BASELINE_EVERY_S = 1.0
 _JOIN_TIMEOUT_S = 5.0
+# Tasks one worker may hold; the rest wait in the engine (a worker's socket queue stays short).
+_MAX_TASKS_PER_WORKER = 64
 
 
 @dataclass
@@ -57,8 +64,9 @@ class Task:
     probe: bool = False
     job_id: int = 0
     row: int = 0  # first row of the slot's batch this task writes (a batch split across workers)
-    deaths: int = 0
-    suspect: bool = False  # lost with a dead worker among others: runs alone until it completes
+    strikes: int = 0  # deaths it caused (crashes alone on a worker, or hangs); see NOTE [blame]
+    hangs: int = 0
+    suspect: bool = False  # lost with a crashed worker among others: runs alone until it completes
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,10 @@ class _Worker:
     identity: bytes
     process: Any  # multiprocessing.Process (fork/spawn/forkserver flavours)
     ready: bool = False
-    tasks: dict[int, Task] = field(default_factory=dict)
+    tasks: dict[int, Task] = field(default_factory=dict)  # in dispatch order: the first one runs
+    busy_since: float | None = None  # when the task it runs now started
+    lost: bool = False  # unreachable: killed by the engine, sent nothing more
+    hung: bool = False  # killed by the engine: its task ran past the hang bound
 
 
 def raise_failure(failure: Failure) -> NoReturn:
@@ -100,14 +111,6 @@ def raise_failure(failure: Failure) -> NoReturn:
     )
 
 
-def socket_dir() -> str:
-    """A fresh 0700 directory for a socket ($XDG_RUNTIME_DIR when set, else the temp dir)."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    if not base or not os.path.isdir(base):
-        base = None
-    return tempfile.mkdtemp(prefix="fastload-", dir=base)
-
-
 class Engine:
     """A supervised pool of worker processes running batch tasks."""
 
@@ -118,27 +121,40 @@ class Engine:
         num_workers: int,
         mp_context: str | None,
         worker_init_fn: Callable[[int], Any] | None,
+        hang_timeout_s: float | None = None,
+        max_message_bytes: int = -1,
+        close_inherited_sockets: bool = False,
     ) -> None:
+        """`hang_timeout_s`: the floor of the hang bound (None: the default; 0: off).
+        `max_message_bytes`: the largest message a worker may send (-1: any; a daemon, whose
+        workers never send pickled batches, bounds it). `close_inherited_sockets`: forked
+        workers close the sockets they inherit (a daemon's listeners) before anything else."""
         self._jobs = jobs  # forked into every worker; a daemon adds JSON jobs with add_job
         self._num_workers = num_workers
         self._worker_init_fn = worker_init_fn
+        self._close_inherited_sockets = close_inherited_sockets
         self._mp: Any = mp.get_context(mp_context or "fork")
-        self._dir = socket_dir()
+        self._dir = engine_socket_dir()
         self._address = f"ipc://{self._dir}/engine.sock"
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self._sock.bind(self._address)
         self._workers: dict[bytes, _Worker] = {}
         self._queue: deque[Task] = deque()
-        self._startup_deaths = 0  # workers that died before READY, in a row: 3 means it cannot start
+        self._startup_deaths = 0  # workers that crashed before READY, in a row: 3 means it cannot start
         # Failures found by supervision (a task that kept killing workers), returned by drain().
         self._supervision_events: list[Event] = []
         # What every worker must be told, per job, before its tasks: JOB and LAYOUT messages.
         self._announcements: dict[int, list[list[bytes]]] = {}
         self._generation = itertools.count()
+        self._hang = HangBound(hang_timeout_s)
+        self._oom_kills = oom_kill_count()
+        self._oom_checked = time.monotonic()
         self._last_liveness = 0.0
+        self.deaths: dict[Cause, int] = dict.fromkeys(Cause, 0)  # for reports and tests
         self._closed = False
         for worker_id in range(num_workers):
             self._spawn(worker_id)
@@ -156,6 +172,7 @@ class Engine:
             worker_id=worker_id,
             jobs=self._jobs,
             worker_init_fn=self._worker_init_fn,
+            close_inherited_sockets=self._close_inherited_sockets,
         )
         process = self._mp.Process(
             target=worker_main, args=(spec,), name=f"fastload-worker-{worker_id}", daemon=True
@@ -170,8 +187,8 @@ class Engine:
 
     def _announce(self, job_id: int, frames: list[bytes]) -> None:
         self._announcements.setdefault(job_id, []).append(frames)
-        for worker in self._workers.values():
-            if worker.ready:
+        for worker in list(self._workers.values()):
+            if worker.ready and not worker.lost:
                 self._send(worker, frames)
 
     def set_layout(self, layout: BatchLayout, job_id: int = 0) -> None:
@@ -186,8 +203,8 @@ class Engine:
         """Make every worker forget a job; its queued tasks are dropped too."""
         self._announcements.pop(job_id, None)
         self._queue = deque(t for t in self._queue if t.job_id != job_id)
-        for worker in self._workers.values():
-            if worker.ready:
+        for worker in list(self._workers.values()):
+            if worker.ready and not worker.lost:
                 self._send(worker, [proto.DROP, proto.JOB_HEAD.pack(job_id)])
 
     def submit(self, task: Task) -> None:
@@ -200,13 +217,30 @@ class Engine:
     def in_flight(self) -> int:
         return len(self._queue) + sum(len(w.tasks) for w in self._workers.values())
 
-    def _send(self, worker: _Worker, frames: list[bytes]) -> None:
-        self._sock.send_multipart([worker.identity, *frames])
+    def _send(self, worker: _Worker, frames: list[bytes]) -> bool:
+        """Send to one worker; False (and the worker is given up) when it cannot be reached."""
+        try:
+            self._sock.send_multipart([worker.identity, *frames], flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as e:
+            self._give_up(worker, f"it cannot be reached ({e}): it died or stopped reading")
+            return False
+
+    def _give_up(self, worker: _Worker, why: str) -> None:
+        """Kill a worker the engine cannot use; supervision replaces it and re-runs its tasks."""
+        if worker.lost:
+            return
+        worker.lost = True
+        log.warning("worker %d (pid %s): %s; replacing it", worker.worker_id, worker.process.pid, why)
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # already gone
+            worker.process.kill()
 
     def _dispatch(self) -> None:
         # A worker running a suspect task takes nothing else, so that its death is that task's.
         ready = [
-            w for w in self._workers.values() if w.ready and not any(t.suspect for t in w.tasks.values())
+            w
+            for w in self._workers.values()
+            if w.ready and not w.lost and not any(t.suspect for t in w.tasks.values())
         ]
         while self._queue and ready:
             if self._queue[0].suspect:
@@ -214,16 +248,21 @@ class Engine:
                 if not idle:
                     return  # wait for a worker to finish what it holds; the suspect goes first
                 worker = idle[0]
-                ready.remove(worker)
             else:
                 worker = min(ready, key=lambda w: len(w.tasks))
+                if len(worker.tasks) >= _MAX_TASKS_PER_WORKER:
+                    return
             task = self._queue.popleft()
             kind = proto.PROBE if task.probe else proto.TASK
             head = proto.TASK_HEAD.pack(
                 task.seq, task.batch_index, task.epoch, len(task.indices), task.job_id, task.row
             )
-            worker.tasks[task.seq] = task
-            self._send(worker, [kind, head, task.slot_name.encode(), task.indices.tobytes()])
+            if not worker.tasks:
+                worker.busy_since = time.monotonic()
+            worker.tasks[task.seq] = task  # re-run with the others if the send fails
+            sent = self._send(worker, [kind, head, task.slot_name.encode(), task.indices.tobytes()])
+            if not sent or task.suspect:  # a lost worker takes nothing more; a suspect runs alone
+                ready.remove(worker)
 
     def drain(self) -> list[Event]:
         """Handle every reply already waiting (never blocks), then dispatch queued tasks."""
@@ -240,8 +279,14 @@ class Engine:
         return events
 
     def supervise(self) -> None:
-        """Replace dead workers (re-queueing their tasks) and dispatch; cheap enough to call often."""
-        self._last_liveness = time.monotonic()
+        """Replace dead and hung workers (re-queueing their tasks) and dispatch; cheap enough to
+        call often."""
+        now = time.monotonic()
+        self._last_liveness = now
+        if now - self._oom_checked >= _OOM_BASELINE_EVERY_S and not self._any_exited():
+            # Keep the OOM baseline fresh, so an OOM kill long ago elsewhere is not taken for ours.
+            self._oom_kills, self._oom_checked = oom_kill_count(), now
+        self._check_hangs(now)
         self._check_liveness()
         self._dispatch()
 
@@ -263,22 +308,23 @@ class Engine:
     def _handle(self, frames: list[bytes]) -> Event | None:
         identity, body = frames[0], frames[1:]
         worker = self._workers.get(identity)
-        if worker is None:  # a reply from a worker already declared dead: its task was re-queued
+        if worker is None or not body:  # a reply from a worker already declared dead: re-run
             return None
         kind = body[0]
         if kind == proto.READY:
             worker.ready = True
             self._startup_deaths = 0
             for messages in self._announcements.values():
-                for frames in messages:
-                    self._send(worker, frames)
+                for announcement in messages:
+                    if not self._send(worker, announcement):
+                        return None
             return None
         if kind == proto.FAILED:
             failure = Failure.decode(body)
-            worker.tasks.pop(failure.seq, None)
+            self._finished(worker, failure.seq)
             return failure
         seq = proto.SEQ_HEAD.unpack_from(body[1])[0]
-        worker.tasks.pop(seq, None)
+        self._finished(worker, seq)
         if kind == proto.DONE:
             return Done.decode(body)
         if kind == proto.PROBED:
@@ -287,44 +333,92 @@ class Engine:
             return Opaque(seq, pickle.loads(body[2], buffers=body[3:]))
         raise WorkerError(f"unexpected message kind {kind!r} from worker {identity.decode()}")
 
+    def _finished(self, worker: _Worker, seq: int) -> None:
+        """A worker answered task `seq`: time it (for the hang bound); its next task starts now."""
+        task = worker.tasks.pop(seq, None)
+        now = time.monotonic()
+        if task is not None and worker.busy_since is not None:
+            self._hang.record(now - worker.busy_since, len(task.indices))
+        worker.busy_since = now if worker.tasks else None
+
+    def _check_hangs(self, now: float) -> None:
+        if not self._hang.enabled:
+            return
+        for worker in list(self._workers.values()):
+            if worker.lost or worker.busy_since is None or not worker.tasks:
+                continue
+            task = next(iter(worker.tasks.values()))
+            limit = self._hang.limit_s(len(task.indices), task.hangs)
+            if now - worker.busy_since > limit:
+                worker.hung = True
+                self._give_up(
+                    worker,
+                    f"batch {task.batch_index} made no progress for {now - worker.busy_since:.1f} s "
+                    f"(the bound is {limit:.1f} s: hung, or stopped with SIGSTOP)",
+                )
+
+    def _any_exited(self) -> bool:
+        return any(w.process.exitcode is not None for w in self._workers.values())
+
     def _check_liveness(self) -> None:
+        oom_now: int | None = None
         for identity, worker in list(self._workers.items()):
             code = worker.process.exitcode
             if code is None:
                 continue
             del self._workers[identity]
             worker.process.join(0)
-            lost = list(worker.tasks.values())
+            if oom_now is None:
+                oom_now = oom_kill_count()
+            cause = classify(
+                code, hung=worker.hung, oom_kills_before=self._oom_kills, oom_kills_now=oom_now
+            )
+            self.deaths[cause] += 1
+            self._requeue(worker, code, cause)
+            if not worker.ready and cause is Cause.CRASH and code != 0:
+                self._startup_deaths += 1
+            if self._startup_deaths >= MAX_STRIKES:
+                raise WorkerError(
+                    f"{self._startup_deaths} workers in a row exited before they were ready (the last, "
+                    f"worker {worker.worker_id} pid {worker.process.pid}, with {describe_exit(code)}); "
+                    "see their output above"
+                )
+            self._spawn(worker.worker_id)
+        if oom_now is not None:
+            self._oom_kills, self._oom_checked = oom_now, time.monotonic()
+
+    def _requeue(self, worker: _Worker, code: int, cause: Cause) -> None:
+        """Put a dead worker's tasks back at the front of the queue, charging only the task that
+        can have caused the death (NOTE [blame]); a task out of strikes fails instead."""
+        lost = list(worker.tasks.values())
+        if lost and cause is Cause.HANG:
+            running = lost[0]  # a worker runs its tasks in order: the first one hung
+            running.hangs += 1
+            running.strikes += 1
+            running.suspect = True
+        elif lost and cause is Cause.CRASH:
             for task in lost:
                 task.suspect = True
             if len(lost) == 1:  # it held nothing else: this task killed it
-                task = lost[0]
-                task.deaths += 1
-                if task.deaths >= MAX_DEATHS_PER_TASK:
-                    # Fail this task only (in a daemon, only its session): the pool carries on.
-                    lost = []
-                    self._supervision_events.append(self._poisoned(task, code))
-            for task in reversed(lost):
-                self._queue.appendleft(task)
-            if not worker.ready and not lost and code != 0:
-                self._startup_deaths += 1
-            if self._startup_deaths >= MAX_DEATHS_PER_TASK:
-                raise WorkerError(
-                    f"{self._startup_deaths} workers in a row exited before they were ready (the last, "
-                    f"worker {worker.worker_id} pid {worker.process.pid}, with code {code}"
-                    f"{_signal_name(code)}); see their output above"
-                )
-            self._spawn(worker.worker_id)
+                lost[0].strikes += 1
+        if lost and lost[0].strikes >= MAX_STRIKES:
+            self._supervision_events.append(self._failed(lost.pop(0), code, cause))
+        for task in reversed(lost):
+            self._queue.appendleft(task)
 
-    @staticmethod
-    def _poisoned(task: Task, code: int) -> Failure:
+    def _failed(self, task: Task, code: int, cause: Cause) -> Failure:
+        if cause is Cause.HANG:
+            what = f"hung {task.hangs} worker processes in a row (no reply within the hang bound)"
+            hint = (
+                "a sample may block forever (a stalled network filesystem?); "
+                "raise hang_timeout if it is merely slow"
+            )
+        else:
+            what = f"killed {task.strikes} worker processes in a row (last: {describe_exit(code)})"
+            hint = "a sample probably crashes the decoder, or needs more memory than there is"
         return Failure(
             seq=task.seq,
-            message=(
-                f"batch {task.batch_index} (samples {task.indices[:8].tolist()}...) killed "
-                f"{task.deaths} worker processes in a row (last exit code {code}{_signal_name(code)}); "
-                "a sample probably crashes the decoder"
-            ),
+            message=f"batch {task.batch_index} (samples {task.indices[:8].tolist()}...) {what}; {hint}",
             path="",
             index=int(task.indices[0]) if len(task.indices) else -1,
             exc_type=WorkerError.__name__,
@@ -339,8 +433,8 @@ class Engine:
         for worker in self._workers.values():
             # Also a worker whose READY was not read yet: it is connected and reads STOP first.
             try:
-                self._send(worker, [proto.STOP])
-            except zmq.ZMQError:  # not connected yet: it holds no task, so stop it now
+                self._sock.send_multipart([worker.identity, proto.STOP], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:  # not connected (yet, or any more): it holds no task we want
                 worker.process.kill()
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
         for worker in self._workers.values():
@@ -353,17 +447,6 @@ class Engine:
         self._sock.close(0)
         self._ctx.term()
         shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def _signal_name(code: int) -> str:
-    if code >= 0:
-        return ""
-    import signal
-
-    try:
-        return f" = {signal.Signals(-code).name}"
-    except ValueError:
-        return ""
 
 
 class InlineExecutor:

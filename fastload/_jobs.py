@@ -35,15 +35,27 @@ class JobFailed(Exception):
         self.failure = failure
 
 
+# A failure report stays small whatever the exception says (the engine bounds message sizes).
+_MAX_MESSAGE_CHARS = 4096
+_MAX_TRACEBACK_CHARS = 32768
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - limit} characters left out ...]\n{text[-half:]}"
+
+
 def _failure(seq: int, exc: BaseException, index: int, path: str, what: str) -> Failure:
     where = f"{what} {path}" if path else f"{what} at index {index}"
     return Failure(
         seq=seq,
-        message=f"failed to load {where}: {type(exc).__name__}: {exc}",
-        path=path,
+        message=_clip(f"failed to load {where}: {type(exc).__name__}: {exc}", _MAX_MESSAGE_CHARS),
+        path=_clip(path, _MAX_MESSAGE_CHARS),
         index=index,
-        exc_type=type(exc).__name__,
-        traceback="".join(traceback.format_exception(exc)),
+        exc_type=_clip(type(exc).__name__, 256),
+        traceback=_clip("".join(traceback.format_exception(exc)), _MAX_TRACEBACK_CHARS),
     )
 
 

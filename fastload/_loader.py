@@ -17,8 +17,9 @@ from fastload._client import DaemonSession, resolve_address
 from fastload._delivery import ImageOutput
 from fastload._errors import ConfigError
 from fastload._jobs import DatasetJob, FolderJob
-from fastload._pipeline import EpochIterator, Pipeline, PipelineConfig
+from fastload._pipeline import EXTRA_SLOTS, EpochIterator, Pipeline, PipelineConfig
 from fastload._plan import BatchSampler, SamplerPlan, ShuffledPlan
+from fastload._shm import preflight
 from fastload._sources import ImageFolderIndex
 from fastload._stats import LoaderStats, format_summary
 from fastload.transforms import Transform, compile_transforms, to_config
@@ -62,6 +63,13 @@ class FastLoader:
     `world_size` (default: torch.distributed's RANK and WORLD_SIZE) give this process its
     DistributedSampler-style shard. `summary=True` prints a per-stage table when the loader closes;
     `stats()` returns the counters `fastload iostat` shows.
+
+    Faults: a worker that dies (crash, OOM, killed from outside) is replaced and its batches are
+    redone. A worker whose batch runs longer than max(`hang_timeout`, 20 x the slowest recent
+    per-sample time x the batch's samples) is taken as hung, killed, replaced, and the batch
+    redone; `hang_timeout` defaults to 120 s and 0 turns the check off. `timeout` is DataLoader's:
+    how long `next()` may wait in all. A batch that crashes or hangs three workers in a row raises
+    `WorkerError` naming its samples, and the loop can go on.
     """
 
     def __init__(
@@ -96,6 +104,7 @@ class FastLoader:
         rank: int | None = None,
         world_size: int | None = None,
         summary: bool = False,
+        hang_timeout: float | None = None,
     ) -> None:
         del pin_memory_device, in_order  # batches are always delivered in order
         is_folder = isinstance(dataset, (str, os.PathLike))
@@ -107,6 +116,8 @@ class FastLoader:
             raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
         if timeout < 0:
             raise ConfigError(f"timeout must be >= 0, got {timeout}")
+        if hang_timeout is not None and not 0 <= hang_timeout < float("inf"):
+            raise ConfigError(f"hang_timeout must be a number of seconds >= 0 (0: off), got {hang_timeout}")
         if prefetch_factor is not None and num_workers == 0:
             raise ConfigError("prefetch_factor needs num_workers > 0, as in DataLoader")
         if batch_sampler is not None:
@@ -166,6 +177,8 @@ class FastLoader:
                 index = ImageFolderIndex.scan(dataset)  # type: ignore[arg-type]
                 num_samples, self.classes = len(index), index.classes
                 self._job = FolderJob(index, compile_transforms(transform), backend, self.seed, batch_size)
+                assert self._job.layout is not None
+                preflight(self._job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))  # fail before any fork
             self._plan = ShuffledPlan(
                 num_samples, batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed,
                 rank=rank, world_size=world_size,
@@ -198,6 +211,7 @@ class FastLoader:
             pin_memory=pin_memory and self.device.type == "cpu" and torch.cuda.is_available(),
             images=images,
             dataset_label=os.path.abspath(os.fspath(dataset)) if is_folder else type(dataset).__name__,  # type: ignore[arg-type]
+            hang_timeout_s=hang_timeout,
         )
         self._summary = summary
         self._last_stats: LoaderStats | None = None
@@ -240,6 +254,8 @@ class FastLoader:
             raise ConfigError("this FastLoader is closed")
         if self._iterator is not None:
             self._iterator.stop()
+        if self._pipeline is not None and self._pipeline.closed:
+            self._pipeline = None  # its ring could not be made: it closed itself; start afresh
         if self._pipeline is not None and not self.persistent_workers:
             # DataLoader without persistent_workers starts fresh workers every epoch, so changes
             # made to the dataset in the trainer's process reach the next epoch's workers.
@@ -298,14 +314,14 @@ class FastLoader:
     def stats(self) -> LoaderStats | None:
         """This loader's counters and stage timings (what `fastload iostat` shows), or None
         before the first iteration. Cumulative since the workers started."""
-        if self._pipeline is not None:
+        if self._pipeline is not None and not self._pipeline.closed:
             return self._pipeline.stats.snapshot()
         return self._last_stats
 
     def _close_pipeline(self) -> None:
         if self._iterator is not None:
             self._iterator.stop()
-        if self._pipeline is not None:
+        if self._pipeline is not None and not self._pipeline.closed:
             self._last_stats = self._pipeline.stats.snapshot()
             if self._summary:
                 sys.stderr.write(format_summary(self._last_stats))

@@ -13,7 +13,7 @@ import gc
 import itertools
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,14 +28,15 @@ from fastload._jobs import DatasetJob, FolderJob
 from fastload._layout import BatchLayout
 from fastload._protocol import Done, Failure
 from fastload._ring import Ring
-from fastload._shm import install_signal_cleanup, reap_orphans
+from fastload._shm import install_signal_cleanup, preflight, reap_orphans
+from fastload._sockdir import reap_engine_dirs
 from fastload._stats import StatsWriter
 
 _POLL_S = 0.05
 # A cold batch is split so that each part keeps at least this many rows.
 _MIN_SPLIT_ROWS = 4
 # Ring slots beyond `prefetch`: the batch the user holds while asking for the next, and one spare.
-_EXTRA_SLOTS = 2
+EXTRA_SLOTS = 2
 
 
 @dataclass
@@ -63,6 +64,7 @@ class PipelineConfig:
     pin_memory: bool
     images: ImageOutput | None
     dataset_label: str = ""  # what `fastload iostat` calls this loader (the folder, the Dataset's class)
+    hang_timeout_s: float | None = None  # floor of the workers' hang bound (`_supervision`)
 
 
 _Outcome = tuple[int, int] | Failure | Opaque  # (slot, count) | failure | opaque batch
@@ -91,6 +93,10 @@ class Pipeline:
         self.workers = config.num_workers if session is None else session.welcome.workers
         install_signal_cleanup()
         reap_orphans()
+        reap_engine_dirs()
+        if self.layout is not None and session is None:
+            # Before any worker is forked: a ring that cannot fit fails here, leaving nothing behind.
+            preflight(self.layout.slot_bytes * (config.prefetch + EXTRA_SLOTS))
         self.executor: Engine | InlineExecutor | DaemonSession
         if session is not None:
             self.executor = session
@@ -102,6 +108,7 @@ class Pipeline:
                 num_workers=config.num_workers,
                 mp_context=config.mp_context,
                 worker_init_fn=config.worker_init_fn,
+                hang_timeout_s=config.hang_timeout_s,
             )
         else:
             self.executor = InlineExecutor(job)
@@ -118,7 +125,7 @@ class Pipeline:
         self._finalizer = weakref.finalize(self, _close_all, self._resources)
         if session is not None:  # the daemon fixed the layout and made the ring
             self.layout = session.welcome.layout
-            self._build_ring(session.attach_ring())
+            self._build_ring_or_close(session.attach_ring)
 
     def next_seq(self) -> int:
         return next(self._seqs)
@@ -146,8 +153,22 @@ class Pipeline:
                 self.opaque = True
                 return None
             self.executor.set_layout(self.layout)
-        self._build_ring(Ring(self.layout.slot_bytes, self.config.prefetch + _EXTRA_SLOTS))
+        layout = self.layout
+        self._build_ring_or_close(lambda: Ring(layout.slot_bytes, self.config.prefetch + EXTRA_SLOTS))
         return None
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def _build_ring_or_close(self, make_ring: Callable[[], Ring]) -> None:
+        """Build ring and delivery; if that fails (too little /dev/shm), close the whole pipeline
+        (workers, statistics block) before the error reaches the user, rather than at exit."""
+        try:
+            self._build_ring(make_ring())
+        except BaseException:
+            self.close()
+            raise
 
     def _build_ring(self, ring: Ring) -> None:
         assert self.layout is not None
@@ -381,11 +402,14 @@ class EpochIterator(Iterator[Any]):
         try:
             return self._next()
         finally:
-            stats = self._pipeline.stats
-            stats.add("trainer_wait_ns", int((time.perf_counter() - entered) * 1e9))
-            stats.add("next_calls", 1)
-            stats.set("ready_batches", len(self._ready))
-            stats.set("in_flight", len(self._seq_of_batch))
+            if self._pipeline.closed:  # its ring could not be made, and it closed itself
+                self._active = False
+            else:
+                stats = self._pipeline.stats
+                stats.add("trainer_wait_ns", int((time.perf_counter() - entered) * 1e9))
+                stats.add("next_calls", 1)
+                stats.set("ready_batches", len(self._ready))
+                stats.set("in_flight", len(self._seq_of_batch))
 
     def _next(self) -> Any:
         pipe = self._pipeline

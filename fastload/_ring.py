@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from fastload._shm import Segment, preflight
+from fastload._shm import Segment, ensure_fd_room, preflight
 
 
 def _create_slot(slot_bytes: int) -> Segment:
@@ -22,7 +22,8 @@ def _create_slot(slot_bytes: int) -> Segment:
 
 
 class Ring:
-    """Slots of `slot_bytes` each, made up front (after a /dev/shm capacity check) by `allocate`.
+    """Slots of `slot_bytes` each, made up front (after /dev/shm capacity and file-descriptor
+    checks: before Python 3.13 every mapped slot holds one fd, see fastload._shm) by `allocate`.
 
     In local mode the trainer creates its slots; attached to a daemon, `allocate` asks the daemon
     for one more slot of the session's ring and attaches it.
@@ -37,6 +38,7 @@ class Ring:
     ) -> None:
         if initial is None:
             preflight(slot_bytes * num_slots)
+            ensure_fd_room(num_slots)
         self.slot_bytes = slot_bytes
         self.segments: dict[int, Segment] = {}
         self._by_name: dict[str, Segment] = {}
@@ -57,6 +59,7 @@ class Ring:
 
     def grow(self) -> int:
         """Add one free slot and return its id."""
+        ensure_fd_room(1)
         return self._add(self._allocate(self.slot_bytes))
 
     def _add(self, segment: Segment) -> int:

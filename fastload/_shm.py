@@ -8,17 +8,29 @@ cannot, so every new owner first reaps the segments of owners that no longer exi
 NOTE [no multiprocessing.shared_memory]: its resource_tracker unlinks segments it did not create
 (CPython bpo-39959) and starts a tracker process per interpreter; plain files in /dev/shm give the
 same mapping with ownership rules we control.
+
+NOTE [one file descriptor per segment]: CPython's mmap object keeps a dup() of the file descriptor
+it mapped for its whole life (for size() and resize()), so before Python 3.13 every mapped
+segment -- every ring slot, in the trainer and in each worker that attached it -- holds one fd
+open even though we close ours at once. A ring of 40 000 slots then needs 40 000 fds. From 3.13
+`mmap.mmap(..., trackfd=False)` maps without the dup (we never call size() or resize()), and a
+segment holds no fd. `ensure_fd_room` checks (and, up to the hard limit, raises) RLIMIT_NOFILE
+before a ring is made; running out anyway is reported as "too many open files", not as a full
+/dev/shm.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import re
+import resource
 import secrets
 import signal
 import stat
+import sys
 import threading
 import weakref
 from collections.abc import Iterator
@@ -33,6 +45,137 @@ _NAME_RE = re.compile(r"^fastload_(\d+)_(?:stats_)?[0-9a-f]{32}$")
 STATS_TAG = "stats_"  # marks a loader's statistics block (see fastload._stats), found by iostat
 # Head-room kept free in /dev/shm beyond what the ring needs (other users of shm, page rounding).
 _SHM_MARGIN_BYTES = 64 << 20
+
+# File descriptors a mapped segment keeps open for its whole life (see NOTE above).
+FDS_PER_SEGMENT = 0 if sys.version_info >= (3, 13) else 1
+# File descriptors kept free beyond what the ring needs (sockets, datasets' files, libraries).
+FD_MARGIN = 64
+_FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
+
+
+def _map(fd: int, size: int, flags: int) -> mmap.mmap:
+    """Map `fd` read-write; from Python 3.13 the mapping keeps no duplicate of `fd`."""
+    if sys.version_info >= (3, 13):
+        return mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE, trackfd=False)
+    return mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def _open_fd_count() -> int:
+    """How many file descriptors this process has open now."""
+    for fd_dir in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return max(len(os.listdir(fd_dir)) - 1, 0)  # listdir's own fd is in the listing
+        except OSError:
+            continue
+    # No fd directory (an unusual /proc-less sandbox): probe the descriptors one by one.
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = soft if 0 < soft < (1 << 20) else (1 << 20)
+    count = 0
+    for fd in range(top):
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        count += 1
+    return count
+
+
+def _hard_ceiling(hard: int) -> int:
+    """The highest soft RLIMIT_NOFILE this process may set (an unlimited hard limit still stops
+    at the kernel's fs.nr_open)."""
+    if hard != resource.RLIM_INFINITY:
+        return hard
+    try:
+        with open("/proc/sys/fs/nr_open", encoding="ascii") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 1 << 20
+
+
+def _fmt_limit(limit: int) -> str:
+    return "unlimited" if limit == resource.RLIM_INFINITY else str(limit)
+
+
+def _raise_soft_limit(want: int) -> bool:
+    """Raise the soft RLIMIT_NOFILE to at least `want` (a little more, so that growing by one
+    slot at a time does not call setrlimit every time), never above the hard limit. True when
+    the soft limit is now at least `want`."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return True
+    ceiling = _hard_ceiling(hard)
+    if want > ceiling:
+        return False
+    new_soft = min(ceiling, max(want, 2 * soft))
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
+    except (OSError, ValueError):
+        try:  # a kernel ceiling we did not know of: ask for only what is needed
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (OSError, ValueError):
+            return False
+    return True
+
+
+def ensure_fd_room(count: int) -> None:
+    """Make sure this process can map `count` more segments without running out of file
+    descriptors, raising the soft RLIMIT_NOFILE towards the hard limit if needed.
+
+    Each mapped segment keeps FDS_PER_SEGMENT descriptors open (one before Python 3.13, none
+    from 3.13, whose mmap does not keep a dup of the fd: creating or attaching a segment then
+    only opens one fd for a moment, so there is nothing to reserve and this returns at once).
+    Needed: the fds open now + count * FDS_PER_SEGMENT + FD_MARGIN. Processes forked or spawned
+    afterwards inherit the raised limit. Counts /proc/self/fd, so call it once per ring or per
+    batch of segments, not per batch of data.
+
+    Raises SharedMemoryError ("too many open files ...") when even the hard limit is too small.
+    """
+    needed = count * FDS_PER_SEGMENT
+    if needed <= 0:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return
+    open_now = _open_fd_count()
+    want = open_now + needed + FD_MARGIN
+    if want <= soft or _raise_soft_limit(want):
+        return
+    raise SharedMemoryError(
+        f"too many open files: the batch ring needs {needed} more file descriptors (one per "
+        f"shared-memory slot on Python < 3.13; {open_now} are open already, plus {FD_MARGIN} "
+        f"head-room: {want} in all) but this process may open at most {_fmt_limit(hard)} "
+        f"(RLIMIT_NOFILE soft {_fmt_limit(soft)}, hard {_fmt_limit(hard)}): lower prefetch, "
+        f"or raise the limit (`ulimit -n {want}` as root or with a higher hard limit; "
+        "LimitNOFILE= for a systemd service, --ulimit nofile= for a container), "
+        "or use Python >= 3.13, whose slots hold no file descriptor"
+    )
+
+
+def _fd_limit_error(action: str, path: str, e: OSError) -> SharedMemoryError:
+    """The error for EMFILE / ENFILE: the fd limit, never a full /dev/shm."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    which = "this process's limit" if e.errno == errno.EMFILE else "the system's limit, fs.file-max"
+    per_slot = (
+        "each ring slot keeps one file descriptor open on Python < 3.13"
+        if FDS_PER_SEGMENT
+        else "each segment opens a file descriptor while it is being mapped"
+    )
+    return SharedMemoryError(
+        f"cannot {action} shared memory {path}: too many open files ({which}; RLIMIT_NOFILE "
+        f"soft {_fmt_limit(soft)}, hard {_fmt_limit(hard)}; {_open_fd_count()} open now): {per_slot}; "
+        "lower prefetch, or raise the limit (`ulimit -n`, LimitNOFILE=, --ulimit nofile=)"
+    )
+
+
+def _retry_after_raising_limit(e: OSError) -> bool:
+    """On EMFILE, try once to raise the soft limit (a worker started before its ring was made
+    did not inherit the trainer's raised limit); True when a retry may succeed."""
+    if e.errno != errno.EMFILE:
+        return False
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return False
+    return _raise_soft_limit(soft + max(FD_MARGIN, soft // 2))
 
 
 class Segment:
@@ -56,22 +199,27 @@ class Segment:
         """
         name = f"{PREFIX}{os.getpid()}_{tag}{secrets.token_hex(16)}"
         path = os.path.join(SHM_DIR, name)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            fd = _open(path, flags, 0o600)
         except OSError as e:
+            if e.errno in _FD_ERRNOS:
+                raise _fd_limit_error("create", path, e) from e
             raise SharedMemoryError(f"cannot create shared memory {path}: {e}") from e
         try:
             os.fchmod(fd, 0o600)  # umask cannot widen it, but make the mode explicit
             os.ftruncate(fd, size)
-            mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mapping = _map_retrying(fd, size, mmap.MAP_SHARED)
         except OSError as e:
             os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            raise SharedMemoryError(
-                f"cannot size shared memory {path} to {size} bytes: {e}; "
-                "is /dev/shm full? (see `df -h /dev/shm`)"
-            ) from e
+            if e.errno in _FD_ERRNOS:
+                raise _fd_limit_error("map", path, e) from e
+            hint = "is /dev/shm full? (see `df -h /dev/shm`)"
+            if e.errno == errno.ENOMEM:
+                hint += " or are there too many mappings? (see `sysctl vm.max_map_count`)"
+            raise SharedMemoryError(f"cannot size shared memory {path} to {size} bytes: {e}; {hint}") from e
         os.close(fd)
         return cls(name, size, mapping, owner=True)
 
@@ -86,13 +234,19 @@ class Segment:
             raise SharedMemoryError(f"{name!r} is not a fastload shared-memory segment name")
         path = os.path.join(SHM_DIR, name)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+            fd = _open(path, os.O_RDWR | os.O_NOFOLLOW)
         except OSError as e:
+            if e.errno in _FD_ERRNOS:
+                raise _fd_limit_error("attach", path, e) from e
             raise SharedMemoryError(f"cannot attach shared memory {path}: {e}") from e
         try:
             size = os.fstat(fd).st_size
             flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
-            mapping = mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+            mapping = _map_retrying(fd, size, flags)
+        except OSError as e:
+            if e.errno in _FD_ERRNOS:
+                raise _fd_limit_error("map", path, e) from e
+            raise
         finally:
             os.close(fd)
         return cls(name, size, mapping, owner=False)
@@ -109,6 +263,26 @@ class Segment:
         # until they die and the garbage collector frees it.
         with contextlib.suppress(BufferError):
             self.buf.close()
+
+
+def _open(path: str, flags: int, mode: int = 0o777) -> int:
+    """os.open, retried once after raising the soft fd limit when it fails with EMFILE."""
+    try:
+        return os.open(path, flags, mode)
+    except OSError as e:
+        if not _retry_after_raising_limit(e):
+            raise
+    return os.open(path, flags, mode)
+
+
+def _map_retrying(fd: int, size: int, flags: int) -> mmap.mmap:
+    """_map, retried once after raising the soft fd limit when its dup() fails with EMFILE."""
+    try:
+        return _map(fd, size, flags)
+    except OSError as e:
+        if not _retry_after_raising_limit(e):
+            raise
+    return _map(fd, size, flags)
 
 
 def unlink(name: str) -> None:

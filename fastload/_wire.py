@@ -1,9 +1,11 @@
 """The trainer<->daemon wire format: versioned JSON headers, validated on arrival; never pickles.
 
-Every message is one JSON object (the header, at most 64 KiB) and, for tasks, one frame of raw
-little-endian int64 sample indices. A header that is not valid JSON, has the wrong version, an
-unknown `op`, fields of the wrong type or integers beyond 64 bits raises `WireError`; the daemon
-answers it with an `error` reply and keeps serving.
+Every message is one JSON object (the header, at most 64 KiB from a trainer) and, for tasks, one
+frame of raw little-endian int64 sample indices. A header that is not valid JSON, has the wrong
+version, an unknown `op`, fields of the wrong type or integers beyond 64 bits raises `WireError`;
+the daemon answers it with an `error` reply and keeps serving. The daemon's sockets refuse any
+frame larger than `MAX_FRAME_BYTES` (ZMQ_MAXMSGSIZE: the connection is dropped), which is the
+largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
 
     trainer -> daemon                                daemon -> trainer
     hello  {dataset, transforms, backend, seed,      welcome {session, daemon_pid, slots,
@@ -16,6 +18,8 @@ answers it with an `error` reply and keeps serving.
     bye    {}                                        slot    {name}      (reply to grow)
     status {}                                        pong    {}
     stop   {}          (local socket only)           status  {sessions, workers, budget, ...}
+                                                     indexing {path, seconds} (hello waits
+                                                              while the folder is indexed)
                                                      error   {message}   (anything refused)
 """
 
@@ -31,6 +35,9 @@ from fastload._errors import FastloadError
 VERSION = 1
 MAX_HEADER_BYTES = 64 << 10
 MAX_BATCH = 1 << 16
+MAX_FRAME_BYTES = 8 * MAX_BATCH + MAX_HEADER_BYTES
+# What a trainer accepts from its daemon: a welcome lists every class name (ImageNet-21k: ~260 KB).
+MAX_REPLY_HEADER_BYTES = 64 << 20
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # every integer crosses to the workers as int64
 
 # op -> {field: accepted types}; fields not listed are refused.
@@ -88,7 +95,10 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "used_bytes": _INT,
         "pid": _INT,
         "draining": (bool,),
+        "datasets": (list,),
+        "worker_deaths": (dict,),
     },
+    "indexing": {"path": (str,), "seconds": (float, int)},
     "error": {"message": (str,)},
 }
 
@@ -102,10 +112,10 @@ def encode(op: str, **fields: Any) -> bytes:
     return json.dumps({"v": VERSION, "op": op, **fields}, separators=(",", ":")).encode()
 
 
-def decode(frame: bytes) -> tuple[str, dict[str, Any]]:
+def decode(frame: bytes, max_bytes: int = MAX_HEADER_BYTES) -> tuple[str, dict[str, Any]]:
     """Parse and validate a header frame; return (op, fields)."""
-    if len(frame) > MAX_HEADER_BYTES:
-        raise WireError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
+    if len(frame) > max_bytes:
+        raise WireError(f"header of {len(frame)} bytes exceeds {max_bytes}")
     try:
         message = json.loads(frame)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:

@@ -42,11 +42,39 @@ class WorkerSpec:
     worker_id: int
     jobs: dict[int, FolderJob | DatasetJob]  # forked in (local mode); a daemon sends JOB messages
     worker_init_fn: Callable[[int], Any] | None
+    close_inherited_sockets: bool = False  # a daemon's worker: drop its listeners (see below)
+
+
+def close_inherited_sockets() -> int:
+    """Close every socket this forked process inherited (stdio aside); return how many.
+
+    A daemon's workers are forked from a process that listens (its ipc socket, a TCP port when
+    asked for): an inherited listening socket would keep the port bound and accept connections
+    nobody serves if the daemon died first. Workers only ever use the sockets they make
+    themselves, after this runs.
+    """
+    closed = 0
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return 0
+    for fd in fds:
+        if fd <= 2:
+            continue
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                os.close(fd)
+                closed += 1
+        except OSError:
+            continue  # the listing's own fd, already closed
+    return closed
 
 
 def worker_main(spec: WorkerSpec) -> None:
     """Run one worker until told to stop or until the trainer process disappears."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.close_inherited_sockets:
+        close_inherited_sockets()
     torch.set_num_threads(1)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)

@@ -10,6 +10,11 @@ skip the pixels a crop throws away.
 Randomness follows torchvision's algorithms exactly (e.g. `RandomResizedCrop`'s ten tries of a
 log-uniform aspect ratio, then the central fallback); the generator is a numpy `Generator` seeded
 from (seed, epoch, sample index), so results do not depend on which worker ran the sample.
+
+Every parameter is checked once, when a transform is built (by a user, or by `from_config` from a
+client's JSON): a NaN, an infinity, an empty or inverted range, a size that is a float, a bool or
+beyond `MAX_SIDE` is a `ConfigError` naming the transform, the parameter, the value and what is
+accepted, instead of an error on every sample.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import numpy as np
 
@@ -24,6 +30,7 @@ from fastload._errors import ConfigError
 
 __all__ = [
     "CenterCrop",
+    "MAX_SIDE",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
@@ -37,27 +44,81 @@ __all__ = [
 
 _INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
 
+MAX_SIDE = 16384
+"""The largest output side (and `Resize.max_size`) a transform accepts, in pixels.
 
-def _pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
-    """Return (height, width) from an int or a 1- or 2-sequence, as torchvision does."""
-    if isinstance(size, int):
-        pair = (size, size)
-    elif len(size) == 1:
-        pair = (int(size[0]), int(size[0]))
-    elif len(size) == 2:
-        pair = (int(size[0]), int(size[1]))
+One 16384 x 16384 RGB sample is already 768 MiB: a larger output cannot be part of a training
+batch, and accepting it would only make the loader allocate absurd batch-slot buffers (or fail on
+every sample). Checked once, when a transform is built, so a bad value fails at hello, not per sample.
+"""
+
+# Bounds on RandomResizedCrop's ranges, far beyond any useful value (a scale above 1 can never fit,
+# so it only means "fall back to the central crop" more often): they keep `sample_box`'s arithmetic
+# finite for any image, where e.g. scale=(1e300, 1e300) with ratio=(1e300, 1e300) would overflow.
+_MAX_SCALE = 1e6
+_MAX_RATIO = 1e6
+
+
+def _reject(kind: str, param: str, value: object, accepted: str) -> ConfigError:
+    """The error for a bad parameter: names the transform, the parameter, the value and what is allowed."""
+    shown = repr(value)
+    if len(shown) > 80:  # a client's 4000-digit number should not make a 4 kB message
+        shown = shown[:77] + "..."
+    return ConfigError(f"{kind}: {param} must be {accepted}, got {shown}")
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    """A Python int that is not a bool (a float or a bool is not a size)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    """A finite int or float, not a bool (NaN and infinities pass every comparison wrongly)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def _side(value: object) -> int | None:
+    """`value` if it is an int in 1..MAX_SIDE (not a bool, not a float), else None."""
+    return value if _is_int(value) and 1 <= value <= MAX_SIDE else None
+
+
+def _pair(size: object, kind: str) -> tuple[int, int]:
+    """Return (height, width) from an int or a 1- or 2-sequence, as torchvision does.
+
+    Every side must be an int in 1..MAX_SIDE.
+    """
+    accepted = f"an int in 1..{MAX_SIDE} or a (height, width) pair of them"
+    if _is_int(size):
+        height = width = _side(size)
+    elif isinstance(size, Sequence) and not isinstance(size, (str, bytes)) and len(size) in (1, 2):
+        height, width = _side(size[0]), _side(size[-1])
     else:
-        raise ConfigError(f"{name}: size must be an int or (height, width), got {size!r}")
-    if min(pair) <= 0:
-        raise ConfigError(f"{name}: size must be positive, got {size!r}")
-    return pair
+        raise _reject(kind, "size", size, accepted)
+    if height is None or width is None:
+        raise _reject(kind, "size", size, accepted)
+    return height, width
 
 
-def _check_interpolation(name: str, interpolation: str) -> None:
-    if interpolation not in _INTERPOLATIONS:
-        raise ConfigError(
-            f"{name}: interpolation {interpolation!r} is not one of {', '.join(_INTERPOLATIONS)}"
-        )
+def _check_range(kind: str, param: str, value: object, lowest: float, highest: float) -> None:
+    """Check a (min, max) pair of finite numbers with lowest < min <= max <= highest."""
+    accepted = f"a (min, max) pair of finite numbers with {lowest:g} < min <= max <= {highest:g}"
+    if not (isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and len(value) == 2):
+        raise _reject(kind, param, value, accepted)
+    low, high = value
+    if not (_is_number(low) and _is_number(high) and lowest < low <= high <= highest):
+        raise _reject(kind, param, value, accepted)
+
+
+def _check_bool(kind: str, param: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise _reject(kind, param, value, "True or False")
+
+
+def _check_interpolation(name: str, interpolation: object) -> None:
+    if not isinstance(interpolation, str) or interpolation not in _INTERPOLATIONS:
+        raise _reject(name, "interpolation", interpolation, f"one of {', '.join(_INTERPOLATIONS)}")
 
 
 @dataclass(frozen=True)
@@ -66,8 +127,10 @@ class RandomResizedCrop:
 
     Args:
         size: output (height, width), or an int for a square.
-        scale: range of the crop's area as a fraction of the image's area.
-        ratio: range of the crop's aspect ratio (width / height), sampled log-uniformly.
+        scale: range of the crop's area as a fraction of the image's area: finite, 0 < min <= max
+            (max may exceed 1, as in torchvision; both at most 1e6).
+        ratio: range of the crop's aspect ratio (width / height), sampled log-uniformly: finite,
+            1e-6 < min <= max <= 1e6.
         interpolation: resampling filter; "bilinear" as torchvision's default.
         antialias: filter when downscaling, as torchvision's default (True) and PIL always do.
     """
@@ -80,9 +143,10 @@ class RandomResizedCrop:
 
     def __post_init__(self) -> None:
         _pair(self.size, "RandomResizedCrop")
+        _check_range("RandomResizedCrop", "scale", self.scale, 0.0, _MAX_SCALE)
+        _check_range("RandomResizedCrop", "ratio", self.ratio, 1.0 / _MAX_RATIO, _MAX_RATIO)
         _check_interpolation("RandomResizedCrop", self.interpolation)
-        if self.scale[0] > self.scale[1] or self.ratio[0] > self.ratio[1]:
-            raise ConfigError("RandomResizedCrop: scale and ratio must be (min, max) ranges")
+        _check_bool("RandomResizedCrop", "antialias", self.antialias)
 
     def sample_box(self, height: int, width: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
         """Return (top, left, crop_height, crop_width), torchvision's `get_params` algorithm."""
@@ -132,17 +196,20 @@ class Resize:
     antialias: bool = True
 
     def __post_init__(self) -> None:
+        _pair(self.size, "Resize")  # checks an int, a 1-sequence (the shorter edge) and a pair alike
         edge = _shorter_edge(self.size)
-        if edge is None:
-            _pair(self.size, "Resize")
-        elif edge <= 0:
-            raise ConfigError(f"Resize: size must be positive, got {self.size}")
         _check_interpolation("Resize", self.interpolation)
+        _check_bool("Resize", "antialias", self.antialias)
         if self.max_size is not None:
             if edge is None:
                 raise ConfigError("Resize: max_size is only allowed when size is an int")
-            if self.max_size <= edge:
-                raise ConfigError(f"Resize: max_size ({self.max_size}) must be larger than size ({edge})")
+            if not (_is_int(self.max_size) and edge < self.max_size <= MAX_SIDE):
+                raise _reject(
+                    "Resize",
+                    "max_size",
+                    self.max_size,
+                    f"None or an int larger than size ({edge}) and at most {MAX_SIDE}",
+                )
 
     def output_size(self, height: int, width: int) -> tuple[int, int]:
         """Return the (height, width) an image of the given size is resized to."""
@@ -183,8 +250,8 @@ class RandomHorizontalFlip:
     p: float = 0.5
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.p <= 1.0:
-            raise ConfigError(f"RandomHorizontalFlip: p must be in [0, 1], got {self.p}")
+        if not (_is_number(self.p) and 0.0 <= self.p <= 1.0):
+            raise _reject("RandomHorizontalFlip", "p", self.p, "a number in [0, 1]")
 
 
 Transform = RandomResizedCrop | Resize | CenterCrop | RandomHorizontalFlip

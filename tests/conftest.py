@@ -1,8 +1,9 @@
 """Fixtures: small photo-like image folders, and the leak guards every test runs under.
 
 Leak guards (autouse; they run at teardown, so also after a test that failed):
-- after each test, no `/dev/shm/fastload_<this pid>_*` segment is left and no child process of
-  pytest is still alive: every loader a test makes must be closed (`with FastLoader(...)`);
+- after each test, no `/dev/shm/fastload_<this pid>_*` segment and no engine socket directory
+  of this process is left, and no child process of pytest is still alive: every loader a test
+  makes must be closed (`with FastLoader(...)`);
 - at the end of the session, no segment created during the run is left behind, by this process
   or by any process that has since died (the subprocess tests), and no child process is alive.
 A leak is reported as an error, which fails the session; it is then cleaned up so that later
@@ -15,6 +16,7 @@ socket directories and stop them at teardown, checking that each left nothing be
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import pytest
 from daemon_helpers import DaemonPool, DaemonProcess
 from helpers import (
     build_folder,
+    engine_socket_dirs,
     fastload_segments,
     kill_pids,
     live_children,
@@ -69,6 +72,11 @@ def _no_leaks_per_test() -> Iterator[None]:
             f"segments of this process left after the test (loader not closed?): {sorted(leaked)}"
         )
         unlink_segments(leaked)
+    sockets = engine_socket_dirs(os.getpid())
+    if sockets:
+        problems.append(f"engine socket directories left after the test: {sorted(sockets)}")
+        for path in sockets:
+            shutil.rmtree(path, ignore_errors=True)
     children = wait_children_gone(children_before, CHILD_GRACE_S)
     if children:
         problems.append(f"child processes still alive after the test: {children}")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -82,6 +84,41 @@ def live_children() -> dict[int, str]:
     return found
 
 
+def child_pids(parent: int) -> list[int]:
+    """Live (non-zombie) children of `parent`: a loader's workers, or a daemon's."""
+    pids = []
+    for child in psutil.Process(parent).children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                pids.append(child.pid)
+    return pids
+
+
+class Killer(threading.Thread):
+    """Sends `signum` to a random child of `parent` every ~`every_s` seconds until stopped
+    (fault injection: what the OOM killer or an operator does to worker processes)."""
+
+    def __init__(self, parent: int, every_s: float, signum: int = signal.SIGKILL, seed: int = 0) -> None:
+        super().__init__(daemon=True)
+        self.parent, self.every_s, self.signum = parent, every_s, signum
+        self.rng = random.Random(seed)
+        self.sent: list[int] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(self.rng.uniform(0.5, 1.5) * self.every_s):
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                pids = child_pids(self.parent)
+                if pids:
+                    pid = self.rng.choice(pids)
+                    os.kill(pid, self.signum)
+                    self.sent.append(pid)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)
+
+
 def wait_children_gone(ignore: set[int], grace_s: float) -> dict[int, str]:
     """Wait up to `grace_s` for our descendants (except `ignore`) to exit; return those left."""
     deadline = time.monotonic() + grace_s
@@ -109,6 +146,22 @@ def kill_pids(pids: Iterable[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
+
+
+def engine_socket_dirs(pid: int | None = None) -> set[str]:
+    """Engine socket directories (`fastload-engine-PID-*`) of `pid`, or of every process."""
+    import tempfile
+
+    prefix = "fastload-engine-" if pid is None else f"fastload-engine-{pid}-"
+    bases = {tempfile.gettempdir()}
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        bases.add(xdg)
+    found = set()
+    for base in bases:
+        with contextlib.suppress(OSError):
+            found |= {os.path.join(base, n) for n in os.listdir(base) if n.startswith(prefix)}
+    return found
 
 
 def unlink_segments(names: Iterable[str]) -> None:

@@ -43,7 +43,8 @@ from hypothesis import strategies as st
 from fastload import DaemonError, FastLoader
 from fastload import _wire as wire
 from fastload import transforms as T
-from fastload._client import runtime_dir
+from fastload._client import default_address
+from fastload._sockdir import runtime_dir
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -125,6 +126,19 @@ def test_runtime_dir_is_made_private_and_a_shared_socket_dir_is_refused(
     made.chmod(0o755)
     with pytest.raises(DaemonError, match="mode 0700"):
         runtime_dir()
+
+    # Someone else holding the default path does not stop a daemon: it uses a private fallback
+    # beside it, and trainers find that without configuration.
+    made.rmdir()
+    made.symlink_to(tmp_path)  # squatted: a link (as another uid's directory would be)
+    fallback = Path(runtime_dir())
+    assert fallback.parent == tmp_path and fallback.name.startswith("fastload.")
+    assert stat.S_IMODE(fallback.stat().st_mode) == 0o700 and fallback.stat().st_uid == os.getuid()
+    assert Path(runtime_dir()) == fallback  # reused, not one more directory per start
+    (fallback / "daemon.sock").touch()
+    assert default_address() == f"ipc://{fallback / 'daemon.sock'}"
+    (fallback / "daemon.sock").unlink()
+    made.unlink()
 
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
@@ -224,6 +238,8 @@ def test_tcp_listener_answers_only_allowed_curve_keys(daemon_pool: DaemonPool, t
     stranger_public, stranger_secret = zmq.curve_keypair()
     listening = [addr for addr, state in _tcp_sockets(daemon.pid) if state == "LISTEN"]
     assert listening == [f"0100007F:{port:04X}"]
+    for worker in daemon.worker_pids:  # forked workers closed the listener they inherited
+        assert _tcp_sockets(worker) == [], f"worker {worker} holds the daemon's TCP socket"
 
     def ask(op: str, keys: tuple[bytes, bytes] | None) -> tuple[str, dict[str, Any]] | None:
         ctx = zmq.Context()

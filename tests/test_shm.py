@@ -8,6 +8,7 @@ too small for the ring is a SharedMemoryError naming the size needed and how to 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
@@ -16,16 +17,19 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from helpers import SHM_DIR, fastload_segments, pid_alive, unlink_segments, wait_until
+from helpers import SHM_DIR, fastload_segments, live_children, pid_alive, unlink_segments, wait_until
 from torch.utils.data import Dataset
 
 from fastload import FastLoader, SharedMemoryError, _shm
+from fastload import transforms as T
+from fastload._sockdir import reap_engine_dirs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -172,10 +176,45 @@ def test_preflight_passes_when_there_is_room(monkeypatch: pytest.MonkeyPatch) ->
 def test_loader_with_too_little_shm_fails_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_shm(monkeypatch, free_mib=8, total_mib=64, container=True)
     with FastLoader(Vectors(), batch_size=4, num_workers=2) as loader:
+        it = iter(loader)
+        workers = loader.worker_pids
         with pytest.raises(SharedMemoryError, match="--shm-size"):
-            next(iter(loader))
-        # No ring slot was left behind (the loader's statistics block lives until close()).
-        assert not {s for s in fastload_segments(os.getpid()) if "_stats_" not in s}
+            next(it)
+        # Its workers and statistics block are gone at once, not at close() or a gc.collect().
+        assert not fastload_segments(os.getpid())
+        assert wait_until(lambda: not any(pid_alive(p) for p in workers), 2.0)
+        assert loader.worker_pids == []
+
+
+def test_folder_loader_with_too_little_shm_fails_before_forking(
+    monkeypatch: pytest.MonkeyPatch, image_folder: Path
+) -> None:
+    _fake_shm(monkeypatch, free_mib=8, total_mib=64, container=False)
+    before = set(live_children())
+    with pytest.raises(SharedMemoryError, match="remount"):
+        FastLoader(
+            image_folder, batch_size=512, transform=[T.Resize((224, 224))], num_workers=2, device="cpu"
+        )
+    assert set(live_children()) == before, "workers were forked for a ring that cannot exist"
+    assert not fastload_segments(os.getpid())
+
+
+def test_engine_socket_dirs_of_dead_processes_are_reaped(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
+    dead_pid = int(dead.stdout)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    base = xdg if xdg and os.path.isdir(xdg) else tempfile.gettempdir()
+    orphan = Path(tempfile.mkdtemp(prefix=f"fastload-engine-{dead_pid}-", dir=base))
+    (orphan / "engine.sock").touch()
+    mine = Path(tempfile.mkdtemp(prefix=f"fastload-engine-{os.getpid()}-", dir=base))
+    try:
+        reaped = reap_engine_dirs()
+        assert str(orphan) in reaped and not orphan.exists()
+        assert mine.exists(), "a live process's engine directory was removed"
+    finally:
+        mine.rmdir()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,3 +310,194 @@ def test_sigterm_handler_chains_to_the_programs_own(tmp_path: Path) -> None:
     assert marker.exists()
     assert not fastload_segments(proc.pid)
     assert wait_until(lambda: not any(pid_alive(p) for p in workers), 10)
+
+
+# ---------------------------------------------------------------------------------------------
+# File descriptors: before Python 3.13 every mapped slot keeps one fd open (mmap's dup), so a big
+# prefetch meets RLIMIT_NOFILE; that must be "too many open files", never "is /dev/shm full?".
+
+FD_SCRIPT = """
+import os, resource, sys
+from fastload import SharedMemoryError
+from fastload import _shm
+from fastload._ring import Ring
+
+mode, slots = sys.argv[1], int(sys.argv[2])
+if mode == "no-precheck":  # meet the limit in os.open / mmap itself, mid-ring
+    _shm.ensure_fd_room = lambda count: None
+    import fastload._ring
+    fastload._ring.ensure_fd_room = _shm.ensure_fd_room
+low = len(os.listdir("/proc/self/fd")) + 24
+hard = low if mode in ("hard", "no-precheck") else resource.RLIM_INFINITY
+if hard == resource.RLIM_INFINITY:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+try:
+    ring = Ring(4096, slots)
+except SharedMemoryError as e:
+    print("ERROR", str(e).replace("\\n", " "))
+else:
+    print("OK", len(ring), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    ring.close()
+left = [n for n in os.listdir("/dev/shm") if n.startswith(f"fastload_{os.getpid()}_")]
+for n in left:
+    os.unlink(os.path.join("/dev/shm", n))
+print("LEFT", len(left))
+"""
+
+
+def _fd_script(mode: str, slots: int) -> list[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, "-c", FD_SCRIPT, mode, str(slots)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("LEFT "), done.stdout + done.stderr
+    return lines
+
+
+def _assert_fd_advice(message: str) -> None:
+    assert "too many open files" in message, message
+    assert "prefetch" in message and "ulimit -n" in message, message
+    assert "RLIMIT_NOFILE soft" in message and "hard" in message, message
+    assert "/dev/shm full" not in message, message
+
+
+def test_a_ring_beyond_the_hard_fd_limit_says_open_files_and_leaves_nothing() -> None:
+    result, left = _fd_script("hard", 200)
+    assert left == "LEFT 0"
+    if sys.version_info >= (3, 13):  # trackfd=False: a slot holds no fd, so the ring fits
+        assert result.startswith("OK 200"), result
+        return
+    assert result.startswith("ERROR "), result
+    _assert_fd_advice(result)
+    assert "needs 200 more file descriptors" in result, result
+    assert "one per shared-memory slot" in result, result
+
+
+def test_running_out_of_fds_mid_ring_says_open_files_and_leaves_nothing() -> None:
+    # No pre-check: the limit is met in os.open / mmap after some slots exist; Ring cleans up.
+    result, left = _fd_script("no-precheck", 200)
+    assert left == "LEFT 0"
+    if sys.version_info >= (3, 13):
+        assert result.startswith("OK 200"), result
+        return
+    assert result.startswith("ERROR "), result
+    _assert_fd_advice(result)
+    assert "one file descriptor open" in result, result
+
+
+@pytest.mark.skipif(
+    sys.version_info >= (3, 13), reason="Python >= 3.13 maps with trackfd=False: slots hold no fd"
+)
+def test_a_low_soft_fd_limit_is_raised_for_the_ring() -> None:
+    import resource
+
+    slots = 500
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < slots + 200:
+        pytest.skip(f"the hard RLIMIT_NOFILE ({hard}) is too low to raise the soft one for {slots} slots")
+    result, left = _fd_script("soft", slots)
+    assert left == "LEFT 0"
+    assert result.startswith(f"OK {slots} "), result
+    assert int(result.split()[2]) >= slots + _shm.FD_MARGIN, result
+
+
+def test_ensure_fd_room_raises_the_soft_limit_or_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    limits = [100, 1000]
+    set_to: list[tuple[int, int]] = []
+
+    def fake_setrlimit(which: int, new: tuple[int, int]) -> None:
+        assert which == _shm.resource.RLIMIT_NOFILE
+        set_to.append(new)
+
+    monkeypatch.setattr(_shm, "FDS_PER_SEGMENT", 1)  # what Python < 3.13 keeps per slot
+    monkeypatch.setattr(_shm, "_open_fd_count", lambda: 30)
+    monkeypatch.setattr(_shm.resource, "getrlimit", lambda which: (limits[0], limits[1]))
+    monkeypatch.setattr(_shm.resource, "setrlimit", fake_setrlimit)
+
+    _shm.ensure_fd_room(6)  # 30 + 6 + margin fits under 100: nothing to do
+    assert set_to == []
+    _shm.ensure_fd_room(300)  # 30 + 300 + 64 = 394: soft raised, within the hard limit
+    assert len(set_to) == 1 and 394 <= set_to[0][0] <= 1000 and set_to[0][1] == 1000
+    with pytest.raises(SharedMemoryError) as info:
+        _shm.ensure_fd_room(2000)  # 30 + 2000 + 64 > hard 1000
+    message = str(info.value)
+    _assert_fd_advice(message)
+    assert "needs 2000 more file descriptors" in message and "30 are open" in message
+    assert "soft 100, hard 1000" in message and "ulimit -n 2094" in message
+    assert len(set_to) == 1
+
+    monkeypatch.setattr(_shm, "FDS_PER_SEGMENT", 0)  # Python >= 3.13: slots hold no fd
+    _shm.ensure_fd_room(2000)
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE])
+@pytest.mark.parametrize("action", ["create", "attach"])
+def test_fd_exhaustion_in_open_is_too_many_open_files(
+    monkeypatch: pytest.MonkeyPatch, code: int, action: str
+) -> None:
+    existing = _shm.Segment.create(4096) if action == "attach" else None
+    real_open = os.open
+    calls: list[str] = []
+
+    def fake_open(path: str, *args: int) -> int:
+        if os.path.basename(path).startswith("fastload_"):
+            calls.append(path)
+            raise OSError(code, os.strerror(code), path)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(_shm.os, "open", fake_open)
+    monkeypatch.setattr(_shm, "_raise_soft_limit", lambda want: True)  # EMFILE: one retry
+    try:
+        with pytest.raises(SharedMemoryError) as info:
+            if existing is None:
+                _shm.Segment.create(4096)
+            else:
+                _shm.Segment.attach(existing.name)
+    finally:
+        monkeypatch.undo()
+        if existing is not None:
+            existing.close()
+    _assert_fd_advice(str(info.value))
+    assert ("process's limit" if code == errno.EMFILE else "system's limit") in str(info.value)
+    assert len(calls) == (2 if code == errno.EMFILE else 1)
+    assert not fastload_segments(os.getpid())
+
+
+@pytest.mark.parametrize(
+    ("code", "advice"),
+    [(errno.EMFILE, "too many open files"), (errno.ENOSPC, "is /dev/shm full?"), (errno.ENOMEM, "/dev/shm")],
+)
+def test_create_reports_map_failures_by_cause(
+    monkeypatch: pytest.MonkeyPatch, code: int, advice: str
+) -> None:
+    def failing_map(fd: int, size: int, flags: int) -> object:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(_shm, "_map", failing_map)
+    monkeypatch.setattr(_shm, "_raise_soft_limit", lambda want: False)
+    with pytest.raises(SharedMemoryError, match=re.escape(advice)) as info:
+        _shm.Segment.create(4096)
+    if code == errno.EMFILE:
+        _assert_fd_advice(str(info.value))
+    else:
+        assert "too many open files" not in str(info.value)
+    assert not fastload_segments(os.getpid())  # the half-made segment was unlinked
+
+
+def test_a_mapped_segment_holds_a_file_descriptor_only_before_python_3_13() -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    segments = [_shm.Segment.create(4096) for _ in range(20)]
+    try:
+        held = len(os.listdir("/proc/self/fd")) - before
+    finally:
+        for segment in segments:
+            segment.close()
+    assert held == 20 * _shm.FDS_PER_SEGMENT

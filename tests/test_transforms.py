@@ -9,8 +9,10 @@ PIL images (crop, resize BILINEAR, flip); with draft on, it stays within 30 dB P
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -232,6 +234,166 @@ def test_flip_rate_matches_p(p: float) -> None:
 def test_flip_rejects_bad_p() -> None:
     with pytest.raises(ConfigError):
         T.RandomHorizontalFlip(1.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter validation: once, at construction, in local mode and through from_config (the daemon)
+
+NAN, INF = float("nan"), float("inf")
+_LEGAL: dict[type, dict[str, Any]] = {
+    T.RandomResizedCrop: {"size": 8},
+    T.Resize: {"size": 8},
+    T.CenterCrop: {"size": 8},
+    T.RandomHorizontalFlip: {},
+}
+BAD_PARAMETERS: list[tuple[type, str, object]] = [
+    *[
+        (cls, "size", size)
+        for cls in (T.RandomResizedCrop, T.Resize, T.CenterCrop)
+        for size in (
+            0,
+            -1,
+            10**9,
+            T.MAX_SIDE + 1,
+            True,
+            224.0,
+            (8, 0),
+            (8.0, 8.0),
+            (True, 4),
+            (8, 8, 8),
+            (T.MAX_SIDE + 1, 8),
+            (),
+            "224",
+            None,
+        )
+    ],
+    (T.Resize, "size", (0,)),
+    (T.Resize, "size", (T.MAX_SIDE + 1,)),
+    (T.Resize, "size", (2.5,)),
+    *[
+        (T.RandomResizedCrop, "scale", scale)
+        for scale in (
+            (NAN, 1.0),
+            (0.5, NAN),
+            (0.0, 1.0),
+            (-0.1, 1.0),
+            (1.0, 0.5),
+            (INF, INF),
+            (0.1, INF),
+            (1e300, 1e300),
+            (0.5,),
+            (0.1, 0.5, 1.0),
+            ("0.1", "1"),
+            (True, True),
+            0.5,
+            None,
+        )
+    ],
+    *[
+        (T.RandomResizedCrop, "ratio", ratio)
+        for ratio in (
+            (0, 1),
+            (0.0, 0.0),
+            (-1.0, 1.0),
+            (-2.0, -1.0),
+            (INF, INF),
+            (NAN, NAN),
+            (2.0, 1.0),
+            (1e-300, 1.0),
+            (1.0, 1e300),
+            (1.0,),
+            ("a", "b"),
+            None,
+        )
+    ],
+    *[(cls, "interpolation", v) for cls in (T.RandomResizedCrop, T.Resize) for v in ("cubic-ish", None, 3)],
+    *[(cls, "antialias", v) for cls in (T.RandomResizedCrop, T.Resize) for v in ("yes", 1, None)],
+    *[(T.Resize, "max_size", v) for v in (8, 4, 0, -1, 10**9, T.MAX_SIDE + 1, 300.0, NAN, "400")],
+    *[(T.RandomHorizontalFlip, "p", v) for v in (NAN, INF, -INF, -0.1, 1.5, "0.5", None, True, (0.5,))],
+]
+
+
+def _jsonable(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
+
+
+@pytest.mark.parametrize(
+    ("cls", "param", "value"), BAD_PARAMETERS, ids=[f"{c.__name__}-{p}={v!r}" for c, p, v in BAD_PARAMETERS]
+)
+def test_bad_parameters_are_rejected_at_construction(cls: type, param: str, value: object) -> None:
+    kwargs = {**_LEGAL[cls], param: value}
+    with pytest.raises(ConfigError) as direct:
+        cls(**kwargs)
+    message = str(direct.value)
+    assert message.startswith(f"{cls.__name__}: {param} must be "), message  # names what is accepted
+    assert message.endswith(f"got {value!r}"), message  # and the bad value
+
+    # The same value in a client's JSON (NaN and Infinity are JSON to Python's json module).
+    entry = T.to_config([cls(**_LEGAL[cls])])[0]
+    entry[param] = _jsonable(value)
+    with pytest.raises(ConfigError) as remote:
+        T.from_config(json.loads(json.dumps([entry])))
+    assert cls.__name__ in str(remote.value) and param in str(remote.value), str(remote.value)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"type": "RandomResizedCrop", "size": ["224", "224"]},
+        {"type": "RandomResizedCrop", "size": 8, "scale": {"min": 0.1, "max": 1.0}},
+        {"type": "RandomResizedCrop", "size": 8, "ratio": [None, None]},
+        {"type": "Resize", "size": [[8, 8]]},
+        {"type": "Resize", "size": 8, "max_size": [16]},
+        {"type": "CenterCrop", "size": {"h": 8}},
+        {"type": "CenterCrop", "size": [8, True]},
+        {"type": "RandomHorizontalFlip", "p": [0.5, 0.5]},
+        {"type": "RandomHorizontalFlip", "p": 10**400},
+        {"type": "Resize", "size": 10**400},
+        {"type": "Resize"},  # a required parameter missing: a TypeError inside, a ConfigError outside
+    ],
+)
+def test_from_config_turns_odd_json_values_into_config_errors(entry: dict[str, object]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        T.from_config(json.loads(json.dumps([entry])))
+    assert str(entry["type"]) in str(caught.value)
+    assert len(str(caught.value)) < 300  # a client's huge value does not make a huge message
+
+
+LEGAL_EDGES: list[tuple[type, dict[str, Any]]] = [
+    (T.RandomResizedCrop, {"size": 8, "scale": (0.08, 1.5)}),
+    (T.RandomResizedCrop, {"size": 8, "scale": (1.5, 2.0)}),
+    (T.RandomResizedCrop, {"size": 8, "scale": [0.5, 1.0], "ratio": [0.5, 2.0]}),  # lists, as torchvision
+    (T.RandomResizedCrop, {"size": 8, "scale": (1, 1), "ratio": (1, 1)}),
+    (T.RandomResizedCrop, {"size": 8, "scale": (1e-9, 1e6), "ratio": (2e-6, 1e6)}),
+    (T.RandomResizedCrop, {"size": 16384}),
+    (T.RandomResizedCrop, {"size": (16384, 1), "antialias": False}),
+    (T.Resize, {"size": 16384}),
+    (T.Resize, {"size": (1,)}),
+    (T.Resize, {"size": [16, 24]}),
+    (T.Resize, {"size": 16383, "max_size": 16384}),
+    (T.CenterCrop, {"size": (16384, 16384)}),
+    (T.CenterCrop, {"size": 1}),
+    (T.RandomHorizontalFlip, {"p": 0}),
+    (T.RandomHorizontalFlip, {"p": 0.0}),
+    (T.RandomHorizontalFlip, {"p": 1}),
+    (T.RandomHorizontalFlip, {"p": 1.0}),
+]
+
+
+@pytest.mark.parametrize(("cls", "kwargs"), LEGAL_EDGES, ids=[f"{c.__name__}-{k}" for c, k in LEGAL_EDGES])
+def test_legal_edge_values_are_accepted(cls: type, kwargs: dict[str, Any]) -> None:
+    """torchvision's legal values stay legal, up to 16384-pixel sides, and work on every sample."""
+    t = cls(**kwargs)
+    rebuilt = T.from_config(json.loads(json.dumps(T.to_config([t]))))
+    assert T.to_config(rebuilt) == T.to_config([t])
+    # ... and they work on every sample, not just at construction.
+    plan = T.compile_transforms([T.Resize((16384, 16384)), t, T.CenterCrop(1)])
+    for seed in range(5):
+        g = plan.sample(375, 500, np.random.default_rng(seed))
+        assert (g.out_height, g.out_width) == (1, 1)
+    if isinstance(t, T.RandomResizedCrop):
+        top, left, h, w = t.sample_box(100_000, 3, np.random.default_rng(0))  # an extreme image
+        assert 0 <= top < top + h <= 100_000 and 0 <= left < left + w <= 3
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,105 @@
+"""Why a worker died, whom to blame, and how long a task may run before it counts as hung.
+
+NOTE [blame]: a task is blamed (and after `MAX_STRIKES` failed on purpose, so that a sample that
+crashes the decoder cannot loop forever) only for deaths it can have caused:
+- the worker *crashed*: a crash signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGSYS,
+  SIGTRAP), an exit status of its own (`os._exit`, `sys.exit` in a Dataset), or a SIGKILL while
+  the kernel's OOM-kill counter (/proc/vmstat `oom_kill`) went up: the OOM killer;
+- the worker *hung*: the engine killed it because its task ran past the hang bound.
+A SIGKILL or SIGTERM from outside (an operator, a job scheduler, a chaos test) is *external*: the
+tasks the worker held are simply run again, nobody is blamed. And a task is only charged when it
+ran alone on its worker, so that a death among several tasks never condemns the wrong one (they
+are re-run one per worker first: "suspects").
+
+NOTE [hang bound]: a task may run for max(floor, 20 x the slowest per-sample time seen in the
+last 256 tasks x its samples), doubled for each earlier hang of the same task. The floor is
+`hang_timeout` (default 120 s); 0 turns hang detection off. Generous on purpose: killing a worker
+that was merely slow costs a batch, missing a hang costs the run.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from collections import deque
+
+MAX_STRIKES = 3
+DEFAULT_HANG_FLOOR_S = 120.0
+_HANG_FACTOR = 20.0
+_RECENT_TASKS = 256
+
+_CRASH_SIGNALS = frozenset(
+    {
+        signal.SIGSEGV,
+        signal.SIGBUS,
+        signal.SIGILL,
+        signal.SIGFPE,
+        signal.SIGABRT,
+        signal.SIGSYS,
+        signal.SIGTRAP,
+    }
+)
+
+
+class Cause(enum.Enum):
+    """Why a worker process ended (see NOTE [blame])."""
+
+    CRASH = "crashed"
+    HANG = "hung"
+    EXTERNAL = "was killed from outside"
+
+
+def oom_kill_count() -> int:
+    """The kernel's count of OOM kills since boot (-1 where /proc/vmstat does not say)."""
+    try:
+        with open("/proc/vmstat", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return -1
+
+
+def classify(exitcode: int, *, hung: bool, oom_kills_before: int, oom_kills_now: int) -> Cause:
+    """The cause of a worker's death from its exit code and what the engine knows."""
+    if hung:
+        return Cause.HANG
+    if exitcode >= 0:
+        return Cause.CRASH  # it exited by itself: nothing outside makes a process call exit()
+    signum = -exitcode
+    if signum in _CRASH_SIGNALS:
+        return Cause.CRASH
+    if signum == signal.SIGKILL and 0 <= oom_kills_before < oom_kills_now:
+        return Cause.CRASH  # the OOM killer: the sample being loaded may well be the reason
+    return Cause.EXTERNAL
+
+
+def describe_exit(exitcode: int) -> str:
+    """'exit code 3' or 'signal SIGKILL'."""
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        return f"signal {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+class HangBound:
+    """Per-sample run times of recent tasks, and the time a task may run before it is hung."""
+
+    def __init__(self, floor_s: float | None) -> None:
+        self.floor_s = DEFAULT_HANG_FLOOR_S if floor_s is None else float(floor_s)
+        self._per_sample: deque[float] = deque(maxlen=_RECENT_TASKS)
+
+    @property
+    def enabled(self) -> bool:
+        return self.floor_s > 0
+
+    def record(self, seconds: float, samples: int) -> None:
+        """A task of `samples` samples ran `seconds` on its worker."""
+        self._per_sample.append(seconds / max(1, samples))
+
+    def limit_s(self, samples: int, earlier_hangs: int) -> float:
+        slowest = max(self._per_sample, default=0.0)
+        return max(self.floor_s, _HANG_FACTOR * slowest * samples) * 2.0**earlier_hangs

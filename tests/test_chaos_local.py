@@ -1,0 +1,218 @@
+"""Fault injection on a local loader: workers killed and stopped from outside, at a rate.
+
+Protects the supervision contract of issue 8: whatever happens to worker processes from outside
+(SIGKILL as the OOM killer or an operator sends it, SIGSTOP), the epoch stays exactly-once, no
+batch is failed for deaths it did not cause (no false WorkerError), no raw ZeroMQ error reaches
+the trainer, a stopped worker is taken as hung and replaced even with `timeout=0`, and a sample
+that really crashes its worker is still failed after three tries. The blame policy itself
+(`_supervision.classify`) is checked on its own, including the OOM-killer case.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from helpers import Killer
+from torch.utils.data import Dataset
+
+from fastload import FastLoader, WorkerError
+from fastload._engine import Engine, Task
+from fastload._jobs import DatasetJob
+from fastload._supervision import Cause, HangBound, classify
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class SlowIndexDataset(Dataset[tuple[np.int64, np.ndarray]]):
+    """Sample i is (i, [i, i]); each takes `sleep_s`, and `hook(i)` may crash the process."""
+
+    def __init__(self, n: int, sleep_s: float, hook: Callable[[int], None] | None = None) -> None:
+        self.n = n
+        self.sleep_s = sleep_s
+        self.hook = hook
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[np.int64, np.ndarray]:
+        time.sleep(self.sleep_s)
+        if self.hook is not None:
+            self.hook(i)
+        return np.int64(i), np.full(2, i, np.float32)
+
+
+def _epoch_indices(loader: FastLoader) -> list[int]:
+    seen: list[int] = []
+    for index, payload in loader:
+        assert torch.equal(payload[:, 0], index.float()), "a batch's rows do not belong together"
+        seen += index.tolist()
+    return seen
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_random_sigkills_across_an_epoch_keep_it_exactly_once(workers: int) -> None:
+    n = 600
+    dataset = SlowIndexDataset(n, sleep_s=0.002)
+    with FastLoader(dataset, batch_size=4, shuffle=True, num_workers=workers, seed=5) as loader:
+        killer = Killer(os.getpid(), every_s=0.05, seed=workers)
+        killer.start()
+        try:
+            seen = _epoch_indices(loader)
+        finally:
+            killer.stop()
+        second = _epoch_indices(loader)  # the replacements serve the next epoch
+    assert len(killer.sent) >= 15, f"the killer only sent {len(killer.sent)} signals"
+    assert sorted(seen) == list(range(n)), "a sample was lost or delivered twice"
+    assert sorted(second) == list(range(n))
+
+
+def test_sigkilled_workers_do_not_fail_a_batch_that_runs_alone() -> None:
+    # A batch that takes longer than the kill interval is hit again and again; the kills come
+    # from outside (SIGKILL, no OOM), so it is re-run, never failed with a WorkerError.
+    n = 48
+    dataset = SlowIndexDataset(n, sleep_s=0.01)
+    with FastLoader(dataset, batch_size=8, num_workers=2, seed=1) as loader:
+        killer = Killer(os.getpid(), every_s=0.03, seed=7)
+        killer.start()
+        try:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and len(killer.sent) < 20:
+                time.sleep(0.05)
+            seen = _epoch_indices(loader)  # kills continue during part of the epoch
+        finally:
+            killer.stop()
+    assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.parametrize("timeout", [0, 30])
+def test_a_stopped_worker_is_taken_as_hung_and_replaced(timeout: float) -> None:
+    n = 80
+    dataset = SlowIndexDataset(n, sleep_s=0.005)
+    with FastLoader(dataset, batch_size=4, num_workers=2, timeout=timeout, hang_timeout=1.0) as loader:
+        it = iter(loader)
+        seen = next(it)[0].tolist()
+        victim = loader.worker_pids[0]
+        os.kill(victim, signal.SIGSTOP)
+        start = time.monotonic()
+        for index, _ in it:
+            seen += index.tolist()
+        elapsed = time.monotonic() - start
+        assert victim not in loader.worker_pids, "the stopped worker was not replaced"
+        assert len(loader.worker_pids) == 2
+    assert sorted(seen) == list(range(n))
+    assert elapsed < 15, f"the epoch took {elapsed:.1f} s after the worker stopped"
+
+
+def _segfault_at(bad: int) -> Callable[[int], None]:
+    def hook(i: int) -> None:
+        if i == bad:
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+    return hook
+
+
+def test_a_sample_that_crashes_is_still_failed_under_outside_kills() -> None:
+    dataset = SlowIndexDataset(200, sleep_s=0.002, hook=_segfault_at(9))
+    killer = Killer(os.getpid(), every_s=0.2, seed=3)
+    with FastLoader(dataset, batch_size=4, num_workers=2) as loader:
+        got: list[int] = []
+        errors: list[WorkerError] = []
+        it = iter(loader)
+        killer.start()
+        try:
+            while True:
+                try:
+                    got += next(it)[0].tolist()
+                except StopIteration:
+                    break
+                except WorkerError as e:
+                    errors.append(e)
+        finally:
+            killer.stop()
+    assert killer.sent, "no worker was killed from outside"
+    assert len(errors) == 1 and "[8, 9, 10, 11]" in str(errors[0]) and "SIGSEGV" in str(errors[0])
+    assert sorted(got) == [i for i in range(200) if not 8 <= i < 12]
+
+
+def test_sending_to_a_worker_that_just_died_does_not_raise() -> None:
+    # ROUTER_MANDATORY makes a send to a vanished peer fail with EHOSTUNREACH; the engine must
+    # treat that worker as dead (re-running what it held) instead of raising into the trainer.
+    job = DatasetJob(SlowIndexDataset(64, sleep_s=0.0), None, seed=0, batch_size=4)
+    engine = Engine({0: job}, num_workers=2, mp_context=None, worker_init_fn=None)
+    try:
+        probe = Task(0, 0, 0, np.asarray([0], np.int64), "", probe=True)
+        engine.submit(probe)
+        events: list[object] = []
+        deadline = time.monotonic() + 20
+        while not events and time.monotonic() < deadline:
+            events += engine.poll(0.1)
+        assert events, "no worker became ready"
+        while not all(w.ready for w in engine._workers.values()):  # both have said READY
+            engine.poll(0.05)
+        victim = engine.worker_pids[0]
+        os.kill(victim, signal.SIGKILL)
+        assert wait_zombie(victim, 5), "the killed worker did not die"
+        time.sleep(0.2)  # the ROUTER has seen the connection close: a send would now fail
+        tasks = [Task(k + 1, 0, k, np.asarray([k], np.int64), "", probe=True) for k in range(8)]
+        for task in tasks:
+            engine.submit(task)  # must not raise zmq.ZMQError
+        done: set[int] = set()
+        deadline = time.monotonic() + 20
+        while len(done) < len(tasks) and time.monotonic() < deadline:
+            done |= {e.seq for e in engine.poll(0.1) if hasattr(e, "seq")}  # type: ignore[attr-defined]
+        assert done == {t.seq for t in tasks}
+        assert victim not in engine.worker_pids
+        assert engine.deaths[Cause.EXTERNAL] == 1
+    finally:
+        engine.close()
+
+
+def wait_zombie(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# The blame policy on its own
+
+
+@pytest.mark.parametrize(
+    ("exitcode", "hung", "oom", "cause"),
+    [
+        (-signal.SIGSEGV, False, (5, 5), Cause.CRASH),
+        (-signal.SIGBUS, False, (5, 5), Cause.CRASH),
+        (-signal.SIGABRT, False, (5, 5), Cause.CRASH),
+        (3, False, (5, 5), Cause.CRASH),  # os._exit(3) in a Dataset or a native library
+        (-signal.SIGKILL, False, (5, 5), Cause.EXTERNAL),  # kill -9 from outside
+        (-signal.SIGKILL, False, (5, 6), Cause.CRASH),  # the OOM killer struck meanwhile
+        (-signal.SIGKILL, False, (-1, -1), Cause.EXTERNAL),  # no /proc/vmstat: cannot tell
+        (-signal.SIGTERM, False, (5, 5), Cause.EXTERNAL),
+        (-signal.SIGKILL, True, (5, 5), Cause.HANG),  # the engine killed it for hanging
+    ],
+)
+def test_death_causes(exitcode: int, hung: bool, oom: tuple[int, int], cause: Cause) -> None:
+    assert classify(exitcode, hung=hung, oom_kills_before=oom[0], oom_kills_now=oom[1]) is cause
+
+
+def test_hang_bound_grows_with_measured_sample_times_and_earlier_hangs() -> None:
+    bound = HangBound(2.0)
+    assert bound.limit_s(64, 0) == 2.0  # nothing measured yet: the floor
+    bound.record(6.4, 64)  # 0.1 s per sample
+    assert bound.limit_s(64, 0) == pytest.approx(20 * 0.1 * 64)
+    assert bound.limit_s(64, 1) == pytest.approx(2 * 20 * 0.1 * 64)
+    assert not HangBound(0).enabled
+    assert HangBound(None).floor_s == 120.0

@@ -1,0 +1,98 @@
+"""Fault injection on the daemon: its workers killed and stopped while several trainers load.
+
+Protects issue 8's first and fifth items: the daemon never dies of its workers (a send to a
+worker whose connection is gone used to raise out of the scheduler), every trainer still gets
+exactly its local-mode batches, bit for bit, and a stopped worker is replaced after the hang
+bound (`--hang-timeout`) instead of holding a trainer until its own `timeout`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_helpers import RESIZE, Batches, DaemonPool, assert_same_batches, local_epoch
+from helpers import Killer, child_pids
+
+from fastload import FastLoader
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _train_together(loaders: list[FastLoader], epochs: int) -> list[list[Batches]]:
+    """Each loader's epochs, taken in turns (one batch of each in turn), as trainers would."""
+    got: list[list[Batches]] = [[] for _ in loaders]
+    for _ in range(epochs):
+        running = {k: iter(loader) for k, loader in enumerate(loaders)}
+        for batches in got:
+            batches.append([])
+        while running:
+            for k, it in list(running.items()):
+                batch = next(it, None)
+                if batch is None:
+                    del running[k]
+                else:
+                    got[k][-1].append([t.clone() for t in batch])
+    return got
+
+
+@pytest.mark.parametrize("trainers", [3])
+def test_daemon_survives_worker_sigkills_with_several_trainers_attached(
+    daemon_pool: DaemonPool, make_folder: Callable[..., Path], trainers: int
+) -> None:
+    folder = make_folder(classes=4, per_class=20)  # 80 images: 20 batches of 4 per epoch
+    daemon = daemon_pool.start(workers=3)
+    configs = [
+        {"batch_size": 4, "shuffle": True, "seed": 10 + k, "transform": RESIZE, "device": "cpu"}
+        for k in range(trainers)
+    ]
+    loaders = [FastLoader(folder, num_workers=1, prefetch=3, daemon=daemon.address, **c) for c in configs]
+    killer = Killer(daemon.pid, every_s=0.15, seed=8)
+    try:
+        killer.start()
+        got = _train_together(loaders, epochs=2)
+    finally:
+        killer.stop()
+        for loader in loaders:
+            loader.close()
+    assert len(killer.sent) >= 8, f"only {len(killer.sent)} workers were killed"
+    assert daemon.proc.poll() is None, f"the daemon died:\n{daemon.log()}"
+    status = daemon.status()
+    assert status["worker_deaths"]["external"] >= len(killer.sent) - 1  # the last one may be unseen yet
+    assert "Traceback" not in daemon.log(), daemon.log()
+    for config, epochs in zip(configs, got, strict=True):
+        for epoch, batches in enumerate(epochs):
+            assert_same_batches(batches, _local(folder, config, epoch))
+
+
+def _local(folder: Path, config: dict[str, Any], epoch: int) -> Batches:
+    with FastLoader(folder, **{**config, "num_workers": 0}) as loader:
+        loader.set_epoch(epoch)
+        return [[t.clone() for t in batch] for batch in loader]
+
+
+def test_a_stopped_daemon_worker_is_replaced_after_the_hang_bound(
+    daemon_pool: DaemonPool, image_folder: Path
+) -> None:
+    daemon = daemon_pool.start(workers=2, extra=["--hang-timeout", "1"])
+    config: dict[str, Any] = {
+        "batch_size": 2,
+        "shuffle": True,
+        "seed": 4,
+        "transform": RESIZE,
+        "device": "cpu",
+    }
+    expected = local_epoch(image_folder, **config)
+    stopped = daemon.worker_pids[0]
+    with FastLoader(image_folder, num_workers=1, prefetch=4, daemon=daemon.address, **config) as loader:
+        it = iter(loader)
+        got = [[t.clone() for t in next(it)]]
+        os.kill(stopped, signal.SIGSTOP)
+        got += [[t.clone() for t in batch] for batch in it]  # no `timeout`: only the daemon can help
+    assert_same_batches(got, expected)
+    assert stopped not in child_pids(daemon.pid)
+    assert daemon.status()["worker_deaths"]["hang"] >= 1 or "made no progress" in daemon.log()
