@@ -29,8 +29,8 @@ import numpy as np
 from fastload._errors import ConfigError
 
 __all__ = [
-    "CenterCrop",
     "MAX_SIDE",
+    "CenterCrop",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",

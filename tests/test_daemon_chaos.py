@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -96,3 +97,29 @@ def test_a_stopped_daemon_worker_is_replaced_after_the_hang_bound(
     assert_same_batches(got, expected)
     assert stopped not in child_pids(daemon.pid)
     assert daemon.status()["worker_deaths"]["hang"] >= 1 or "made no progress" in daemon.log()
+
+
+def test_a_task_sent_right_after_the_only_worker_died_is_run_by_its_replacement(
+    daemon_pool: DaemonPool, image_folder: Path
+) -> None:
+    # The race of issue 8: the worker's connection is gone before the once-a-second liveness
+    # check sees its exit, and the next task is sent to it (ROUTER_MANDATORY: Host unreachable).
+    daemon = daemon_pool.start(workers=1)
+    config: dict[str, Any] = {
+        "batch_size": 2,
+        "shuffle": True,
+        "seed": 6,
+        "transform": RESIZE,
+        "device": "cpu",
+    }
+    expected = local_epoch(image_folder, **config)
+    with FastLoader(image_folder, num_workers=1, prefetch=2, daemon=daemon.address, **config) as loader:
+        it = iter(loader)
+        got = [[t.clone() for t in next(it)]]
+        time.sleep(0.5)  # the prefetched batches are done: the worker is idle
+        (worker,) = child_pids(daemon.pid)
+        os.kill(worker, signal.SIGKILL)
+        time.sleep(0.1)  # its connection is closed; the daemon has not looked at its exit yet
+        got += [[t.clone() for t in batch] for batch in it]
+    assert daemon.proc.poll() is None, f"the daemon died:\n{daemon.log()}"
+    assert_same_batches(got, expected)
