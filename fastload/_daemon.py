@@ -42,6 +42,7 @@ from fastload._indexes import DatasetIndexes, IndexEntry, IndexLimits
 from fastload._jobs import FolderJob
 from fastload._peers import ConnectionTracker, Peer
 from fastload._protocol import Done, Failure
+from fastload._ring import EXTRA_SLOTS, MAX_PREFETCH, default_prefetch
 from fastload._sessions import PendingHello, Session, batch_frames, status_row
 from fastload._shm import Segment, ensure_fd_room, pid_alive, preflight, reap_orphans
 from fastload._sockdir import private_dir, reap_engine_dirs, remove_if_fallback, runtime_dir
@@ -331,8 +332,11 @@ class Daemon:
                 f"(max_sessions_per_peer): close loaders you no longer use"
             )
         batch_size, prefetch = f["batch_size"], f["prefetch"]
-        if not (1 <= batch_size <= wire.MAX_BATCH and 1 <= prefetch <= 64):
-            raise ConfigError(f"batch_size must be 1..{wire.MAX_BATCH} and prefetch 1..64")
+        if not (1 <= batch_size <= wire.MAX_BATCH and 0 <= prefetch <= MAX_PREFETCH):
+            raise ConfigError(
+                f"batch_size must be 1..{wire.MAX_BATCH} and prefetch 1..{MAX_PREFETCH} "
+                "(0: the daemon's choice)"
+            )
         if not (f["world_size"] >= 1 and 0 <= f["rank"] < f["world_size"]):
             raise ConfigError(f"rank {f['rank']} is not within world_size {f['world_size']}")
         if not (1 <= f["pid"] <= _MAX_PID and f["seed"] >= 0):
@@ -398,7 +402,9 @@ class Daemon:
         batch_size = f["batch_size"]
         job = FolderJob(entry.index, plan, f["backend"], f["seed"], batch_size)
         assert job.layout is not None
-        slots = f["prefetch"] + 2
+        # A trainer that did not choose gets what a local loader of this daemon's pool would.
+        prefetch = f["prefetch"] or default_prefetch(self.config.workers, job.layout.slot_bytes)
+        slots = prefetch + EXTRA_SLOTS
         need = job.layout.slot_bytes * slots
         if self._used_bytes() + need > self.config.memory_budget_bytes:
             self._indexes.evict(all_idle=True)

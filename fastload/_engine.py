@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.context import BaseContext
 from typing import Any, NoReturn
 
 import numpy as np
@@ -119,7 +120,7 @@ class Engine:
         jobs: dict[int, FolderJob | DatasetJob],
         *,
         num_workers: int,
-        mp_context: str | None,
+        mp_context: str | BaseContext | None,
         worker_init_fn: Callable[[int], Any] | None,
         hang_timeout_s: float | None = None,
         max_message_bytes: int = -1,
@@ -133,7 +134,9 @@ class Engine:
         self._num_workers = num_workers
         self._worker_init_fn = worker_init_fn
         self._close_inherited_sockets = close_inherited_sockets
-        self._mp: Any = mp.get_context(mp_context or "fork")
+        self._mp: Any = (
+            mp_context if isinstance(mp_context, BaseContext) else mp.get_context(mp_context or "fork")
+        )
         self._dir = engine_socket_dir()
         self._address = f"ipc://{self._dir}/engine.sock"
         self._ctx = zmq.Context()
@@ -172,6 +175,7 @@ class Engine:
             worker_id=worker_id,
             jobs=self._jobs,
             worker_init_fn=self._worker_init_fn,
+            num_workers=self._num_workers,
             close_inherited_sockets=self._close_inherited_sockets,
         )
         process = self._mp.Process(

@@ -6,9 +6,11 @@ a `Pipeline`; it keeps the position (epoch, batches yielded) that `state_dict` s
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from multiprocessing.context import BaseContext
 from typing import Any
 
 import torch
@@ -17,8 +19,9 @@ from fastload._client import DaemonSession, resolve_address
 from fastload._delivery import ImageOutput
 from fastload._errors import ConfigError
 from fastload._jobs import DatasetJob, FolderJob
-from fastload._pipeline import EXTRA_SLOTS, EpochIterator, Pipeline, PipelineConfig
+from fastload._pipeline import EpochIterator, Pipeline, PipelineConfig
 from fastload._plan import BatchSampler, SamplerPlan, ShuffledPlan
+from fastload._ring import EXTRA_SLOTS, MAX_PREFETCH, default_prefetch
 from fastload._shm import preflight
 from fastload._sources import ImageFolderIndex
 from fastload._stats import LoaderStats, format_summary
@@ -28,10 +31,68 @@ _STATE_VERSION = 1
 
 
 def _default_workers() -> int:
+    """The cores this process may use, shared among the ranks on this machine (torchrun's
+    LOCAL_WORLD_SIZE): eight ranks on 64 cores take 8 workers each, not 64."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    try:
+        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local_ranks = 1
+    return max(1, cores // local_ranks)
+
+
+def _check_device(device: torch.device) -> None:
+    """Refuse, at construction, a device batches cannot be delivered to."""
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise ConfigError(f"device must be 'cpu' or 'cuda[:N]', got {str(device)!r}")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
+        raise ConfigError(
+            f"device={str(device)!r} but CUDA is not available to this process (torch {torch.__version__}, "
+            f"{build}; no GPU visible): pass device='cpu', or run where a GPU and a CUDA build of torch are"
+        )
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"device={str(device)!r} but this process sees {torch.cuda.device_count()} GPU(s) "
+            "(CUDA_VISIBLE_DEVICES?): pick one of them"
+        )
+
+
+def _check_mp_context(context: str | BaseContext | None, num_workers: int) -> None:
+    """DataLoader's rules: a start method only with workers, and only one multiprocessing knows."""
+    if context is None:
+        return
+    if num_workers == 0:
+        raise ConfigError(
+            "multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+            "as in DataLoader"
+        )
+    if isinstance(context, BaseContext):
+        return
+    methods = mp.get_all_start_methods()
+    if not isinstance(context, str) or context not in methods:
+        raise ConfigError(f"multiprocessing_context must be one of {methods} (or a context), got {context!r}")
+
+
+def _normalize_values(normalize: tuple[Sequence[float], Sequence[float]]) -> tuple[tuple[float, ...], ...]:
+    """(mean, std) in torchvision's units, checked: fastload normalizes images scaled to [0, 1]."""
+    mean, std = (tuple(float(v) for v in normalize[0]), tuple(float(v) for v in normalize[1]))
+    if len(mean) != 3 or len(std) != 3:
+        raise ConfigError("normalize takes (mean, std) with 3 values each (R, G, B)")
+    if not all(0.0 <= v <= 1.0 for v in mean) or not all(0.0 < v <= 1.0 for v in std):
+        scaled = max((*mean, *std)) > 1.0
+        raise ConfigError(
+            f"normalize=(mean={mean}, std={std}) is not in fastload's units: means in [0, 1] and stds "
+            "in (0, 1], of pixels scaled to [0, 1] (torchvision's convention, e.g. mean=(0.485, 0.456, "
+            "0.406), std=(0.229, 0.224, 0.225))"
+            + ("; these look like 0-255 units (DALI's convention): divide them by 255" if scaled else "")
+        )
+    return mean, std
 
 
 def _seed_from(generator: torch.Generator | None) -> int:
@@ -85,7 +146,7 @@ class FastLoader:
         drop_last: bool = False,
         timeout: float = 0,
         worker_init_fn: Callable[[int], None] | None = None,
-        multiprocessing_context: str | None = None,
+        multiprocessing_context: str | BaseContext | None = None,
         generator: torch.Generator | None = None,
         *,
         prefetch_factor: int | None = None,
@@ -120,6 +181,9 @@ class FastLoader:
             raise ConfigError(f"hang_timeout must be a number of seconds >= 0 (0: off), got {hang_timeout}")
         if prefetch_factor is not None and num_workers == 0:
             raise ConfigError("prefetch_factor needs num_workers > 0, as in DataLoader")
+        if persistent_workers and num_workers == 0:
+            raise ConfigError("persistent_workers=True needs num_workers > 0, as in DataLoader")
+        _check_mp_context(multiprocessing_context, num_workers)
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
                 raise ConfigError(
@@ -151,15 +215,19 @@ class FastLoader:
             if device is not None
             else torch.device("cuda" if is_folder and torch.cuda.is_available() else "cpu")
         )
+        _check_device(self.device)
         self._plan: ShuffledPlan | SamplerPlan
         images: ImageOutput | None = None
         self._job: FolderJob | DatasetJob | None = None
         self._daemon_address = resolve_address(daemon) if daemon is not None else None
         self._session: DaemonSession | None = None
+        # Unless told (prefetch, or DataLoader's prefetch_factor), the ring is sized from the
+        # batch's bytes once they are known (`default_prefetch`); a daemon sizes its sessions.
+        auto_prefetch = prefetch is None and prefetch_factor is None
         if prefetch is None:
             prefetch = (prefetch_factor or 2) * max(1, num_workers)
-        if prefetch < 1:
-            raise ConfigError(f"prefetch must be >= 1, got {prefetch}")
+        if not 1 <= prefetch <= MAX_PREFETCH:
+            raise ConfigError(f"prefetch must be 1..{MAX_PREFETCH}, got {prefetch}")
         if is_folder:
             assert batch_size is not None
             rank, world_size = _distributed(rank, world_size)
@@ -168,25 +236,26 @@ class FastLoader:
                 self._hello = {
                     "dataset": os.path.abspath(os.fspath(dataset)),  # type: ignore[arg-type]
                     "transforms": to_config(plan.transforms), "backend": backend,
-                    "batch_size": batch_size, "prefetch": prefetch, "pid": os.getpid(),
-                    "rank": rank, "world_size": world_size,
+                    "batch_size": batch_size, "prefetch": 0 if auto_prefetch else prefetch,  # 0: yours
+                    "pid": os.getpid(), "rank": rank, "world_size": world_size,
                 }
                 self._session = self._connect()
                 num_samples, self.classes = self._session.welcome.num_samples, self._session.welcome.classes
+                prefetch = len(self._session.welcome.slots) - EXTRA_SLOTS  # what the daemon gave
             else:
                 index = ImageFolderIndex.scan(dataset)  # type: ignore[arg-type]
                 num_samples, self.classes = len(index), index.classes
                 self._job = FolderJob(index, compile_transforms(transform), backend, self.seed, batch_size)
                 assert self._job.layout is not None
+                if auto_prefetch:
+                    prefetch = default_prefetch(num_workers, self._job.layout.slot_bytes)
                 preflight(self._job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))  # fail before any fork
             self._plan = ShuffledPlan(
                 num_samples, batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed,
                 rank=rank, world_size=world_size,
             )
             if normalize is not None:
-                mean, std = (tuple(float(v) for v in normalize[0]), tuple(float(v) for v in normalize[1]))
-                if len(mean) != 3 or len(std) != 3:
-                    raise ConfigError("normalize takes (mean, std) with 3 values each (R, G, B)")
+                mean, std = _normalize_values(normalize)
                 if not dtype.is_floating_point:
                     raise ConfigError(f"normalize needs a floating dtype, got {dtype}")
                 images = ImageOutput(mean, std, dtype, memory_format)
@@ -212,6 +281,7 @@ class FastLoader:
             images=images,
             dataset_label=os.path.abspath(os.fspath(dataset)) if is_folder else type(dataset).__name__,  # type: ignore[arg-type]
             hang_timeout_s=hang_timeout,
+            auto_prefetch=auto_prefetch and not is_folder,
         )
         self._summary = summary
         self._last_stats: LoaderStats | None = None
@@ -253,7 +323,7 @@ class FastLoader:
         if self._closed:
             raise ConfigError("this FastLoader is closed")
         if self._iterator is not None:
-            self._iterator.stop()
+            self._iterator.supersede()  # its next() now says why it ended, never a silent stop
         if self._pipeline is not None and self._pipeline.closed:
             self._pipeline = None  # its ring could not be made: it closed itself; start afresh
         if self._pipeline is not None and not self.persistent_workers:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import gc
 import itertools
+import os
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from multiprocessing.context import BaseContext
 from typing import Any
 
 import numpy as np
@@ -23,11 +25,11 @@ import torch
 from fastload._client import DaemonSession
 from fastload._delivery import CpuDelivery, CudaDelivery, ImageOutput, make_delivery
 from fastload._engine import Engine, Event, InlineExecutor, Opaque, Probed, Task, raise_failure
-from fastload._errors import LoaderTimeout
+from fastload._errors import ConfigError, LoaderTimeout
 from fastload._jobs import DatasetJob, FolderJob
 from fastload._layout import BatchLayout
 from fastload._protocol import Done, Failure
-from fastload._ring import Ring
+from fastload._ring import EXTRA_SLOTS, Ring, default_prefetch
 from fastload._shm import install_signal_cleanup, preflight, reap_orphans
 from fastload._sockdir import reap_engine_dirs
 from fastload._stats import StatsWriter
@@ -35,8 +37,6 @@ from fastload._stats import StatsWriter
 _POLL_S = 0.05
 # A cold batch is split so that each part keeps at least this many rows.
 _MIN_SPLIT_ROWS = 4
-# Ring slots beyond `prefetch`: the batch the user holds while asking for the next, and one spare.
-EXTRA_SLOTS = 2
 
 
 @dataclass
@@ -58,13 +58,15 @@ class PipelineConfig:
     batch_size: int
     prefetch: int
     timeout_s: float
-    mp_context: str | None
+    mp_context: str | BaseContext | None
     worker_init_fn: Any
     device: torch.device
     pin_memory: bool
     images: ImageOutput | None
     dataset_label: str = ""  # what `fastload iostat` calls this loader (the folder, the Dataset's class)
     hang_timeout_s: float | None = None  # floor of the workers' hang bound (`_supervision`)
+    # `prefetch` was not given: size it from the batch's bytes once a sample has been probed
+    auto_prefetch: bool = False
 
 
 _Outcome = tuple[int, int] | Failure | Opaque  # (slot, count) | failure | opaque batch
@@ -86,7 +88,7 @@ class Pipeline:
         self._slot_of: dict[int, int] = {}  # seq -> slot, for tasks whose slot is not yet ready
         self._owner: dict[int, EpochIterator] = {}  # seq -> the epoch that submitted it
         self._probed: Probed | Failure | None = None  # the reply to the layout probe
-        self._probe_seq = -1
+        self._probe_seq: int | None = None  # the layout probe's task, once sent (Datasets only)
         self._collect_at = 0  # ring size at which a starved ring next runs the garbage collector
         self._part_of: dict[int, int] = {}  # seq of a part of a split batch -> the batch's seq
         self._split: dict[int, _Parts] = {}  # batch seq -> its parts' joined outcome so far
@@ -122,7 +124,7 @@ class Pipeline:
         # bound methods of it), or the finalizer would keep it alive and a loader dropped without
         # close() would keep its workers and segments until the interpreter exits.
         self._resources: list[Any] = [self.executor, self.stats]
-        self._finalizer = weakref.finalize(self, _close_all, self._resources)
+        self._finalizer = weakref.finalize(self, _close_all, self._resources, os.getpid())
         if session is not None:  # the daemon fixed the layout and made the ring
             self.layout = session.welcome.layout
             self._build_ring_or_close(session.attach_ring)
@@ -153,6 +155,9 @@ class Pipeline:
                 self.opaque = True
                 return None
             self.executor.set_layout(self.layout)
+            if self.config.auto_prefetch:
+                prefetch = default_prefetch(self.workers, self.layout.slot_bytes)
+                self.config = dataclasses.replace(self.config, prefetch=prefetch)
         layout = self.layout
         self._build_ring_or_close(lambda: Ring(layout.slot_bytes, self.config.prefetch + EXTRA_SLOTS))
         return None
@@ -332,7 +337,12 @@ class Pipeline:
         self._finalizer()
 
 
-def _close_all(resources: list[Any]) -> None:
+def _close_all(resources: list[Any], owner_pid: int) -> None:
+    if os.getpid() != owner_pid:
+        # A forked child (another loader's worker) collecting a copy of a dropped pipeline: the
+        # workers, sockets and segments are its parent's to stop and unlink, not its own.
+        resources.clear()
+        return
     # Workers first so none writes into a slot being unlinked, then delivery, then ring.
     executor, rest = resources[0], resources[1:]
     try:
@@ -362,6 +372,7 @@ class EpochIterator(Iterator[Any]):
         self._next_yield = start
         self._exhausted = False
         self._active = True
+        self._superseded = False  # ended by a newer iter(loader) before it was exhausted
         self._on_yield = on_yield
 
     @property
@@ -397,6 +408,12 @@ class EpochIterator(Iterator[Any]):
 
     def __next__(self) -> Any:
         if not self._active:
+            if self._superseded:
+                raise ConfigError(
+                    "this iterator was ended by a newer iter() of the same FastLoader: a loader runs "
+                    "one epoch at a time; finish (or drop) an iteration before starting another, or "
+                    "make a second FastLoader for a second concurrent iteration"
+                )
             raise StopIteration
         entered = time.perf_counter()
         try:
@@ -431,6 +448,12 @@ class EpochIterator(Iterator[Any]):
         self._on_yield(self._epoch, self._next_yield)
         self._fill()
         return pipe.deliver(outcome)
+
+    def supersede(self) -> None:
+        """End this epoch early because a newer iteration starts: a later `next()` says so."""
+        if self._active:
+            self._superseded = True
+        self.stop()
 
     def stop(self) -> None:
         """End this epoch early: outcomes not yet delivered give their slots back."""

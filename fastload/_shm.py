@@ -375,6 +375,17 @@ def is_private(name: str) -> bool:
 # Segments this process created and has not yet unlinked: the signal handler's work list.
 _live_segments: weakref.WeakSet[Segment] = weakref.WeakSet()
 _handler_lock = threading.Lock()
+
+
+def _forget_parent_segments() -> None:
+    """In a forked child (a worker): the parent's segments are the parent's to unlink, so neither
+    a signal the worker receives nor its garbage collector may remove them."""
+    for segment in list(_live_segments):
+        segment.owner = False
+    _live_segments.clear()
+
+
+os.register_at_fork(after_in_child=_forget_parent_segments)
 _previous_handlers: dict[int, Any] = {}
 
 

@@ -42,6 +42,7 @@ class WorkerSpec:
     worker_id: int
     jobs: dict[int, FolderJob | DatasetJob]  # forked in (local mode); a daemon sends JOB messages
     worker_init_fn: Callable[[int], Any] | None
+    num_workers: int = 1  # the pool's size, for get_worker_info()
     close_inherited_sockets: bool = False  # a daemon's worker: drop its listeners (see below)
 
 
@@ -70,12 +71,35 @@ def close_inherited_sockets() -> int:
     return closed
 
 
+def set_worker_info(spec: WorkerSpec) -> None:
+    """Make `torch.utils.data.get_worker_info()` answer in this worker as in a DataLoader's.
+
+    Datasets use it to shard an IterableDataset-like source or open one file handle per worker;
+    `worker_init_fn` sees it too, as there. `seed` is the loader's seed plus the worker id
+    (DataLoader: its base seed plus the id); `dataset` is the worker's copy of the Dataset, or the
+    folder's path. A daemon's workers serve many trainers' jobs and set nothing.
+    """
+    job = spec.jobs.get(0)
+    if job is None:
+        return
+    dataset: Any = job.dataset if isinstance(job, DatasetJob) else job.index.root
+    # DataLoader sets this same private global in its workers; there is no public setter.
+    worker_module = torch.utils.data._utils.worker
+    worker_module._worker_info = worker_module.WorkerInfo(
+        id=spec.worker_id,
+        num_workers=spec.num_workers,
+        seed=(job.seed + spec.worker_id) % 2**64,
+        dataset=dataset,
+    )
+
+
 def worker_main(spec: WorkerSpec) -> None:
     """Run one worker until told to stop or until the trainer process disappears."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.close_inherited_sockets:
         close_inherited_sockets()
     torch.set_num_threads(1)
+    set_worker_info(spec)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, spec.identity)

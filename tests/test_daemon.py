@@ -40,6 +40,7 @@ from helpers import wait_until
 from fastload import DaemonError, FastLoader
 from fastload import transforms as T
 from fastload.__main__ import main
+from fastload._ring import EXTRA_SLOTS, default_prefetch
 
 pytestmark = pytest.mark.timeout(60)  # a regression here tends to be a hang
 
@@ -222,6 +223,21 @@ def test_session_over_the_budget_is_refused_saying_what_is_needed_and_left(
     # Once the first session is gone, the second fits.
     with FastLoader(image_folder, batch_size=512, daemon=address, **big) as second:
         assert [len(y) for _, y in second] == [24]
+
+
+def test_a_session_that_leaves_prefetch_unset_gets_the_daemons_default(
+    shared_daemon: DaemonProcess, image_folder: Path
+) -> None:
+    with FastLoader(
+        image_folder, batch_size=4, transform=RESIZE, device="cpu", num_workers=1,
+        daemon=shared_daemon.address,
+    ) as loader:
+        assert len(list(loader)) == 6
+        pipeline = loader._pipeline
+        assert pipeline is not None and pipeline.ring is not None and pipeline.layout is not None
+        expected = default_prefetch(shared_daemon.status()["workers"], pipeline.layout.slot_bytes)
+        assert pipeline.config.prefetch == expected
+        assert len(pipeline.ring) == expected + EXTRA_SLOTS
 
 
 # ---------------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def test_folder_every_image_exactly_once(
 ) -> None:
     # A deterministic transform makes each image's pixels its fingerprint.
     transform = [T.Resize((24, 24))]
-    with FastLoader(image_folder, batch_size=1, num_workers=0, transform=transform) as plain:
+    with FastLoader(image_folder, batch_size=1, num_workers=0, transform=transform, device="cpu") as plain:
         reference = [(_fingerprint(x[0]), int(y[0])) for x, y in plain]
     index_of = {fp: i for i, (fp, _) in enumerate(reference)}
     assert len(index_of) == len(reference) == 24, "test images must be distinct"
@@ -108,6 +108,7 @@ def test_folder_every_image_exactly_once(
         num_workers=num_workers,
         transform=transform,
         seed=7,
+        device="cpu",  # the fingerprints are computed on the host
     ) as loader:
         assert len(loader) == len(DataLoader(IndexDataset(24), batch_size=bs, drop_last=drop_last))
         batches = list(loader)

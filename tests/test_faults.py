@@ -214,6 +214,15 @@ def test_worker_init_fn_error_is_a_worker_error() -> None:
     assert "RuntimeError" in str(info.value)
 
 
+def test_worker_init_fn_error_is_a_worker_error_for_folders_too(image_folder: Path) -> None:
+    # A folder has no probe: the failure (task -1) was once taken for the probe's reply, and lost.
+    with FastLoader(
+        image_folder, batch_size=4, num_workers=2, worker_init_fn=_failing_init, device="cpu",
+        transform=[T.Resize((8, 8))],
+    ) as loader, pytest.raises(WorkerError, match="cannot initialise worker"):
+        next(iter(loader))
+
+
 def test_worker_init_fn_runs_in_each_worker(tmp_path: Path) -> None:
     def init(worker_id: int) -> None:
         (tmp_path / f"worker{worker_id}").write_text(str(os.getpid()))

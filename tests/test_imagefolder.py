@@ -82,7 +82,9 @@ def test_index_follows_torchvision_rules(tricky_folder: Path) -> None:
 
 
 def test_loader_classes_match(tricky_folder: Path) -> None:
-    with FastLoader(tricky_folder, batch_size=4, num_workers=0, transform=[T.Resize((16, 16))]) as loader:
+    with FastLoader(
+        tricky_folder, batch_size=4, num_workers=0, transform=[T.Resize((16, 16))], device="cpu"
+    ) as loader:
         assert loader.classes == tuple(torchvision_rules(tricky_folder)[0])
         assert len(loader) == -(-len(torchvision_rules(tricky_folder)[1]) // 4)
 
@@ -113,6 +115,7 @@ def test_delivered_labels_are_each_images_folder(image_folder: Path, num_workers
         transform=transform,
         seed=4,
         backend="pil",  # decodes exactly as decode_into above, so pixels identify files
+        device="cpu",  # the fingerprints are computed on the host
     ) as loader:
         assert loader.classes == tuple(classes)
         for images, labels in loader:
