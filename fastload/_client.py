@@ -194,7 +194,11 @@ class DaemonSession:
             )
         elif op == "failed":
             self._in_flight.discard(fields["seq"])
-            self._events.append(Failure(**fields))
+            # The daemon is a network peer: only a builtin exception type it names is re-raised
+            # as such (NOTE [original exception types] in `_errors`).
+            exc_class = str(fields.pop("exc_class", ""))
+            builtin = exc_class if exc_class.startswith("builtins:") else ""
+            self._events.append(Failure(**fields, exc_class=builtin))
 
     def _check_alive(self) -> None:
         now = time.monotonic()

@@ -566,6 +566,7 @@ class Daemon:
                     path=event.path,
                     index=event.index,
                     exc_type=event.exc_type,
+                    exc_class=event.exc_class,
                     traceback=event.traceback,
                 )
 

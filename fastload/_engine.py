@@ -36,7 +36,7 @@ import numpy as np
 import zmq
 
 from fastload import _protocol as proto
-from fastload._errors import SampleError, WorkerError
+from fastload._errors import WorkerError, sample_error
 from fastload._jobs import DatasetJob, FolderJob, JobFailed
 from fastload._layout import BatchLayout
 from fastload._protocol import Done, Failure
@@ -98,17 +98,19 @@ class _Worker:
 
 
 def raise_failure(failure: Failure) -> NoReturn:
-    """Raise the trainer-side error for a worker's Failure."""
+    """Raise the trainer-side error for a worker's Failure: a SampleError, of the sample's own
+    exception class too where it can be (NOTE [original exception types] in `_errors`)."""
     if failure.seq < 0:
         raise WorkerError(f"a worker could not start: {failure.message}\n{failure.traceback}")
     if failure.exc_type == WorkerError.__name__:  # the task kept killing workers (see Engine)
         raise WorkerError(failure.message)
-    raise SampleError(
+    raise sample_error(
         failure.message,
         path=failure.path,
         index=failure.index,
         exc_type=failure.exc_type,
         worker_traceback=failure.traceback,
+        original=failure.exc_class,
     )
 
 

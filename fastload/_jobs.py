@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fastload._backends import SampleFailure, make_backend
+from fastload._errors import exception_type_name
 from fastload._layout import BatchLayout, LayoutMismatch
 from fastload._plan import batch_seed, sample_rng
 from fastload._protocol import Done, Failure
@@ -55,6 +56,7 @@ def _failure(seq: int, exc: BaseException, index: int, path: str, what: str) -> 
         path=_clip(path, _MAX_MESSAGE_CHARS),
         index=index,
         exc_type=_clip(type(exc).__name__, 256),
+        exc_class=exception_type_name(type(exc)),
         traceback=_clip("".join(traceback.format_exception(exc)), _MAX_TRACEBACK_CHARS),
     )
 

@@ -130,7 +130,9 @@ class FastLoader:
     per-sample time x the batch's samples) is taken as hung, killed, replaced, and the batch
     redone; `hang_timeout` defaults to 120 s and 0 turns the check off. `timeout` is DataLoader's:
     how long `next()` may wait in all. A batch that crashes or hangs three workers in a row raises
-    `WorkerError` naming its samples, and the loop can go on.
+    `WorkerError` naming its samples, and the loop can go on. A sample that raises (or a file that
+    cannot be read) raises `SampleError`, which keeps the original type as DataLoader does:
+    `except KeyError` or `except FileNotFoundError` still catches it.
     """
 
     def __init__(

@@ -10,7 +10,7 @@ Engine (ROUTER) -> worker (DEALER):
 Worker -> engine:
     READY   [b"R", READY_HEAD(pid)]
     DONE    [b"D", DONE_HEAD(seq, count, read_ns, decode_ns, bytes_read, read_cpu_ns)]
-    FAILED  [b"E", SEQ_HEAD(seq), error JSON {message, path, index, exc_type, traceback}]
+    FAILED  [b"E", SEQ_HEAD(seq), error JSON {message, path, index, exc_type, exc_class, traceback}]
     PROBED  [b"P", SEQ_HEAD(seq), layout JSON or b""]
     OPAQUE  [b"B", SEQ_HEAD(seq), pickle-5 stream, *out-of-band buffers]
 
@@ -74,7 +74,11 @@ class Done:
 
 @dataclass(frozen=True)
 class Failure:
-    """A worker could not load batch `seq`: which sample, which file, and the worker's traceback."""
+    """A worker could not load batch `seq`: which sample, which file, and the worker's traceback.
+
+    `exc_type` is the exception's class name ("KeyError"), `exc_class` its "module:qualname"
+    ("builtins:KeyError"; "" when unknown), which the trainer re-raises it as (`_errors`).
+    """
 
     seq: int
     message: str
@@ -82,6 +86,7 @@ class Failure:
     index: int
     exc_type: str
     traceback: str
+    exc_class: str = ""
 
     def encode(self) -> list[bytes]:
         body = {
@@ -89,6 +94,7 @@ class Failure:
             "path": self.path,
             "index": self.index,
             "exc_type": self.exc_type,
+            "exc_class": self.exc_class,
             "traceback": self.traceback,
         }
         return [FAILED, SEQ_HEAD.pack(self.seq), json.dumps(body).encode()]
@@ -104,4 +110,5 @@ class Failure:
             int(body["index"]),
             str(body["exc_type"]),
             str(body["traceback"]),
+            str(body.get("exc_class", "")),
         )

@@ -14,13 +14,15 @@ largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
     task   {seq, epoch, batch_index, slot, row}      done    {seq, count, read_ns, decode_ns, bytes}
            + indices
     grow   {}                                        failed  {seq, message, path, index,
-    ping   {}                                                 exc_type, traceback}
+    ping   {}                                                 exc_type, traceback[, exc_class]}
     bye    {}                                        slot    {name}      (reply to grow)
     status {}                                        pong    {}
     stop   {}          (local socket only)           status  {sessions, workers, budget, ...}
                                                      indexing {path, seconds} (hello waits
                                                               while the folder is indexed)
                                                      error   {message}   (anything refused)
+
+Fields in [brackets] may be absent (sent by newer versions only); every other field is required.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "index": _INT,
         "exc_type": (str,),
         "traceback": (str,),
+        "exc_class": (str,),  # "module:qualname"; a trainer only uses builtins ones (`_client`)
     },
     "slot": {"name": (str,)},
     "pong": {},
@@ -101,6 +104,8 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "indexing": {"path": (str,), "seconds": (float, int)},
     "error": {"message": (str,)},
 }
+# op -> fields of its schema that may be absent (added later; an older peer does not send them).
+_OPTIONAL: dict[str, frozenset[str]] = {"failed": frozenset({"exc_class"})}
 
 
 class WireError(FastloadError):
@@ -137,7 +142,7 @@ def decode(frame: bytes, max_bytes: int = MAX_HEADER_BYTES) -> tuple[str, dict[s
             raise WireError(f"{op}.{name}: {type(value).__name__} is not allowed")
         if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
             raise WireError(f"{op}.{name}: {value} does not fit in 64 bits")
-    missing = set(schema) - set(fields)
+    missing = set(schema) - set(fields) - _OPTIONAL.get(op, frozenset())
     if missing:
         raise WireError(f"{op}: missing {', '.join(sorted(missing))}")
     return op, fields

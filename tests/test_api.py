@@ -2,8 +2,8 @@
 
 Protects users' imports and `except` clauses: `__all__` is sorted, complete and importable with
 no private module leaking into it; every error fastload raises on purpose derives from
-FastloadError (ConfigError is also a ValueError, LoaderTimeout a TimeoutError); FastLoader is a
-context manager, and close() is idempotent and final.
+FastloadError (ConfigError is also a ValueError, LoaderTimeout a TimeoutError and a
+RuntimeError); FastLoader is a context manager, and close() is idempotent and final.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ def test_every_error_is_a_fastload_error(name: str) -> None:
 def test_errors_are_also_the_builtin_they_mean() -> None:
     assert issubclass(fastload.ConfigError, ValueError)
     assert issubclass(fastload.LoaderTimeout, TimeoutError)
+    assert issubclass(fastload.LoaderTimeout, RuntimeError)  # as DataLoader's timeout
 
 
 def test_sample_error_carries_its_context() -> None:
