@@ -288,6 +288,8 @@ class Daemon:
         self, sock: Any, identity: bytes, local: bool, op: str, fields: dict[str, Any], frames: list[Any]
     ) -> None:
         session = self._by_identity.get((id(sock), identity))
+        if op != "task" and len(frames) > 1:
+            raise wire.WireError(f"{op} takes no frames after its header, got {len(frames) - 1}")
         extra = [f.bytes for f in frames[1:]]
         if op == "hello":
             if session is not None or (id(sock), identity) in self._pending:

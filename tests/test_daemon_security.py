@@ -317,10 +317,12 @@ def _hostile_headers(dataset: Path) -> Iterator[tuple[str, list[bytes]]]:
         ("task", {"seq": 0, "epoch": 0, "batch_index": 0, "slot": "s", "row": 0}),
     ):
         yield f"{op} {fields}", [wire.encode(op, **fields), np.zeros(1, "<i8").tobytes()]
+    for op in ("status", "ping"):  # only a task carries a frame after its header
+        yield f"{op} with frames after it", [wire.encode(op), b"x", b"y" * 1000]
     bad_hello: list[dict[str, Any]] = [
         {"batch_size": "4"}, {"batch_size": 4.0}, {"batch_size": True}, {"batch_size": None},
         {"batch_size": 0}, {"batch_size": -1}, {"batch_size": wire.MAX_BATCH + 1}, {"batch_size": 2**64},
-        {"prefetch": 0},
+        {"prefetch": -1},
         {"prefetch": 65}, {"rank": 2, "world_size": 2}, {"rank": -1}, {"world_size": 0}, {"pid": 0},
         {"pid": -1}, {"pid": 2**31}, {"pid": 2**62}, {"pid": "1"}, {"seed": -1}, {"seed": 2**64},
         {"dataset": str(dataset / "missing")}, {"dataset": str(next(dataset.glob("*/*.jpg")))},
