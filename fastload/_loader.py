@@ -116,14 +116,29 @@ class FastLoader:
     shapes, or any `collate_fn`) is collated in the worker and pickled over the local socket,
     which is slower, as DataLoader is.
 
-    Batches depend only on (seed, epoch): the same for every `num_workers`. Each new iteration
-    starts the next epoch unless `set_epoch` says which.
+    Batches depend only on (seed, epoch): the same for every `num_workers`. Once an iteration
+    yields its first batch, the next one runs the next epoch, unless `set_epoch` says which (an
+    `iter()` never drawn from, like the one Lightning makes to check a loader, uses up none).
+
+    A `sampler` or `batch_sampler` of your own keeps its own epoch, as under DataLoader: the loader
+    never calls its `set_epoch`, so call it each epoch (DistributedSampler asks for that), or call
+    `loader.set_epoch`, which forwards to the batch_sampler, or else to its sampler, whichever has
+    `set_epoch`. `loader.sampler` and `loader.batch_sampler` are the ones you gave (else None), where
+    Lightning finds them to set their epoch. A sampler with an integer `epoch` attribute
+    (DistributedSampler's) also names the epoch whose random seeds the batches get.
 
     Folder-only options: `daemon="default"` (or "ipc://PATH") attaches to a running
-    `fastload serve` instead of starting workers (same batches, bit for bit); `rank` and
-    `world_size` (default: torch.distributed's RANK and WORLD_SIZE) give this process its
-    DistributedSampler-style shard. `summary=True` prints a per-stage table when the loader closes;
-    `stats()` returns the counters `fastload iostat` shows.
+    `fastload serve` instead of starting workers (same batches, bit for bit). `rank` and
+    `world_size` give this process its shard, DistributedSampler's: every rank the same number of
+    samples, the epoch's order padded by repeating its start, or with `drop_last` truncated to a
+    multiple of `world_size` (then the last partial batch is dropped too, as DataLoader's
+    `drop_last` does). Either one not given comes from torch.distributed when its process group is
+    initialized (`get_rank()`, `get_world_size()`), else from the launcher's environment:
+    `WORLD_SIZE` and `RANK`, or without `RANK` (Lightning sets none) `LOCAL_RANK` on node 0
+    (`NODE_RANK` or `GROUP_RANK` 0) or `NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK`. A world of more
+    than one process whose rank cannot be found is a `ConfigError`, never rank 0.
+    `summary=True` prints a per-stage table when the loader closes; `stats()` returns the counters
+    `fastload iostat` shows.
 
     Faults: a worker that dies (crash, OOM, killed from outside) is replaced and its batches are
     redone. A worker whose batch runs longer than max(`hang_timeout`, 20 x the slowest recent
@@ -292,6 +307,7 @@ class FastLoader:
         self._epoch = 0  # the epoch the next iteration runs
         self._position = (0, 0)  # (epoch, batches yielded in it), for state_dict
         self._resume_at = 0
+        self._undrawn: tuple[int, int] | None = None  # (epoch, resume_at) before an iteration's first batch
         self._closed = False
 
     def _dataset_plan(
@@ -316,10 +332,30 @@ class FastLoader:
         """Batches per epoch."""
         return len(self._plan)
 
+    @property
+    def sampler(self) -> Iterable[int] | None:
+        """The `sampler` this loader was given, or None (DataLoader's attribute: frameworks such
+        as Lightning call its `set_epoch`)."""
+        return self._plan.user_sampler if isinstance(self._plan, SamplerPlan) else None
+
+    @property
+    def batch_sampler(self) -> Iterable[Sequence[int]] | None:
+        """The `batch_sampler` this loader was given, or None."""
+        return self._plan.user_batch_sampler if isinstance(self._plan, SamplerPlan) else None
+
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration run `epoch` (its order and augmentations)."""
-        self._epoch = int(epoch)
-        self._resume_at = 0
+        """Make the next iteration run `epoch` (its order and augmentations).
+
+        A user's batch_sampler, or else its sampler, that has `set_epoch` gets it too, as under a
+        DataLoader that Accelerate prepared. After `load_state_dict`, naming the epoch being
+        resumed keeps the position in it; naming another starts that one at its first batch.
+        """
+        epoch = int(epoch)
+        if epoch != self._epoch:
+            self._resume_at = 0
+        self._epoch = epoch
+        if isinstance(self._plan, SamplerPlan):
+            self._plan.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
@@ -338,16 +374,35 @@ class FastLoader:
             if self._daemon_address is not None:
                 session, self._session = self._session or self._connect(), None
             self._pipeline = Pipeline(self._job, self._config, session=session)
-        epoch, start = self._epoch, self._resume_at
-        self._epoch, self._resume_at = epoch + 1, 0
+        epoch, start = self._next_position()
+        self._undrawn = (self._epoch, self._resume_at)  # an iteration uses up its epoch when drawn from
         self._position = (epoch, start)
         self._iterator = EpochIterator(
             self._pipeline, self._plan.iter_batches(epoch, start), epoch, start, self._on_yield
         )
         return self._iterator
 
+    def _next_position(self) -> tuple[int, int]:
+        """(epoch, first batch) of the next iteration. A user's sampler that holds an epoch names
+        it: one set on the sampler itself (`sampler.set_epoch(5)`) wins over the loader's count,
+        and a resume position applies to its own epoch only."""
+        epoch, start = self._epoch, self._resume_at
+        if isinstance(self._plan, SamplerPlan):
+            sampler_epoch = self._plan.sampler_epoch()
+            if sampler_epoch is not None and sampler_epoch != epoch:
+                return sampler_epoch, 0
+        return epoch, start
+
     def _on_yield(self, epoch: int, yielded: int) -> None:
         self._position = (epoch, yielded)
+        if self._undrawn is not None:
+            # NOTE [drawn epochs]: the iteration's first batch puts its epoch under way, so the next
+            # iteration runs the next one (unless set_epoch named one meanwhile). An iterator never
+            # drawn from, such as the iter() Lightning makes to check that a loader is iterable,
+            # uses up no epoch and no resume position.
+            if (self._epoch, self._resume_at) == self._undrawn:
+                self._epoch, self._resume_at = epoch + 1, 0
+            self._undrawn = None
 
     def state_dict(self) -> dict[str, Any]:
         """The position to resume from: after the last batch this loader yielded."""
@@ -355,7 +410,10 @@ class FastLoader:
         return {"version": _STATE_VERSION, "seed": self.seed, "epoch": epoch, "batches_yielded": yielded}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next iteration resume exactly after the batch `state` was taken at."""
+        """Make the next iteration resume exactly after the batch `state` was taken at.
+
+        A user's sampler with `set_epoch` is set to the epoch resumed: its order is replayed up to
+        the position, so it must be that epoch's."""
         if state.get("version") != _STATE_VERSION:
             raise ConfigError(f"unknown FastLoader state version {state.get('version')!r}")
         seed = int(state["seed"])
@@ -372,6 +430,8 @@ class FastLoader:
             epoch, yielded = epoch + 1, 0
         self._epoch, self._resume_at = epoch, yielded
         self._position = (epoch, yielded)
+        if isinstance(self._plan, SamplerPlan):
+            self._plan.set_epoch(epoch)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -415,14 +475,103 @@ class FastLoader:
 
 
 def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Rank and world size from the arguments, else torch.distributed's environment, else (0, 1)."""
-    if world_size is None:
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if rank is None:
-        rank = int(os.environ.get("RANK", "0")) if world_size > 1 else 0
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ConfigError(f"rank {rank} is not within world_size {world_size}")
+    """This process's (rank, world size) for sharding a folder.
+
+    Each one not given comes from torch.distributed when its process group is initialized, else
+    from the launcher's environment (`_environment_position`); with no world size anywhere this
+    is the only process. More than one process and no rank is an error: defaulting to rank 0 would
+    make every rank train on rank 0's shard.
+    """
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"{name} must be an int or None, got {value!r}")
+    if rank is not None and world_size is not None:
+        return _checked_position(rank, world_size, "")
+    if rank is None and world_size == 1:
+        return 0, 1
+    found_rank, found_world, source = _process_position()
+    if world_size is not None:  # and rank is None
+        if found_rank is None:
+            raise ConfigError(
+                f"world_size={world_size} was given without rank=, and {source} gives no rank: "
+                "pass rank= too, or call torch.distributed.init_process_group() first"
+            )
+        if found_world != world_size:
+            raise ConfigError(
+                f"world_size={world_size} was given without rank=, and the rank {source} gives "
+                f"({found_rank}) is one of {found_world} processes: pass rank= too (e.g. the "
+                "data-parallel rank)"
+            )
+        return _checked_position(found_rank, world_size, "")
+    if found_world is None:  # one process, unless rank= says otherwise
+        return _checked_position(0 if rank is None else rank, 1, "; pass world_size= with rank=")
+    if rank is not None:
+        return _checked_position(rank, found_world, f" ({source})")
+    if found_rank is None and found_world > 1:
+        raise ConfigError(
+            f"{source} says there are {found_world} processes but gives no rank for this one, so "
+            "its shard is unknown (rank 0 everywhere would repeat one shard on every rank). Call "
+            "torch.distributed.init_process_group() before making the FastLoader, set RANK, or "
+            "pass rank= and world_size="
+        )
+    return _checked_position(0 if found_rank is None else found_rank, found_world, f" ({source})")
+
+
+def _checked_position(rank: int, world_size: int, hint: str) -> tuple[int, int]:
+    if world_size < 1:
+        raise ConfigError(f"world_size must be >= 1, got {world_size}{hint}")
+    if not 0 <= rank < world_size:
+        raise ConfigError(
+            f"rank {rank} is not within world_size {world_size} (ranks run from 0 to world_size - 1)"
+            + hint
+        )
     return rank, world_size
+
+
+_LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")
+
+
+def _process_position() -> tuple[int | None, int | None, str]:
+    """(rank, world size, where they come from): torch.distributed's process group when it is
+    initialized, else the environment; None for what neither gives."""
+    distributed = torch.distributed
+    if distributed.is_available() and distributed.is_initialized():
+        return distributed.get_rank(), distributed.get_world_size(), "torch.distributed's process group"
+    seen = ", ".join(f"{name}={os.environ[name]}" for name in _LAUNCHER_VARIABLES if name in os.environ)
+    return (*_environment_position(), f"the environment ({seen or 'no launcher variables'})")
+
+
+def _environment_position() -> tuple[int | None, int | None]:
+    """(rank, world size) from a launcher's variables. torchrun sets RANK; Lightning's launcher sets
+    only WORLD_SIZE, NODE_RANK and LOCAL_RANK, from which the rank follows on the first node (ranks
+    are numbered node by node) or, given LOCAL_WORLD_SIZE, on any node."""
+    world_size = _env_int("WORLD_SIZE")
+    if world_size is None:
+        return None, None
+    rank = _env_int("RANK")
+    if rank is not None:
+        return rank, world_size
+    local_rank = _env_int("LOCAL_RANK")
+    if local_rank is None:
+        return None, world_size
+    node_rank = _env_int("GROUP_RANK") if "GROUP_RANK" in os.environ else _env_int("NODE_RANK")
+    local_world_size = _env_int("LOCAL_WORLD_SIZE")
+    if node_rank == 0 or (node_rank is None and local_world_size == world_size):
+        return local_rank, world_size
+    if node_rank is not None and local_world_size is not None:
+        return node_rank * local_world_size + local_rank, world_size
+    return None, world_size
+
+
+def _env_int(name: str) -> int | None:
+    """The integer in environment variable `name`, or None when it is unset or empty."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={text!r} is not an integer") from None
 
 
 def _max_batch(batch_sampler: Any) -> int:

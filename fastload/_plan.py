@@ -9,6 +9,7 @@ timing, which is what makes every worker count give the same batches bit for bit
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sized
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,9 @@ class ShuffledPlan:
     rank the same number of samples (so the same number of batches), `order[rank::world_size]`
     of the order truncated to a multiple of `world_size` when `drop_last`, or padded by repeating
     its start otherwise (then a few samples appear twice in an epoch, exactly as there).
+    `drop_last` applies at both levels: unshuffled, a rank's batches are exactly those of
+    `DataLoader(sampler=DistributedSampler(..., shuffle=False, drop_last=drop_last),
+    drop_last=drop_last)`.
     """
 
     def __init__(
@@ -92,8 +96,11 @@ class ShuffledPlan:
 class SamplerPlan:
     """Batches from a user's `sampler` or `batch_sampler`, iterated in the trainer's process.
 
-    A resumed epoch fast-forwards the sampler by the batches already delivered, as torchdata's
-    StatefulDataLoader does for samplers without a state of their own.
+    The user's sampler keeps its own epoch, as under DataLoader: iterating never calls its
+    `set_epoch`. `set_epoch` forwards an epoch given to the loader, and `sampler_epoch` reads the
+    one the sampler holds (DistributedSampler's `epoch`), so that the loader can seed the epoch's
+    batches from it. A resumed epoch fast-forwards the sampler by the batches already delivered,
+    as torchdata's StatefulDataLoader does for samplers without a state of their own.
     """
 
     def __init__(self, batch_sampler: Iterable[Any]) -> None:
@@ -104,10 +111,41 @@ class SamplerPlan:
             raise TypeError("the batch sampler has no len()")
         return len(self.batch_sampler)
 
+    @property
+    def user_sampler(self) -> Any | None:
+        """The `sampler` the user gave (fastload batches it), or None if they gave a batch_sampler."""
+        return self.batch_sampler.sampler if isinstance(self.batch_sampler, BatchSampler) else None
+
+    @property
+    def user_batch_sampler(self) -> Any | None:
+        """The `batch_sampler` the user gave, or None if they gave a sampler."""
+        return None if isinstance(self.batch_sampler, BatchSampler) else self.batch_sampler
+
+    def _epoch_holders(self) -> tuple[Any, ...]:
+        """Where an epoch may live: the batch sampler, then the sampler it batches (`.sampler`)."""
+        inner = getattr(self.batch_sampler, "sampler", None)
+        return (self.batch_sampler,) if inner is None else (self.batch_sampler, inner)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Call `set_epoch(epoch)` on the first of the batch sampler and its sampler that has one."""
+        for holder in self._epoch_holders():
+            set_epoch = getattr(holder, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+                return
+
+    def sampler_epoch(self) -> int | None:
+        """The integer `epoch` the batch sampler or its sampler holds, or None if neither has one."""
+        for holder in self._epoch_holders():
+            epoch = getattr(holder, "epoch", None)
+            if isinstance(epoch, Integral) and not isinstance(epoch, bool):
+                return int(epoch)
+        return None
+
     def iter_batches(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
-        set_epoch = getattr(self.batch_sampler, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
+        """The sampler's batches from batch `start` on; the order is the sampler's own (`epoch`
+        only names the epoch for the loader, which seeds the batches from it)."""
+        del epoch
         for b, indices in enumerate(self.batch_sampler):
             if b >= start:
                 yield np.asarray(list(indices), dtype=np.int64)

@@ -2,6 +2,6 @@
 # Install fastload with its test tools into ./.venv, then lint, type-check and run the whole suite.
 # GPU tests (tests/gpu/) run when CUDA is available and are skipped, with the reason, otherwise.
 . "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" test
-.venv/bin/ruff check fastload tests tools
+.venv/bin/ruff check fastload tests tools examples
 .venv/bin/mypy
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
