@@ -29,6 +29,7 @@ from daemon_helpers import (
     AUGMENT,
     RESIZE,
     Batches,
+    DaemonPool,
     DaemonProcess,
     assert_same_batches,
     local_epoch,
@@ -242,6 +243,15 @@ def test_a_session_that_leaves_prefetch_unset_gets_the_daemons_default(
 
 # ---------------------------------------------------------------------------------------------
 # `fastload status`, no daemon, a second daemon
+
+
+def test_status_of_a_daemon_without_sessions_exits_0(
+    daemon_pool: DaemonPool, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # A healthy idle daemon (docker compose's healthcheck runs `fastload status`); 1 means none answers.
+    daemon = daemon_pool.start(workers=1)
+    assert main(["status", "--address", daemon.address]) == 0
+    assert "0 session(s)" in capfd.readouterr().out
 
 
 def test_status_lists_the_sessions(
