@@ -70,7 +70,7 @@ def test_dataset_every_sample_exactly_once(
         shuffle=shuffle,
         drop_last=drop_last,
         num_workers=num_workers,
-        persistent_workers=True,  # the second epoch reuses the workers
+        persistent_workers=num_workers > 0,  # the second epoch reuses the workers
         seed=n * 100 + bs,
     ) as loader:
         assert len(loader) == len(reference)
