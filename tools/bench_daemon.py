@@ -9,7 +9,10 @@
    FastLoader(..., daemon=...) to its first batch, against DataLoader's construction to first
    batch (which starts its worker processes), each run N times in fresh processes; medians.
 
-    .venv/bin/python tools/bench_daemon.py --data /work/bench-data/imagenet-like --rounds 3
+    .venv/bin/python tools/bench_daemon.py --data DIR --rounds 3
+
+--data defaults to $BENCH_DATA (an ImageNet-layout folder: tools/make_bench_dataset.py makes one);
+the DataLoader side runs in $BENCH_VENVS/tv, the venv tools/bench_env.sh made.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 SYSTEMS = REPO / "tools" / "bench_systems"
 MAIN_PYTHON = REPO / ".venv" / "bin" / "python"
-TV_PYTHON = Path(os.environ.get("BENCH_VENVS", "/work/venvs")) / "tv" / "bin" / "python"
+VENVS = os.environ.get("BENCH_VENVS")
+TV_PYTHON = Path(VENVS) / "tv" / "bin" / "python" if VENVS else None
 
 
 def _tree_cpu(pids: list[int]) -> float:
@@ -100,7 +104,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--data", default="/work/bench-data/imagenet-like")
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("BENCH_DATA") or None,
+        help="ImageNet-layout folder (default: $BENCH_DATA)",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batches", type=int, default=40, help="batches per trainer per run")
@@ -108,6 +116,10 @@ def main() -> None:
     parser.add_argument("--attach-runs", type=int, default=5)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.data is None:
+        parser.error("no data: pass --data DIR or set BENCH_DATA (tools/make_bench_dataset.py makes one)")
+    if TV_PYTHON is None:
+        parser.error("set BENCH_VENVS to the folder where tools/bench_env.sh made the peer venvs (uses tv)")
 
     common = ["--data", args.data, "--batch-size", str(args.batch_size), "--batches", str(args.batches)]
     with tempfile.TemporaryDirectory(prefix="fastload-bench-") as socket_dir:

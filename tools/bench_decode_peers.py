@@ -12,15 +12,15 @@ Methods (venv; what one image costs):
                      crop (torchvision's Resize + CenterCrop)
   pillow-draft       .venv, Pillow: draft() (DCT-scaled decode), then one resize of the box, cut
                      to the geometry's clip first (what fastload's `pil` backend does)
-  pillow-simd-full   /work/venvs/simd, pillow-simd (AVX2 build): as pillow-full
-  pillow-simd-draft  /work/venvs/simd, pillow-simd: as pillow-draft
-  dali-1t            /work/venvs/dali, DALI CPU pipeline, device_id=None, num_threads=1, batch
+  pillow-simd-full   $BENCH_VENVS/simd, pillow-simd (AVX2 build): as pillow-full
+  pillow-simd-draft  $BENCH_VENVS/simd, pillow-simd: as pillow-draft
+  dali-1t            $BENCH_VENVS/dali, DALI CPU pipeline, device_id=None, num_threads=1, batch
                      --batch, synchronous (exec_async/exec_pipelined off, so no work happens
                      between passes); fn.readers.file over the same files; train:
                      decoders.image_random_crop + resize(224x224) + flip(coin_flip); val:
                      decoders.image + resize(resize_shorter=256) + crop(224); outputs copied
                      to numpy (TensorListCPU.as_array)
-  ffcv-1t            /work/venvs/ffcv, FFCV Loader, num_workers=1, batch --batch, sequential, over
+  ffcv-1t            $BENCH_VENVS/ffcv, FFCV Loader, num_workers=1, batch --batch, sequential, over
                      the same images' records in DIR.beton (made by `ffcv_loader.py --prepare`:
                      re-encoded by Pillow at quality 90, so not byte-identical to the files);
                      train: RandomResizedCropRGBImageDecoder((224, 224)) + RandomHorizontalFlip;
@@ -36,7 +36,12 @@ its .beton through the OS cache. Each worker does --warmup untimed passes (FFCV'
 DALI's first allocations), then methods take turns, one pass each per round, order rotating; the
 table shows the median images/s over --rounds passes, and ratios against ffcv-1t and the floor.
 
-    .venv/bin/python tools/bench_decode_peers.py [--images 512] [--rounds 5] [--pipelines train,val]
+Paths come from flags or the environment: --data DIR (default $BENCH_DATA), an ImageNet-layout
+folder (tools/make_bench_dataset.py makes one); the peer venvs are those tools/bench_env.sh made
+under $BENCH_VENVS (needed only when a method runs in one).
+
+    .venv/bin/python tools/bench_decode_peers.py [--data DIR] [--images 512] [--rounds 5]
+        [--pipelines train,val]
 """
 
 from __future__ import annotations
@@ -56,19 +61,24 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-VENVS = Path(os.environ.get("BENCH_VENVS", "/work/venvs"))
+VENVS = Path(os.environ["BENCH_VENVS"]) if os.environ.get("BENCH_VENVS") else None
 MAIN_PYTHON = REPO / ".venv" / "bin" / "python"
-DEFAULT_DATA = Path("/work/bench-data/imagenet-like")
 SIZE = 224
 
-# method -> python that runs its worker
-METHODS: dict[str, Path] = {
+
+def venv_python(name: str) -> Path | None:
+    """The python of the peer venv `name` under $BENCH_VENVS; None while BENCH_VENVS is unset."""
+    return None if VENVS is None else VENVS / name / "bin" / "python"
+
+
+# method -> python that runs its worker (None: a peer venv's, and BENCH_VENVS is unset)
+METHODS: dict[str, Path | None] = {
     "pillow-full": MAIN_PYTHON,
     "pillow-draft": MAIN_PYTHON,
-    "pillow-simd-full": VENVS / "simd" / "bin" / "python",
-    "pillow-simd-draft": VENVS / "simd" / "bin" / "python",
-    "dali-1t": VENVS / "dali" / "bin" / "python",
-    "ffcv-1t": VENVS / "ffcv" / "bin" / "python",
+    "pillow-simd-full": venv_python("simd"),
+    "pillow-simd-draft": venv_python("simd"),
+    "dali-1t": venv_python("dali"),
+    "ffcv-1t": venv_python("ffcv"),
     "native": MAIN_PYTHON,
     "entropy-floor": MAIN_PYTHON,
 }
@@ -196,7 +206,8 @@ def table(pipeline: str, result: dict[str, Any], images: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--data", type=Path, default=os.environ.get("BENCH_DATA") or None,
+                    help="ImageNet-layout folder (default: $BENCH_DATA)")
     ap.add_argument("--images", type=int, default=512, help="images per pass (a multiple of --batch)")
     ap.add_argument("--batch", type=int, default=32, help="DALI/FFCV batch size")
     ap.add_argument("--rounds", type=int, default=5, help="timed passes per method")
@@ -214,12 +225,17 @@ def main() -> None:
         return
     if args.images % args.batch:
         ap.error("--images must be a multiple of --batch")
+    if args.data is None:
+        ap.error("no data: pass --data DIR or set BENCH_DATA (tools/make_bench_dataset.py makes one)")
     args.data = args.data.resolve()
     if args.cpu is None:
         args.cpu = min(os.sched_getaffinity(0))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
-    missing = [str(METHODS[m]) for m in methods if m in METHODS and not METHODS[m].exists()]
+    peers = [m for m in methods if m in METHODS and METHODS[m] is None]
+    if peers:
+        ap.error(f"{peers} run in the peer venvs: set BENCH_VENVS to where tools/bench_env.sh made them")
+    missing = [str(p) for m in methods if m in METHODS and (p := METHODS[m]) is not None and not p.exists()]
     if unknown or missing:
         ap.error(f"unknown methods {unknown}, missing pythons {missing} (tools/bench_env.sh makes them)")
     files = image_folder_files(args.data)

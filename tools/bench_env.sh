@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Make (or reuse) the throwaway venvs that the loader benchmark's peer systems run in
-# (tools/bench_loaders.py). They live outside the repo, in $BENCH_VENVS (default /work/venvs),
-# and are never dependencies of fastload. A venv that already imports what it needs is kept.
+# (tools/bench_loaders.py). They live outside the repo, in $BENCH_VENVS (required; the benchmark
+# tools find them there too), and are never dependencies of fastload. A venv that already imports
+# what it needs is kept.
+#
+# Usage: BENCH_VENVS=DIR tools/bench_env.sh
 #
 # What worked (Debian 12, Python 3.11.7, pip 26.3 in the venvs, no GPU):
 # - tv: `pip install torch==2.14.1 torchvision==0.29.1` takes both from this machine's local
@@ -20,7 +23,11 @@
 #   zlib1g-dev (--no-cache-dir: a cached wheel built without -mavx2 would otherwise be reused).
 set -euo pipefail
 
-venvs=${BENCH_VENVS:-/work/venvs}
+if [ -z "${BENCH_VENVS:-}" ]; then
+    echo "usage: BENCH_VENVS=DIR $0   (DIR: where to make the peer venvs, outside the repo)" >&2
+    exit 2
+fi
+venvs=$BENCH_VENVS
 python=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 

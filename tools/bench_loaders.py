@@ -23,6 +23,10 @@ records, over the whole process tree (workers included):
 Prints a markdown table of medians over the successful runs and, with --json, writes every
 raw run, the sampler's own CPU seconds included. Linux only; standard library only, so any
 python 3.10+ can run it. Add a system by adding an entry to SYSTEMS.
+
+Paths come from flags or the environment: --data DIR (default $BENCH_DATA), an ImageNet-layout
+folder (tools/make_bench_dataset.py makes one); the peer systems' pythons are in the venvs that
+tools/bench_env.sh made under $BENCH_VENVS (needed only when a peer system is selected).
 """
 
 from __future__ import annotations
@@ -47,12 +51,18 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SYSTEMS_DIR = REPO / "tools" / "bench_systems"
-VENVS = Path(os.environ.get("BENCH_VENVS", "/work/venvs"))
-TV_PYTHON = VENVS / "tv" / "bin" / "python"
-FFCV_PYTHON = VENVS / "ffcv" / "bin" / "python"
-DALI_PYTHON = VENVS / "dali" / "bin" / "python"
+VENVS = Path(os.environ["BENCH_VENVS"]) if os.environ.get("BENCH_VENVS") else None
+
+
+def venv_python(name: str) -> Path | None:
+    """The python of the peer venv `name` under $BENCH_VENVS; None while BENCH_VENVS is unset."""
+    return None if VENVS is None else VENVS / name / "bin" / "python"
+
+
+TV_PYTHON = venv_python("tv")
+FFCV_PYTHON = venv_python("ffcv")
+DALI_PYTHON = venv_python("dali")
 MAIN_PYTHON = REPO / ".venv" / "bin" / "python"
-DEFAULT_DATA = Path("/work/bench-data/imagenet-like")
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 TREE_RESCAN_SECONDS = 0.25
@@ -61,9 +71,10 @@ PR_SET_CHILD_SUBREAPER = 36
 
 @dataclass(frozen=True)
 class System:
-    """How to run one system. `batch_size`/`batches` override the harness's values."""
+    """How to run one system. `batch_size`/`batches` override the harness's values; `python`
+    is None for a peer system while BENCH_VENVS is unset."""
 
-    python: Path
+    python: Path | None
     script: Path
     extra_args: tuple[str, ...] = ()
     needs_data: bool = True
@@ -375,7 +386,12 @@ def become_subreaper() -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=os.environ.get("BENCH_DATA") or None,
+        help="ImageNet-layout folder (default: $BENCH_DATA)",
+    )
     parser.add_argument(
         "--systems",
         default=",".join(SYSTEMS),
@@ -392,11 +408,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     parser.add_argument("--json", type=Path, help="write all raw runs here")
     args = parser.parse_args()
-    args.data = args.data.resolve()
     args.system_names = [n.strip() for n in args.systems.split(",") if n.strip()]
     unknown = [n for n in args.system_names if n not in SYSTEMS]
     if unknown:
         parser.error(f"unknown systems {unknown}; known: {list(SYSTEMS)}")
+    if args.data is None:
+        if any(SYSTEMS[n].needs_data for n in args.system_names):
+            parser.error("no data: pass --data DIR or set BENCH_DATA (tools/make_bench_dataset.py makes one)")
+    else:
+        args.data = args.data.resolve()
+    peers = [n for n in args.system_names if SYSTEMS[n].python is None]
+    if peers:
+        parser.error(
+            f"{peers} run in the peer venvs: set BENCH_VENVS to the folder where tools/bench_env.sh made them"
+        )
     missing = [
         str(path)
         for n in args.system_names

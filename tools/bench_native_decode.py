@@ -12,8 +12,8 @@ the JPEG bytes (already in memory) into a 224x224x3 uint8 array:
 
 Prints images/s per method (best of --repeat interleaved passes) and the DCT scales the native decoder chose.
 
-Data: --data DIR (JPEGs, searched recursively); default /work/bench-data/imagenet-like if it
-exists, else a few hundred photo-like ~500x375 JPEGs generated into /tmp/fastload-bench-jpegs.
+Data: --data DIR (JPEGs, searched recursively); default $BENCH_DATA if set, else a few hundred
+photo-like ~500x375 JPEGs generated into a temporary folder (removed once they are loaded).
 
     .venv/bin/python tools/bench_native_decode.py [--data DIR] [--images 300] [--repeat 5] [--size 224]
 """
@@ -25,6 +25,7 @@ import io
 import math
 import os
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -33,8 +34,6 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-DEFAULT_DATA = Path("/work/bench-data/imagenet-like")
-GENERATED = Path("/tmp/fastload-bench-jpegs")
 SIZE = 224
 
 
@@ -136,7 +135,12 @@ def pillow_draft(job: Job, out: np.ndarray) -> None:
 def main() -> None:
     global SIZE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=None)
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=os.environ.get("BENCH_DATA") or None,
+        help="JPEG folder (default: $BENCH_DATA; else generated into a temporary folder)",
+    )
     ap.add_argument("--images", type=int, default=300)
     ap.add_argument("--repeat", type=int, default=5, help="passes per method; the best one counts")
     ap.add_argument("--cpu", type=int, default=None, help="core to pin to (default: the first allowed)")
@@ -159,11 +163,13 @@ def main() -> None:
 
     folder = args.data
     if folder is None:
-        folder = DEFAULT_DATA if DEFAULT_DATA.is_dir() else GENERATED
-        if folder == GENERATED:
-            print(f"{DEFAULT_DATA} not found: generating {args.images} photo-like JPEGs in {GENERATED}")
-            generate(GENERATED, args.images)
-    blobs = load(folder, args.images)
+        with tempfile.TemporaryDirectory(prefix="fastload-bench-jpegs-") as tmp:
+            folder = Path(tmp)
+            print(f"no --data and no BENCH_DATA: generating {args.images} photo-like JPEGs in {folder}")
+            generate(folder, args.images)
+            blobs = load(folder, args.images)
+    else:
+        blobs = load(folder, args.images)
 
     rng = np.random.default_rng(args.seed)
     jobs: list[Job] = []

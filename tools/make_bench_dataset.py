@@ -5,7 +5,7 @@ quarter portrait) and JPEG quality 90 with 4:2:0 chroma subsampling. Every image
 derivation (random crop, rescale, flip, rotation by 90, colour jitter, blend or inset of a second
 photo, sharpening and sensor-like grain) of the real photos shipped in `skimage.data`; the output depends only
 on --seed, --images and --classes. Needs numpy, pillow and scikit-image (not project
-dependencies: run it with a throwaway venv's python, e.g. /work/venvs/tv/bin/python).
+dependencies: run it with a throwaway venv's python, e.g. $BENCH_VENVS/tv/bin/python).
 """
 
 from __future__ import annotations

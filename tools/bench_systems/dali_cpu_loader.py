@@ -3,7 +3,7 @@ num_threads=W, fn.readers.file(random_shuffle=True) -> decoders.image_random_cro
 ratio 3/4-4/3) -> resize(224x224) -> flip(coin_flip): uint8 HWC batches, copied to numpy.
 With `--val`: decoders.image -> resize(resize_shorter=256) -> crop(224x224), no shuffle.
 
-Run with a python that has nvidia-dali (e.g. /work/venvs/dali/bin/python); prints the bench_common
+Run with a python that has nvidia-dali (e.g. $BENCH_VENVS/dali/bin/python); prints the bench_common
 JSON line. DALI's "workers" are threads of this process; the pipeline runs ahead asynchronously
 (DALI's default prefetch_queue_depth=2), as it would in training.
 """

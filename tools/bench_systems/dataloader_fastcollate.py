@@ -3,7 +3,7 @@ and RandomHorizontalFlip on PIL images, batched by an Apex-style `fast_collate` 
 NCHW tensor (no ToTensor, no Normalize: those move to the consumer, as in NVIDIA Apex's
 ImageNet example).
 
-Run with a python that has torch and torchvision (e.g. /work/venvs/tv/bin/python); prints the
+Run with a python that has torch and torchvision (e.g. $BENCH_VENVS/tv/bin/python); prints the
 bench_common JSON line. Workers persist across epochs, as in dataloader_torchvision.py.
 """
 

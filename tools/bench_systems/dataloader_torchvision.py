@@ -1,7 +1,7 @@
 """Benchmark system: torch DataLoader over torchvision ImageFolder with the standard ImageNet
 training transforms (RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize).
 
-Run with a python that has torch and torchvision (e.g. /work/venvs/tv/bin/python); prints the
+Run with a python that has torch and torchvision (e.g. $BENCH_VENVS/tv/bin/python); prints the
 bench_common JSON line. `--val`: the validation transforms (Resize(256), CenterCrop(224), ToTensor,
 Normalize), in order. Workers persist across epochs, so the small benchmark set's epoch ends
 don't restart them (as they rarely would on a full-size dataset).

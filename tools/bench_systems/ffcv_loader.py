@@ -2,7 +2,7 @@
 with RandomResizedCropRGBImageDecoder((224, 224)), then RandomHorizontalFlip, ToTensor and
 ToTorchImage (uint8 NCHW on the CPU), random order, drop_last.
 
-Run with a python that has ffcv (e.g. /work/venvs/ffcv/bin/python); prints the bench_common JSON
+Run with a python that has ffcv (e.g. $BENCH_VENVS/ffcv/bin/python); prints the bench_common JSON
 line. The .beton (DIR.beton beside DIR, images stored as JPEG at quality 90, original sizes) is
 made by `--prepare`, or before the timer starts if missing or older than DIR; else reused. FFCV's
 "workers" are threads of this process. `--val`: CenterCropRGBImageDecoder((224, 224), ratio=224/256)

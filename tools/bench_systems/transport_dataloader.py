@@ -3,8 +3,8 @@ returns one fixed 3x224x224 uint8 tensor and an int label; batches are made by t
 collate in the workers and shipped to the main process. Reports the bytes delivered so the
 harness can give GB/s.
 
-Run with any python that has torch (e.g. /work/main/.venv/bin/python); prints the bench_common
-JSON line with "bytes". Needs no --data. Workers persist across epochs.
+Run with any python that has torch (e.g. .venv/bin/python, from the repo root); prints the
+bench_common JSON line with "bytes". Needs no --data. Workers persist across epochs.
 """
 
 from __future__ import annotations
