@@ -10,6 +10,7 @@ socket, a ping for TCP) and a `DaemonError` says what happened instead of hangin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import time
@@ -21,10 +22,9 @@ import numpy as np
 import zmq
 
 from fastload import _wire as wire
-from fastload._engine import Event, Task
 from fastload._errors import DaemonError
+from fastload._executor import Event, Failure, Task
 from fastload._layout import BatchLayout
-from fastload._protocol import Done, Failure
 from fastload._ring import Ring
 from fastload._shm import Segment, pid_alive
 from fastload._sockdir import daemon_dir_candidates
@@ -180,25 +180,15 @@ class DaemonSession:
             self._keep(*message)
 
     def _keep(self, op: str, fields: dict[str, Any]) -> None:
-        if op == "done":
-            self._in_flight.discard(fields["seq"])
-            self._events.append(
-                Done(
-                    fields["seq"],
-                    fields["count"],
-                    fields["read_ns"],
-                    fields["decode_ns"],
-                    fields["bytes"],
-                    fields["read_cpu_ns"],
-                )
-            )
-        elif op == "failed":
-            self._in_flight.discard(fields["seq"])
+        if op not in ("done", "failed"):
+            return
+        event = wire.event_from_message(op, fields)
+        self._in_flight.discard(event.seq)
+        if isinstance(event, Failure) and not event.exc_class.startswith("builtins:"):
             # The daemon is a network peer: only a builtin exception type it names is re-raised
             # as such (NOTE [original exception types] in `_errors`).
-            exc_class = str(fields.pop("exc_class", ""))
-            builtin = exc_class if exc_class.startswith("builtins:") else ""
-            self._events.append(Failure(**fields, exc_class=builtin))
+            event = dataclasses.replace(event, exc_class="")
+        self._events.append(event)
 
     def _check_alive(self) -> None:
         now = time.monotonic()
@@ -235,7 +225,15 @@ class DaemonSession:
         _, fields = self._wait_for(("slot",), CONNECT_TIMEOUT_S)
         return self._slot(fields["name"])
 
-    # -- the executor interface (see fastload._engine.Engine) --------------------------------
+    # -- the executor interface (fastload._executor.RemoteExecutor) ---------------------------
+
+    @property
+    def workers(self) -> int:
+        return self.welcome.workers
+
+    @property
+    def layout(self) -> BatchLayout:
+        return self.welcome.layout
 
     @property
     def worker_pids(self) -> list[int]:

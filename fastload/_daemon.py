@@ -36,12 +36,12 @@ from typing import Any
 import zmq
 
 from fastload import _wire as wire
-from fastload._engine import Engine, Event, Task
+from fastload._engine import Engine
 from fastload._errors import ConfigError, DaemonError, FastloadError, WorkerError
+from fastload._executor import Done, Event, Failure, Task
 from fastload._indexes import DatasetIndexes, IndexEntry, IndexLimits
 from fastload._jobs import FolderJob
 from fastload._peers import ConnectionTracker, Peer
-from fastload._protocol import Done, Failure
 from fastload._ring import EXTRA_SLOTS, MAX_PREFETCH, default_prefetch
 from fastload._sessions import PendingHello, Session, batch_frames, status_row
 from fastload._shm import Segment, ensure_fd_room, pid_alive, preflight, reap_orphans
@@ -544,33 +544,13 @@ class Daemon:
                 continue
             client_seq = session.client_seq.pop(event.seq)
             rows = session.task_rows.pop(event.seq, None)
+            frames: Any = ()
             if isinstance(event, Done):
                 session.images += event.count
-                self._reply(
-                    session.sock,
-                    session.identity,
-                    "done",
-                    *(batch_frames(session, rows, event.count) if rows is not None else ()),
-                    seq=client_seq,
-                    count=event.count,
-                    read_ns=event.read_ns,
-                    decode_ns=event.decode_ns,
-                    bytes=event.bytes_read,
-                    read_cpu_ns=event.read_cpu_ns,
-                )
-            else:
-                self._reply(
-                    session.sock,
-                    session.identity,
-                    "failed",
-                    seq=client_seq,
-                    message=event.message,
-                    path=event.path,
-                    index=event.index,
-                    exc_type=event.exc_type,
-                    exc_class=event.exc_class,
-                    traceback=event.traceback,
-                )
+                if rows is not None:  # over TCP: the batch's bytes go with it
+                    frames = batch_frames(session, rows, event.count)
+            op, fields = wire.event_message(event, client_seq)
+            self._reply(session.sock, session.identity, op, *frames, **fields)
 
     def _end_closed_connections(self) -> None:
         """End the sessions (and forget the waiting hellos) of connections that closed."""

@@ -23,7 +23,6 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import pickle
 import shutil
 import time
 from collections import deque
@@ -32,14 +31,13 @@ from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
 from typing import Any, NoReturn
 
-import numpy as np
 import zmq
 
 from fastload import _protocol as proto
 from fastload._errors import WorkerError, sample_error
-from fastload._jobs import DatasetJob, FolderJob, JobFailed
+from fastload._executor import Event, Failure, Task
+from fastload._jobs import Job, run_task
 from fastload._layout import BatchLayout
-from fastload._protocol import Done, Failure
 from fastload._sockdir import engine_socket_dir
 from fastload._supervision import MAX_STRIKES, Cause, HangBound, classify, describe_exit, oom_kill_count
 from fastload._worker import WorkerSpec, worker_main
@@ -51,38 +49,6 @@ _OOM_BASELINE_EVERY_S = 1.0
 _JOIN_TIMEOUT_S = 5.0
 # Tasks one worker may hold; the rest wait in the engine (a worker's socket queue stays short).
 _MAX_TASKS_PER_WORKER = 64
-
-
-@dataclass
-class Task:
-    """One unit of work: a batch into a slot, a batch to collate opaquely, or a probe."""
-
-    seq: int
-    epoch: int
-    batch_index: int
-    indices: np.ndarray
-    slot_name: str  # "" for opaque batches and probes
-    probe: bool = False
-    job_id: int = 0
-    row: int = 0  # first row of the slot's batch this task writes (a batch split across workers)
-    strikes: int = 0  # deaths it caused (crashes alone on a worker, or hangs); see NOTE [blame]
-    hangs: int = 0
-    suspect: bool = False  # lost with a crashed worker among others: runs alone until it completes
-
-
-@dataclass(frozen=True)
-class Probed:
-    seq: int
-    layout: BatchLayout | None
-
-
-@dataclass(frozen=True)
-class Opaque:
-    seq: int
-    batch: Any
-
-
-Event = Done | Failure | Probed | Opaque
 
 
 @dataclass
@@ -119,7 +85,7 @@ class Engine:
 
     def __init__(
         self,
-        jobs: dict[int, FolderJob | DatasetJob],
+        jobs: dict[int, Job],
         *,
         num_workers: int,
         mp_context: str | BaseContext | None,
@@ -259,14 +225,10 @@ class Engine:
                 if len(worker.tasks) >= _MAX_TASKS_PER_WORKER:
                     return
             task = self._queue.popleft()
-            kind = proto.PROBE if task.probe else proto.TASK
-            head = proto.TASK_HEAD.pack(
-                task.seq, task.batch_index, task.epoch, len(task.indices), task.job_id, task.row
-            )
             if not worker.tasks:
                 worker.busy_since = time.monotonic()
             worker.tasks[task.seq] = task  # re-run with the others if the send fails
-            sent = self._send(worker, [kind, head, task.slot_name.encode(), task.indices.tobytes()])
+            sent = self._send(worker, proto.encode_task(task, proto.PROBE if task.probe else proto.TASK))
             if not sent or task.suspect:  # a lost worker takes nothing more; a suspect runs alone
                 ready.remove(worker)
 
@@ -325,19 +287,12 @@ class Engine:
                     if not self._send(worker, announcement):
                         return None
             return None
-        if kind == proto.FAILED:
-            failure = Failure.decode(body)
-            self._finished(worker, failure.seq)
-            return failure
-        seq = proto.SEQ_HEAD.unpack_from(body[1])[0]
-        self._finished(worker, seq)
-        if kind == proto.DONE:
-            return Done.decode(body)
-        if kind == proto.PROBED:
-            return Probed(seq, BatchLayout.from_json(body[2]) if body[2] else None)
-        if kind == proto.OPAQUE:
-            return Opaque(seq, pickle.loads(body[2], buffers=body[3:]))
-        raise WorkerError(f"unexpected message kind {kind!r} from worker {identity.decode()}")
+        try:
+            event = proto.decode_event(body)
+        except ValueError as e:
+            raise WorkerError(f"{e} (worker {identity.decode()})") from e
+        self._finished(worker, event.seq)
+        return event
 
     def _finished(self, worker: _Worker, seq: int) -> None:
         """A worker answered task `seq`: time it (for the hang bound); its next task starts now."""
@@ -456,13 +411,13 @@ class Engine:
 
 
 class InlineExecutor:
-    """Runs tasks in the caller's process (num_workers=0), with the Engine's interface."""
+    """Runs tasks in the caller's process (num_workers=0), one per `poll`, with the Engine's interface."""
 
-    def __init__(self, job: FolderJob | DatasetJob) -> None:
+    def __init__(self, job: Job) -> None:
         self._job = job
         # slot name -> its buffer; set by the pipeline once its ring exists
         self.resolve_slot: Callable[[str], Any] | None = None
-        self._layout: BatchLayout | None = job.layout if isinstance(job, FolderJob) else None
+        self._layout: BatchLayout | None = job.layout
         self._queue: deque[Task] = deque()
 
     @property
@@ -482,29 +437,12 @@ class InlineExecutor:
     def poll(self, timeout_s: float) -> list[Event]:
         if not self._queue:
             return []
-        task = self._queue.popleft()
-        job = self._job
-        try:
-            if task.probe:
-                assert isinstance(job, DatasetJob)
-                index = int(task.indices[0])
-                layout = job.probe(task.seq, task.epoch, task.batch_index, index, True)
-                return [Probed(task.seq, layout)]
-            if not task.slot_name:
-                assert isinstance(job, DatasetJob)
-                return [
-                    Opaque(
-                        task.seq, job.run_opaque(task.seq, task.epoch, task.batch_index, task.indices, True)
-                    )
-                ]
-            assert self._layout is not None
-            assert self.resolve_slot is not None
-            arrays = [a[task.row :] for a in self._layout.arrays(self.resolve_slot(task.slot_name))]
-            if isinstance(job, FolderJob):
-                return [job.run(task.seq, task.epoch, task.batch_index, task.indices, arrays)]
-            return [job.run(task.seq, task.epoch, task.batch_index, task.indices, arrays, self._layout, True)]
-        except JobFailed as e:
-            return [e.failure]
+        return [run_task(self._job, self._queue.popleft(), self._layout, self._slot_buffer, in_trainer=True)]
+
+    def _slot_buffer(self, name: str) -> Any:
+        if self.resolve_slot is None:
+            raise RuntimeError("a slot task before the pipeline's ring exists")
+        return self.resolve_slot(name)
 
     def close(self) -> None:
         self._queue.clear()

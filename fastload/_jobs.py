@@ -1,28 +1,29 @@
-"""What a worker does with one batch: load its samples and write them into a slot's arrays.
+"""What a worker does with one task: load its samples and write them into a slot's arrays.
 
 `FolderJob` reads image files and decodes+augments them with a backend; `DatasetJob` calls a
-map-style torch Dataset. Both run the same way in a worker process or, with `num_workers=0`, in
-the trainer's own process. Errors come back as `Failure`s naming the sample and its file.
+map-style torch Dataset. Both keep the `Job` interface, and `run_task` runs any task of either
+the same way in a worker process or, with `num_workers=0`, in the trainer's own process (then
+`in_trainer`: the caller's random state is restored afterwards). Errors come back as `Failure`s
+naming the sample and its file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import pickle
 import random
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from fastload._backends import SampleFailure, make_backend
 from fastload._errors import exception_type_name
+from fastload._executor import Done, Event, Failure, Opaque, Probed, Task
 from fastload._layout import BatchLayout, LayoutMismatch
 from fastload._plan import batch_seed, sample_rng
-from fastload._protocol import Done, Failure
 from fastload._shm import Segment
 from fastload._sources import ImageFolderIndex
 from fastload.transforms import TransformPlan, compile_transforms, from_config, to_config
@@ -117,9 +118,19 @@ class FolderJob:
             self._index_segment.close()
             self._index_segment = None
 
-    def run(
-        self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, arrays: Sequence[np.ndarray]
-    ) -> Done:
+    def worker_dataset(self) -> Any:
+        """What `get_worker_info().dataset` is in this job's workers: the folder."""
+        return self.index.root
+
+    def probe(self, task: Task, in_trainer: bool) -> BatchLayout | None:
+        """A folder's layout is known from its transforms: nothing to load."""
+        return self.layout
+
+    def run_opaque(self, task: Task, in_trainer: bool) -> Any:
+        raise TypeError("a folder's batches always go into slots")
+
+    def run(self, task: Task, arrays: Sequence[np.ndarray], layout: BatchLayout, in_trainer: bool) -> Done:
+        seq, epoch, indices = task.seq, task.epoch, task.indices
         n = len(indices)
         images, labels = arrays
         paths = [self.index.path(int(i)) for i in indices]
@@ -153,6 +164,8 @@ class DatasetJob:
     count; in the trainer's process (`num_workers=0`) the caller's random state is restored after.
     """
 
+    layout: BatchLayout | None = None  # known only once a sample is probed
+
     def __init__(
         self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None, seed: int, batch_size: int
     ) -> None:
@@ -160,6 +173,13 @@ class DatasetJob:
         self.collate_fn = collate_fn
         self.seed = seed
         self.batch_size = batch_size
+
+    def worker_dataset(self) -> Any:
+        """What `get_worker_info().dataset` is in this job's workers: their copy of the Dataset."""
+        return self.dataset
+
+    def close(self) -> None:
+        """Nothing to let go of."""
 
     def _path_of(self, index: int) -> str:
         samples = getattr(self.dataset, "samples", None)
@@ -196,28 +216,18 @@ class DatasetJob:
                 np.random.set_state(states[1])
                 random.setstate(states[2])
 
-    def probe(
-        self, seq: int, epoch: int, batch_index: int, index: int, restore_rng: bool
-    ) -> BatchLayout | None:
-        """Load one sample and return its layout, or None when batches must take the slow path."""
+    def probe(self, task: Task, in_trainer: bool) -> BatchLayout | None:
+        """Load the task's sample and return its layout, or None when batches must take the slow path."""
         if self.collate_fn is not None:
             return None
-        (sample,) = self._fetch(seq, epoch, batch_index, np.asarray([index]), restore_rng)
+        (sample,) = self._fetch(task.seq, task.epoch, task.batch_index, task.indices[:1], in_trainer)
         return BatchLayout.infer(sample, self.batch_size)
 
-    def run(
-        self,
-        seq: int,
-        epoch: int,
-        batch_index: int,
-        indices: np.ndarray,
-        arrays: Sequence[np.ndarray],
-        layout: BatchLayout,
-        restore_rng: bool,
-    ) -> Done:
+    def run(self, task: Task, arrays: Sequence[np.ndarray], layout: BatchLayout, in_trainer: bool) -> Done:
+        seq, indices = task.seq, task.indices
         cpu0 = time.process_time_ns()
         t0 = time.perf_counter_ns()
-        samples = self._fetch(seq, epoch, batch_index, indices, restore_rng)
+        samples = self._fetch(seq, task.epoch, task.batch_index, indices, in_trainer)
         t1 = time.perf_counter_ns()
         read_cpu = time.process_time_ns() - cpu0
         for row, (i, sample) in enumerate(zip(indices, samples, strict=True)):
@@ -232,20 +242,65 @@ class DatasetJob:
                 raise JobFailed(dataclasses.replace(failure, message=message)) from e
         return Done(seq, len(indices), t1 - t0, time.perf_counter_ns() - t1, 0, read_cpu)
 
-    def run_opaque(
-        self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, restore_rng: bool
-    ) -> Any:
+    def run_opaque(self, task: Task, in_trainer: bool) -> Any:
         """Load and collate a batch that cannot live in a slot (the documented slow path)."""
-        samples = self._fetch(seq, epoch, batch_index, indices, restore_rng)
+        samples = self._fetch(task.seq, task.epoch, task.batch_index, task.indices, in_trainer)
         collate = self.collate_fn or torch.utils.data.default_collate
         try:
             return collate(samples)
         except Exception as e:
-            raise JobFailed(_failure(seq, e, int(indices[0]), "", "the batch starting")) from e
+            raise JobFailed(_failure(task.seq, e, int(task.indices[0]), "", "the batch starting")) from e
 
 
-def pickle_batch(batch: Any) -> list[Any]:
-    """Serialise an opaque batch for the socket: a pickle stream plus out-of-band buffers."""
-    buffers: list[pickle.PickleBuffer] = []
-    head = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
-    return [head, *(b.raw() for b in buffers)]
+class Job(Protocol):
+    """What every job offers the executors (`FolderJob`, `DatasetJob`)."""
+
+    seed: int
+    batch_size: int
+    layout: BatchLayout | None  # known before any sample is loaded (a folder), else None
+
+    def probe(self, task: Task, in_trainer: bool) -> BatchLayout | None:
+        """The layout the task's (first) sample implies; None: batches take the opaque path."""
+        ...
+
+    def run(
+        self, task: Task, arrays: Sequence[np.ndarray], layout: BatchLayout, in_trainer: bool
+    ) -> Done:
+        """Load the task's samples into `arrays` (the slot's, from the task's row on)."""
+        ...
+
+    def run_opaque(self, task: Task, in_trainer: bool) -> Any:
+        """Load and collate the task's samples into a batch object."""
+        ...
+
+    def worker_dataset(self) -> Any:
+        """What `torch.utils.data.get_worker_info().dataset` is in a worker of this job."""
+        ...
+
+    def close(self) -> None:
+        """Let go of what the job holds (a daemon job's shared index)."""
+        ...
+
+
+def run_task(
+    job: Job, task: Task, layout: BatchLayout | None, slot_buffer: Callable[[str], Any], in_trainer: bool
+) -> Event:
+    """Run one task of `job` (a probe, an opaque batch or a slot batch, see `_executor`) and return
+    its event; `slot_buffer(name)` is the slot's memory. The one way tasks run, in a worker
+    process and in the trainer's own (`in_trainer`) alike."""
+    try:
+        if task.probe:
+            return Probed(task.seq, job.probe(task, in_trainer))
+        if not task.slot_name:
+            return Opaque(task.seq, job.run_opaque(task, in_trainer))
+        if layout is None:
+            raise RuntimeError(f"task {task.seq} names slot {task.slot_name} before any layout was set")
+        arrays = [a[task.row :] for a in layout.arrays(slot_buffer(task.slot_name))]
+        try:
+            return job.run(task, arrays, layout, in_trainer)
+        finally:
+            del arrays  # no view of the slot outlives the task
+    except JobFailed as e:
+        return e.failure
+    except Exception as e:  # an unexpected error is still reported, never a silent death
+        return _failure(task.seq, e, int(task.indices[0]) if len(task.indices) else -1, "", "batch")

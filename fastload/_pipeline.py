@@ -1,9 +1,11 @@
 """One loader's running machinery: executor + ring + delivery, and the epoch iterator over them.
 
-`Pipeline` owns the pieces that live across epochs (workers, the ring, the delivery) and routes
-every executor event to the epoch that submitted it; `EpochIterator` turns an epoch plan into
-tasks, keeps at most `prefetch` batches in flight, reorders completions into plan order and hands
-each ready slot to the delivery. Every wait is bounded and re-checks worker liveness.
+`Pipeline` owns the pieces that live across epochs (workers, the ring, the delivery); `submit`
+gives each batch a ticket (its seq) and every finished batch's outcome is queued under its ticket
+for `take_outcomes`. `EpochIterator` turns an epoch plan into tasks, keeps at most `prefetch`
+batches in flight, reorders the outcomes it takes into plan order and hands each ready slot to the
+delivery. The flow is one-way: the iterator calls the pipeline, never the reverse, and an epoch
+that ends early `cancel`s its tickets. Every wait is bounded and re-checks worker liveness.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import itertools
 import os
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
@@ -22,13 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload._client import DaemonSession
 from fastload._delivery import CpuDelivery, CudaDelivery, ImageOutput, make_delivery
-from fastload._engine import Engine, Event, InlineExecutor, Opaque, Probed, Task, raise_failure
+from fastload._engine import Engine, InlineExecutor, raise_failure
 from fastload._errors import ConfigError, LoaderTimeout
-from fastload._jobs import DatasetJob, FolderJob
+from fastload._executor import Done, Event, Executor, Failure, Opaque, Probed, RemoteExecutor, Task
+from fastload._jobs import Job
 from fastload._layout import BatchLayout
-from fastload._protocol import Done, Failure
 from fastload._ring import EXTRA_SLOTS, Ring, default_prefetch
 from fastload._shm import install_signal_cleanup, preflight, reap_orphans
 from fastload._sockdir import reap_engine_dirs
@@ -76,30 +78,32 @@ class Pipeline:
     """Workers, ring and delivery of one loader, reused across its epochs."""
 
     def __init__(
-        self, job: FolderJob | DatasetJob | None, config: PipelineConfig, session: DaemonSession | None = None
+        self, job: Job | None, config: PipelineConfig, session: RemoteExecutor | None = None
     ) -> None:
         """Run `job` on local workers (or inline), or, given a daemon `session`, on the daemon's pool."""
         self.config = config
-        self.layout: BatchLayout | None = job.layout if isinstance(job, FolderJob) else None
+        self.layout: BatchLayout | None = job.layout if job is not None else None
         self.opaque = False
         self.ring: Ring | None = None
         self.delivery: CpuDelivery | CudaDelivery | None = None
         self._seqs = itertools.count()
         self._slot_of: dict[int, int] = {}  # seq -> slot, for tasks whose slot is not yet ready
-        self._owner: dict[int, EpochIterator] = {}  # seq -> the epoch that submitted it
+        self._wanted: set[int] = set()  # tickets submitted, not yet taken nor cancelled
+        self._outcomes: deque[tuple[int, _Outcome]] = deque()  # (ticket, outcome), for take_outcomes
         self._probed: Probed | Failure | None = None  # the reply to the layout probe
         self._probe_seq: int | None = None  # the layout probe's task, once sent (Datasets only)
         self._collect_at = 0  # ring size at which a starved ring next runs the garbage collector
         self._part_of: dict[int, int] = {}  # seq of a part of a split batch -> the batch's seq
         self._split: dict[int, _Parts] = {}  # batch seq -> its parts' joined outcome so far
-        self.workers = config.num_workers if session is None else session.welcome.workers
+        self.workers = config.num_workers if session is None else session.workers
         install_signal_cleanup()
         reap_orphans()
         reap_engine_dirs()
         if self.layout is not None and session is None:
             # Before any worker is forked: a ring that cannot fit fails here, leaving nothing behind.
             preflight(self.layout.slot_bytes * (config.prefetch + EXTRA_SLOTS))
-        self.executor: Engine | InlineExecutor | DaemonSession
+        self.executor: Executor
+        self.inline = session is None and config.num_workers == 0  # tasks run in poll, on this thread
         if session is not None:
             self.executor = session
         elif job is None:
@@ -126,7 +130,7 @@ class Pipeline:
         self._resources: list[Any] = [self.executor, self.stats]
         self._finalizer = weakref.finalize(self, _close_all, self._resources, os.getpid())
         if session is not None:  # the daemon fixed the layout and made the ring
-            self.layout = session.welcome.layout
+            self.layout = session.layout
             self._build_ring_or_close(session.attach_ring)
 
     def next_seq(self) -> int:
@@ -179,7 +183,7 @@ class Pipeline:
         assert self.layout is not None
         self.ring = ring
         self._resources.append(ring)
-        if isinstance(self.executor, InlineExecutor):
+        if isinstance(self.executor, InlineExecutor):  # it runs tasks here: it writes our slots
             self.executor.resolve_slot = ring.buffer
         self.delivery = make_delivery(
             ring, self.layout, self.config.images, self.config.device, self.config.pin_memory,
@@ -187,8 +191,8 @@ class Pipeline:
         )
         self._resources.append(self.delivery)
 
-    def submit(self, owner: EpochIterator, epoch: int, batch_index: int, indices: np.ndarray) -> bool:
-        """Queue one batch; False when no slot is free."""
+    def submit(self, epoch: int, batch_index: int, indices: np.ndarray) -> int | None:
+        """Queue one batch; its ticket (the seq its outcome is queued under), or None when no slot is free."""
         slot_name = ""
         seq = self.next_seq()
         if not self.opaque:
@@ -197,18 +201,17 @@ class Pipeline:
             if slot is None:
                 if self._slot_wait_since is None:
                     self._slot_wait_since = time.perf_counter()
-                return False
+                return None
             if self._slot_wait_since is not None:
                 self.stats.add("slot_wait_ns", int((time.perf_counter() - self._slot_wait_since) * 1e9))
                 self._slot_wait_since = None
             self._slot_of[seq] = slot
             slot_name = self.ring.name(slot)
-        self._owner[seq] = owner
-        owner.submitted(seq)
+        self._wanted.add(seq)
         parts = self._split_count(len(indices))
         if parts == 1:
             self.executor.submit(Task(seq, epoch, batch_index, indices, slot_name))
-            return True
+            return seq
         # NOTE [cold start]: with nothing in flight (an epoch's first batch), one worker decoding
         # a whole batch is the time to first batch; split it into row ranges of the same slot so
         # every worker decodes a share. Per-sample seeds make the result identical.
@@ -218,7 +221,7 @@ class Pipeline:
             part = self.next_seq()
             self._part_of[part] = seq
             self.executor.submit(Task(part, epoch, batch_index, indices[row:end], slot_name, row=int(row)))
-        return True
+        return seq
 
     def _split_count(self, n: int) -> int:
         """How many tasks to make of a batch of `n`: one, unless the pool is idle (cold start)."""
@@ -281,7 +284,6 @@ class Pipeline:
             stats.add("read_cpu_ns", event.read_cpu_ns)
         elif isinstance(event, Failure):
             self.stats.add("failures", 1)
-        owner = self._owner.pop(event.seq, None)
         slot = self._slot_of.pop(event.seq, None)
         outcome: _Outcome
         if isinstance(event, Done):
@@ -291,7 +293,23 @@ class Pipeline:
             if slot is not None and self.ring is not None:
                 self.ring.release(slot)
             outcome = event
-        if owner is None or not owner.accepts(event.seq, outcome):
+        if event.seq in self._wanted:
+            self._outcomes.append((event.seq, outcome))
+        else:
+            self.discard(outcome)  # its epoch ended early and cancelled it
+
+    def take_outcomes(self) -> list[tuple[int, _Outcome]]:
+        """(ticket, outcome) of every batch finished since the last call, in completion order."""
+        taken = list(self._outcomes)
+        self._outcomes.clear()
+        self._wanted.difference_update(seq for seq, _ in taken)
+        return taken
+
+    def cancel(self, tickets: list[int]) -> None:
+        """Nobody will take these batches (their epoch ended early): their slots come back."""
+        self._wanted.difference_update(tickets)
+        for seq, outcome in [item for item in self._outcomes if item[0] in set(tickets)]:
+            self._outcomes.remove((seq, outcome))
             self.discard(outcome)
 
     def discard(self, outcome: _Outcome) -> None:
@@ -308,12 +326,12 @@ class Pipeline:
         slot, count = outcome
         return self.delivery.deliver(slot, count)
 
-    def grow_if_starved(self, owner: EpochIterator) -> bool:
+    def grow_if_starved(self, ready_count: int) -> bool:
         """Add a slot when every slot is held by the user (e.g. `list(loader)`), never otherwise.
 
         Returns True when it freed or added a slot (nothing was in flight: waiting would not help).
         """
-        if self.opaque or self.ring is None or self.executor.in_flight or owner.ready_count:
+        if self.opaque or self.ring is None or self.executor.in_flight or ready_count:
             return False
         if isinstance(self.delivery, CudaDelivery) and self.delivery.pending:
             return False  # slots come back when their copies complete
@@ -367,7 +385,7 @@ class EpochIterator(Iterator[Any]):
         self._batches = batches
         self._epoch = epoch
         self._next_batch_index = start
-        self._seq_of_batch: dict[int, int] = {}  # seq -> batch index
+        self._batch_of_ticket: dict[int, int] = {}  # ticket (seq) -> batch index, in flight
         self._ready: dict[int, _Outcome] = {}  # batch index -> outcome
         self._next_yield = start
         self._exhausted = False
@@ -375,23 +393,9 @@ class EpochIterator(Iterator[Any]):
         self._superseded = False  # ended by a newer iter(loader) before it was exhausted
         self._on_yield = on_yield
 
-    @property
-    def ready_count(self) -> int:
-        return len(self._ready)
-
-    def submitted(self, seq: int) -> None:
-        self._seq_of_batch[seq] = self._next_batch_index
-
-    def accepts(self, seq: int, outcome: _Outcome) -> bool:
-        batch_index = self._seq_of_batch.pop(seq, None)
-        if not self._active or batch_index is None:
-            return False
-        self._ready[batch_index] = outcome
-        return True
-
     def _fill(self) -> None:
         pipe = self._pipeline
-        while not self._exhausted and len(self._seq_of_batch) + len(self._ready) < pipe.config.prefetch:
+        while not self._exhausted and len(self._batch_of_ticket) + len(self._ready) < pipe.config.prefetch:
             indices = next(self._batches, None)
             if indices is None:
                 self._exhausted = True
@@ -401,10 +405,16 @@ class EpochIterator(Iterator[Any]):
                 self._ready[self._next_batch_index] = failed
                 self._next_batch_index += 1
                 continue
-            if not pipe.submit(self, self._epoch, self._next_batch_index, indices):
+            ticket = pipe.submit(self._epoch, self._next_batch_index, indices)
+            if ticket is None:
                 self._batches = itertools.chain([indices], self._batches)
                 return
+            self._batch_of_ticket[ticket] = self._next_batch_index
             self._next_batch_index += 1
+
+    def _take_outcomes(self) -> None:
+        for ticket, outcome in self._pipeline.take_outcomes():
+            self._ready[self._batch_of_ticket.pop(ticket)] = outcome
 
     def __next__(self) -> Any:
         if not self._active:
@@ -426,23 +436,25 @@ class EpochIterator(Iterator[Any]):
                 stats.add("trainer_wait_ns", int((time.perf_counter() - entered) * 1e9))
                 stats.add("next_calls", 1)
                 stats.set("ready_batches", len(self._ready))
-                stats.set("in_flight", len(self._seq_of_batch))
+                stats.set("in_flight", len(self._batch_of_ticket))
 
     def _next(self) -> Any:
         pipe = self._pipeline
         deadline = _deadline(pipe.config.timeout_s)
-        if self._next_yield in self._ready and not isinstance(pipe.executor, InlineExecutor):
+        if self._next_yield in self._ready and not pipe.inline:
             # Take in what finished meanwhile (without waiting): it frees slots and keeps the
             # ready-queue figure that iostat shows true even when the trainer never has to wait.
             pipe.poll_once(None, wait_s=0.0)
+            self._take_outcomes()
         while self._next_yield not in self._ready:
             self._fill()
-            if self._exhausted and not self._seq_of_batch and self._next_yield not in self._ready:
+            if self._exhausted and not self._batch_of_ticket and self._next_yield not in self._ready:
                 self.stop()
                 raise StopIteration
-            if pipe.grow_if_starved(self):
+            if pipe.grow_if_starved(len(self._ready)):
                 continue  # a slot is free again: submit into it rather than wait for nothing
             pipe.poll_once(deadline)
+            self._take_outcomes()
         outcome = self._ready.pop(self._next_yield)
         self._next_yield += 1
         self._on_yield(self._epoch, self._next_yield)
@@ -460,6 +472,8 @@ class EpochIterator(Iterator[Any]):
         if not self._active:
             return
         self._active = False
+        self._pipeline.cancel(list(self._batch_of_ticket))
+        self._batch_of_ticket.clear()
         for outcome in self._ready.values():
             self._pipeline.discard(outcome)
         self._ready.clear()

@@ -23,9 +23,14 @@ itself, over an ipc socket in a 0700 directory, never over a network.
 from __future__ import annotations
 
 import json
+import pickle
 import struct
-from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+
+from fastload._executor import Done, Event, Failure, Opaque, Probed, Task
+from fastload._layout import BatchLayout
 
 TASK = b"T"
 PROBE = b"P"
@@ -46,69 +51,52 @@ DONE_HEAD = struct.Struct("<qqqqqq")
 SEQ_HEAD = struct.Struct("<q")
 
 
-@dataclass(frozen=True)
-class Done:
-    """A worker finished batch `seq`; the stage timings feed the loader's statistics."""
-
-    seq: int
-    count: int
-    read_ns: int
-    decode_ns: int
-    bytes_read: int
-    # CPU time of the read stage: near read_ns when reading computes (a Dataset decoding in
-    # __getitem__, a saturated CPU), far below it when the worker waits for storage.
-    read_cpu_ns: int = 0
-
-    def encode(self) -> list[bytes]:
-        return [
-            DONE,
-            DONE_HEAD.pack(
-                self.seq, self.count, self.read_ns, self.decode_ns, self.bytes_read, self.read_cpu_ns
-            ),
-        ]
-
-    @classmethod
-    def decode(cls, frames: list[bytes]) -> Done:
-        return cls(*DONE_HEAD.unpack(frames[1]))
+def encode_task(task: Task, kind: bytes) -> list[bytes]:
+    """A TASK or PROBE message (the engine prepends the worker's identity)."""
+    head = TASK_HEAD.pack(task.seq, task.batch_index, task.epoch, len(task.indices), task.job_id, task.row)
+    return [kind, head, task.slot_name.encode(), task.indices.astype("<i8", copy=False).tobytes()]
 
 
-@dataclass(frozen=True)
-class Failure:
-    """A worker could not load batch `seq`: which sample, which file, and the worker's traceback.
+def decode_task(frames: list[bytes]) -> Task:
+    seq, batch_index, epoch, _, job_id, row = TASK_HEAD.unpack(frames[1])
+    return Task(
+        seq, epoch, batch_index, np.frombuffer(frames[3], dtype="<i8"), frames[2].decode(),
+        probe=frames[0] == PROBE, job_id=job_id, row=row,
+    )
 
-    `exc_type` is the exception's class name ("KeyError"), `exc_class` its "module:qualname"
-    ("builtins:KeyError"; "" when unknown), which the trainer re-raises it as (`_errors`).
-    """
 
-    seq: int
-    message: str
-    path: str
-    index: int
-    exc_type: str
-    traceback: str
-    exc_class: str = ""
-
-    def encode(self) -> list[bytes]:
+def encode_event(event: Event) -> list[Any]:
+    """A worker's reply for one task's event (OPAQUE frames are buffers, sent with copy=False)."""
+    if isinstance(event, Done):
+        fields = (event.seq, event.count, event.read_ns, event.decode_ns, event.bytes_read, event.read_cpu_ns)
+        return [DONE, DONE_HEAD.pack(*fields)]
+    if isinstance(event, Failure):
         body = {
-            "message": self.message,
-            "path": self.path,
-            "index": self.index,
-            "exc_type": self.exc_type,
-            "exc_class": self.exc_class,
-            "traceback": self.traceback,
+            "message": event.message, "path": event.path, "index": event.index,
+            "exc_type": event.exc_type, "exc_class": event.exc_class, "traceback": event.traceback,
         }
-        return [FAILED, SEQ_HEAD.pack(self.seq), json.dumps(body).encode()]
+        return [FAILED, SEQ_HEAD.pack(event.seq), json.dumps(body).encode()]
+    if isinstance(event, Probed):
+        return [PROBED, SEQ_HEAD.pack(event.seq), event.layout.to_json().encode() if event.layout else b""]
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(event.batch, protocol=5, buffer_callback=buffers.append)
+    return [OPAQUE, SEQ_HEAD.pack(event.seq), head, *(b.raw() for b in buffers)]
 
-    @classmethod
-    def decode(cls, frames: list[bytes]) -> Failure:
-        (seq,) = SEQ_HEAD.unpack(frames[1])
+
+def decode_event(frames: list[bytes]) -> Event:
+    """The event a worker's reply carries (`frames` without the identity; not READY)."""
+    kind = frames[0]
+    if kind == DONE:
+        return Done(*DONE_HEAD.unpack(frames[1]))
+    (seq,) = SEQ_HEAD.unpack(frames[1])
+    if kind == FAILED:
         body: dict[str, Any] = json.loads(frames[2])
-        return cls(
-            seq,
-            str(body["message"]),
-            str(body["path"]),
-            int(body["index"]),
-            str(body["exc_type"]),
-            str(body["traceback"]),
-            str(body.get("exc_class", "")),
+        return Failure(
+            seq, str(body["message"]), str(body["path"]), int(body["index"]), str(body["exc_type"]),
+            str(body["traceback"]), str(body.get("exc_class", "")),
         )
+    if kind == PROBED:
+        return Probed(seq, BatchLayout.from_json(frames[2]) if frames[2] else None)
+    if kind == OPAQUE:  # see NOTE [OPAQUE batches]: only from the trainer's own forked workers
+        return Opaque(seq, pickle.loads(frames[2], buffers=frames[3:]))
+    raise ValueError(f"unexpected message kind {kind!r} from a worker")

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastload._engine import Task
+from fastload._executor import Task
 from fastload._layout import BatchLayout
 from fastload._peers import Peer
 from fastload._shm import Segment

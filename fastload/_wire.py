@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import FastloadError
+from fastload._executor import Done, Failure
 
 VERSION = 1
 MAX_HEADER_BYTES = 64 << 10
@@ -156,3 +157,29 @@ def decode_indices(frame: bytes, num_samples: int) -> np.ndarray:
     if int(indices.min()) < 0 or int(indices.max()) >= num_samples:
         raise WireError(f"sample index out of range 0..{num_samples - 1}")
     return indices.astype(np.int64, copy=False)
+
+
+def event_message(event: Done | Failure, seq: int) -> tuple[str, dict[str, Any]]:
+    """The `done` or `failed` reply (op, fields) for a batch's event, as the trainer knows it by `seq`."""
+    if isinstance(event, Done):
+        return "done", {
+            "seq": seq, "count": event.count, "read_ns": event.read_ns, "decode_ns": event.decode_ns,
+            "bytes": event.bytes_read, "read_cpu_ns": event.read_cpu_ns,
+        }
+    return "failed", {
+        "seq": seq, "message": event.message, "path": event.path, "index": event.index,
+        "exc_type": event.exc_type, "exc_class": event.exc_class, "traceback": event.traceback,
+    }
+
+
+def event_from_message(op: str, fields: dict[str, Any]) -> Done | Failure:
+    """The event a validated `done` or `failed` reply carries (the inverse of `event_message`)."""
+    if op == "done":
+        return Done(
+            fields["seq"], fields["count"], fields["read_ns"], fields["decode_ns"], fields["bytes"],
+            fields["read_cpu_ns"],
+        )
+    return Failure(
+        fields["seq"], fields["message"], fields["path"], fields["index"], fields["exc_type"],
+        fields["traceback"], fields.get("exc_class", ""),
+    )

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import zmq
 
 from fastload import _protocol as proto
-from fastload._jobs import DatasetJob, FolderJob, JobFailed, _failure, pickle_batch
+from fastload._executor import Event
+from fastload._jobs import FolderJob, Job, _failure, run_task
 from fastload._layout import BatchLayout
 from fastload._shm import Segment
 
@@ -40,7 +40,7 @@ class WorkerSpec:
     identity: bytes
     parent_pid: int
     worker_id: int
-    jobs: dict[int, FolderJob | DatasetJob]  # forked in (local mode); a daemon sends JOB messages
+    jobs: dict[int, Job]  # forked in (local mode); a daemon sends JOB messages
     worker_init_fn: Callable[[int], Any] | None
     num_workers: int = 1  # the pool's size, for get_worker_info()
     close_inherited_sockets: bool = False  # a daemon's worker: drop its listeners (see below)
@@ -82,7 +82,7 @@ def set_worker_info(spec: WorkerSpec) -> None:
     job = spec.jobs.get(0)
     if job is None:
         return
-    dataset: Any = job.dataset if isinstance(job, DatasetJob) else job.index.root
+    dataset: Any = job.worker_dataset()
     # DataLoader sets this same private global in its workers; there is no public setter.
     worker_module = torch.utils.data._utils.worker
     worker_module._worker_info = worker_module.WorkerInfo(
@@ -110,7 +110,7 @@ def worker_main(spec: WorkerSpec) -> None:
             try:
                 spec.worker_init_fn(spec.worker_id)
             except Exception as e:
-                sock.send_multipart(_failure(-1, e, -1, "", "worker_init_fn").encode())
+                sock.send_multipart(proto.encode_event(_failure(-1, e, -1, "", "worker_init_fn")))
                 return
         sock.send_multipart([proto.READY, proto.READY_HEAD.pack(os.getpid())])
         _serve(sock, spec)
@@ -120,12 +120,20 @@ def worker_main(spec: WorkerSpec) -> None:
 
 
 def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg]
-    jobs = dict(spec.jobs)
-    layouts: dict[int, BatchLayout | None] = {
-        job_id: job.layout for job_id, job in jobs.items() if isinstance(job, FolderJob)
-    }
+    jobs: dict[int, Job] = dict(spec.jobs)
+    layouts: dict[int, BatchLayout | None] = {job_id: job.layout for job_id, job in jobs.items()}
     segments: dict[str, Segment] = {}
     job_slots: dict[int, set[str]] = {}  # a daemon's job -> the slots its tasks named
+
+    def slot_buffer(job_id: int) -> Callable[[str], Any]:
+        def attach(name: str) -> Any:
+            if name not in segments:
+                segments[name] = Segment.attach(name, populate=True)
+                job_slots.setdefault(job_id, set()).add(name)
+            return segments[name].buf
+
+        return attach
+
     while True:
         if not sock.poll(_PARENT_CHECK_MS):
             if os.getppid() != spec.parent_pid:
@@ -143,46 +151,18 @@ def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg
             elif kind == proto.DROP:
                 dropped = jobs.pop(job_id, None)
                 layouts.pop(job_id, None)
-                if isinstance(dropped, FolderJob):
+                if dropped is not None:
                     dropped.close()
                 for name in job_slots.pop(job_id, ()):
                     segments.pop(name).close()
             else:
                 layouts[job_id] = BatchLayout.from_json(frames[2])
             continue
-        seq, batch_index, epoch, _, job_id, row = proto.TASK_HEAD.unpack(frames[1])
-        slot_name = frames[2].decode()
-        indices = np.frombuffer(frames[3], dtype=np.int64)
-        try:
-            job = jobs[job_id]
-            if kind == proto.PROBE:
-                assert isinstance(job, DatasetJob)
-                probed = job.probe(seq, epoch, batch_index, int(indices[0]), False)
-                sock.send_multipart(
-                    [proto.PROBED, proto.SEQ_HEAD.pack(seq), probed.to_json().encode() if probed else b""]
-                )
-            elif not slot_name:
-                assert isinstance(job, DatasetJob)
-                batch = job.run_opaque(seq, epoch, batch_index, indices, False)
-                sock.send_multipart(
-                    [proto.OPAQUE, proto.SEQ_HEAD.pack(seq), *pickle_batch(batch)], copy=False
-                )
-            else:
-                if slot_name not in segments:
-                    segments[slot_name] = Segment.attach(slot_name, populate=True)
-                    job_slots.setdefault(job_id, set()).add(slot_name)
-                layout = layouts[job_id]
-                assert layout is not None
-                arrays = [a[row:] for a in layout.arrays(segments[slot_name].buf)]
-                if isinstance(job, FolderJob):
-                    done = job.run(seq, epoch, batch_index, indices, arrays)
-                else:
-                    done = job.run(seq, epoch, batch_index, indices, arrays, layout, False)
-                del arrays
-                sock.send_multipart(done.encode())
-        except JobFailed as e:
-            sock.send_multipart(e.failure.encode())
-        except Exception as e:  # an unexpected error is still reported, never a silent death
-            sock.send_multipart(
-                _failure(seq, e, int(indices[0]) if len(indices) else -1, "", "batch").encode()
-            )
+        task = proto.decode_task(frames)
+        job = jobs.get(task.job_id)
+        if job is None:
+            error = KeyError(f"job {task.job_id} is unknown to this worker")
+            event: Event = _failure(task.seq, error, -1, "", "batch")
+        else:
+            event = run_task(job, task, layouts.get(task.job_id), slot_buffer(task.job_id), in_trainer=False)
+        sock.send_multipart(proto.encode_event(event), copy=False)

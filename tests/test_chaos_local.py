@@ -23,7 +23,8 @@ from helpers import Killer
 from torch.utils.data import Dataset
 
 from fastload import FastLoader, WorkerError
-from fastload._engine import Engine, Task
+from fastload._engine import Engine
+from fastload._executor import Task
 from fastload._jobs import DatasetJob
 from fastload._supervision import Cause, HangBound, classify
 

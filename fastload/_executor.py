@@ -1,0 +1,142 @@
+"""The executor contract: what a pipeline hands out (tasks), what it gets back (events), and the
+interface every executor keeps, whether it runs tasks on a pool of worker processes (`Engine`),
+in the trainer's own process (`InlineExecutor`) or on a loader daemon's pool (`DaemonSession`).
+
+A task asks for one of three things, by its fields: a probe (`probe=True`: load one sample and
+say the batch layout it implies), an opaque batch (`slot_name == ""`: collate and return the
+batch itself), or a slot batch (write the batch into the ring slot `slot_name`, from row `row`).
+Each submitted task yields exactly one event with its `seq`: `Probed`, `Opaque`, `Done` or
+`Failure` (a `Failure` with seq < 0 is a worker that could not start). Executors never call back
+into the pipeline: events are only returned from `poll`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from fastload._layout import BatchLayout
+
+if TYPE_CHECKING:
+    from fastload._ring import Ring
+
+__all__ = ["Done", "Event", "Executor", "Failure", "Opaque", "Probed", "RemoteExecutor", "Task"]
+
+
+@dataclass
+class Task:
+    """One unit of work: a batch into a slot, a batch to collate opaquely, or a probe."""
+
+    seq: int
+    epoch: int
+    batch_index: int
+    indices: np.ndarray
+    slot_name: str  # "" for opaque batches and probes
+    probe: bool = False
+    job_id: int = 0
+    row: int = 0  # first row of the slot's batch this task writes (a batch split across workers)
+    # Supervision's bookkeeping (`Engine`, NOTE [blame] in `_supervision`):
+    strikes: int = 0  # deaths it caused (crashes alone on a worker, or hangs)
+    hangs: int = 0
+    suspect: bool = False  # lost with a crashed worker among others: runs alone until it completes
+
+
+@dataclass(frozen=True)
+class Done:
+    """Slot batch `seq` is written; the stage timings feed the loader's statistics."""
+
+    seq: int
+    count: int
+    read_ns: int
+    decode_ns: int
+    bytes_read: int
+    # CPU time of the read stage: near read_ns when reading computes (a Dataset decoding in
+    # __getitem__, a saturated CPU), far below it when the worker waits for storage.
+    read_cpu_ns: int = 0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Task `seq` failed: which sample, which file, and the worker's traceback.
+
+    `exc_type` is the exception's class name ("KeyError"), `exc_class` its "module:qualname"
+    ("builtins:KeyError"; "" when unknown), which the trainer re-raises it as (`_errors`).
+    """
+
+    seq: int
+    message: str
+    path: str
+    index: int
+    exc_type: str
+    traceback: str
+    exc_class: str = ""
+
+
+@dataclass(frozen=True)
+class Probed:
+    """The layout a probed sample implies (None: batches must take the opaque path)."""
+
+    seq: int
+    layout: BatchLayout | None
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A batch collated in a worker, returned as an object (the slow path)."""
+
+    seq: int
+    batch: Any
+
+
+Event = Done | Failure | Probed | Opaque
+
+
+class Executor(Protocol):
+    """Runs a pipeline's tasks; `tests/test_executors.py` holds every implementation to this."""
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live worker processes this executor started (none: empty)."""
+        ...
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks submitted whose event has not been returned by `poll` yet."""
+        ...
+
+    def set_layout(self, layout: BatchLayout, job_id: int = 0) -> None:
+        """The layout of a job's slot batches, once known (probed); before any slot task."""
+        ...
+
+    def submit(self, task: Task) -> None:
+        """Queue one task; never blocks, never raises for a dead worker (it is rerun)."""
+        ...
+
+    def poll(self, timeout_s: float) -> list[Event]:
+        """Events of finished tasks, waiting up to `timeout_s` for the first one."""
+        ...
+
+    def close(self) -> None:
+        """Stop all work and free what the executor holds; safe to call twice."""
+        ...
+
+
+class RemoteExecutor(Executor, Protocol):
+    """An executor whose pool, batch layout and ring are another process's (a loader daemon's
+    session): the pipeline attaches the ring rather than making one."""
+
+    @property
+    def workers(self) -> int:
+        """The size of the pool that runs the tasks."""
+        ...
+
+    @property
+    def layout(self) -> BatchLayout:
+        """The layout of every slot batch, fixed by the other process."""
+        ...
+
+    def attach_ring(self) -> Ring:
+        """The ring the batches are written into."""
+        ...
