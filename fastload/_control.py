@@ -19,6 +19,7 @@ import zmq
 from fastload import _wire as wire
 from fastload._client import default_address, no_daemon_at, resolve_address
 from fastload._errors import ConfigError, DaemonError
+from fastload._machine import SHM_DIR, usable_cores
 
 _UNITS = {
     "": 1,
@@ -44,7 +45,7 @@ def parse_size(text: str | int) -> int:
 
 def default_budget() -> int:
     """Half of /dev/shm: room for the daemon's rings while leaving the rest to others."""
-    st = os.statvfs("/dev/shm")
+    st = os.statvfs(SHM_DIR)
     return st.f_blocks * st.f_frsize // 2
 
 
@@ -84,7 +85,7 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
     if listen is not None and not str(listen).startswith("tcp://"):
         raise ConfigError(f"listen must be tcp://HOST:PORT, got {listen!r}")
     config = DaemonConfig(
-        workers=int(table.get("workers", len(os.sched_getaffinity(0)))),
+        workers=int(table.get("workers", usable_cores())),
         memory_budget_bytes=parse_size(table.get("memory_budget", default_budget())),
         socket_dir=table.get("socket_dir"),
         listen=listen,

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from fastload import _sysinfo as sysinfo
+from fastload._machine import usable_cores
 from fastload._stats import LoaderStats, find_loaders
 
 # The trainer waiting less than this share of the time means the loader keeps up.
@@ -206,7 +207,7 @@ class Sampler:
             shm_total_bytes=total,
             gpu_percent=sysinfo.gpu_utilization(),
         )
-        cores = len(os.sched_getaffinity(0))
+        cores = usable_cores()
         classified = []
         for r in rates:
             verdict, advice = classify(r, machine, cores)

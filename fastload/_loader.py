@@ -1,12 +1,12 @@
 """`FastLoader`: the drop-in replacement for `torch.utils.data.DataLoader` (a facade only).
 
-It checks arguments the way DataLoader does, chooses the epoch plan, and delegates the work to
-a `Pipeline`; it keeps the position (epoch, batches yielded) that `state_dict` saves.
+Its arguments become a `LoaderSpec` (`_spec`: checked as DataLoader checks them); it opens the
+source (indexes the folder, or says hello to a daemon), chooses the epoch plan, and delegates the
+work to a `Pipeline`; it keeps the position (epoch, batches yielded) that `state_dict` saves.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -15,90 +15,19 @@ from typing import Any
 
 import torch
 
-from fastload._client import DaemonSession, resolve_address
-from fastload._delivery import ImageOutput
+from fastload._client import DaemonSession
 from fastload._errors import ConfigError
-from fastload._jobs import DatasetJob, FolderJob
-from fastload._pipeline import EpochIterator, Pipeline, PipelineConfig
+from fastload._jobs import DatasetJob, FolderJob, Job
+from fastload._pipeline import EpochIterator, Pipeline
 from fastload._plan import BatchSampler, SamplerPlan, ShuffledPlan
-from fastload._ranks import process_position
-from fastload._ring import EXTRA_SLOTS, MAX_PREFETCH, default_prefetch
+from fastload._ring import EXTRA_SLOTS, default_prefetch
 from fastload._shm import preflight
 from fastload._sources import ImageFolderIndex
+from fastload._spec import build_spec
 from fastload._stats import LoaderStats, format_summary
-from fastload.transforms import Transform, compile_transforms, to_config
+from fastload.transforms import Transform
 
 _STATE_VERSION = 1
-
-
-def _default_workers() -> int:
-    """The cores this process may use, shared among the ranks on this machine (torchrun's
-    LOCAL_WORLD_SIZE): eight ranks on 64 cores take 8 workers each, not 64."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    try:
-        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local_ranks = 1
-    return max(1, cores // local_ranks)
-
-
-def _check_device(device: torch.device) -> None:
-    """Refuse, at construction, a device batches cannot be delivered to."""
-    if device.type == "cpu":
-        return
-    if device.type != "cuda":
-        raise ConfigError(f"device must be 'cpu' or 'cuda[:N]', got {str(device)!r}")
-    if not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
-        raise ConfigError(
-            f"device={str(device)!r} but CUDA is not available to this process (torch {torch.__version__}, "
-            f"{build}; no GPU visible): pass device='cpu', or run where a GPU and a CUDA build of torch are"
-        )
-    if device.index is not None and device.index >= torch.cuda.device_count():
-        raise ConfigError(
-            f"device={str(device)!r} but this process sees {torch.cuda.device_count()} GPU(s) "
-            "(CUDA_VISIBLE_DEVICES?): pick one of them"
-        )
-
-
-def _check_mp_context(context: str | BaseContext | None, num_workers: int) -> None:
-    """DataLoader's rules: a start method only with workers, and only one multiprocessing knows."""
-    if context is None:
-        return
-    if num_workers == 0:
-        raise ConfigError(
-            "multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
-            "as in DataLoader"
-        )
-    if isinstance(context, BaseContext):
-        return
-    methods = mp.get_all_start_methods()
-    if not isinstance(context, str) or context not in methods:
-        raise ConfigError(f"multiprocessing_context must be one of {methods} (or a context), got {context!r}")
-
-
-def _normalize_values(normalize: tuple[Sequence[float], Sequence[float]]) -> tuple[tuple[float, ...], ...]:
-    """(mean, std) in torchvision's units, checked: fastload normalizes images scaled to [0, 1]."""
-    mean, std = (tuple(float(v) for v in normalize[0]), tuple(float(v) for v in normalize[1]))
-    if len(mean) != 3 or len(std) != 3:
-        raise ConfigError("normalize takes (mean, std) with 3 values each (R, G, B)")
-    if not all(0.0 <= v <= 1.0 for v in mean) or not all(0.0 < v <= 1.0 for v in std):
-        scaled = max((*mean, *std)) > 1.0
-        raise ConfigError(
-            f"normalize=(mean={mean}, std={std}) is not in fastload's units: means in [0, 1] and stds "
-            "in (0, 1], of pixels scaled to [0, 1] (torchvision's convention, e.g. mean=(0.485, 0.456, "
-            "0.406), std=(0.229, 0.224, 0.225))"
-            + ("; these look like 0-255 units (DALI's convention): divide them by 255" if scaled else "")
-        )
-    return mean, std
-
-
-def _seed_from(generator: torch.Generator | None) -> int:
-    """A base seed drawn as DataLoader draws its own (from `generator` or torch's global RNG)."""
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()) & (2**63 - 1)
 
 
 class FastLoader:
@@ -186,122 +115,22 @@ class FastLoader:
         hang_timeout: float | None = None,
     ) -> None:
         del pin_memory_device, in_order  # batches are always delivered in order
-        is_folder = isinstance(dataset, (str, os.PathLike))
-        if isinstance(dataset, torch.utils.data.IterableDataset):
-            raise ConfigError("FastLoader takes map-style datasets; IterableDataset is not supported")
-        if num_workers is None:
-            num_workers = _default_workers() if is_folder else 0
-        if num_workers < 0:
-            raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
-        if timeout < 0:
-            raise ConfigError(f"timeout must be >= 0, got {timeout}")
-        if hang_timeout is not None and not 0 <= hang_timeout < float("inf"):
-            raise ConfigError(f"hang_timeout must be a number of seconds >= 0 (0: off), got {hang_timeout}")
-        if prefetch_factor is not None and num_workers == 0:
-            raise ConfigError("prefetch_factor needs num_workers > 0, as in DataLoader")
-        if persistent_workers and num_workers == 0:
-            raise ConfigError("persistent_workers=True needs num_workers > 0, as in DataLoader")
-        _check_mp_context(multiprocessing_context, num_workers)
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ConfigError(
-                    "batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last"
-                )
-        elif batch_size is None:
-            raise ConfigError("batch_size=None (no batching) is not supported: give a batch size")
-        elif batch_size <= 0:
-            raise ConfigError(f"batch_size must be positive, got {batch_size}")
-        if sampler is not None and shuffle:
-            raise ConfigError("sampler is mutually exclusive with shuffle")
-        if is_folder and (sampler is not None or batch_sampler is not None or collate_fn is not None):
-            raise ConfigError("sampler, batch_sampler and collate_fn apply to Dataset inputs, not folders")
-        if not is_folder and (daemon is not None or rank is not None or world_size is not None):
-            raise ConfigError("daemon, rank and world_size apply to image folders")
-        if not is_folder and (transform is not None or normalize is not None):
-            raise ConfigError(
-                "transform and normalize apply to image folders; a Dataset transforms its own samples"
-            )
-
-        self.seed = _seed_from(generator) if seed is None else int(seed)
-        self.batch_size = batch_size if batch_sampler is None else None
-        self.drop_last = drop_last
-        self.num_workers = num_workers
-        self.persistent_workers = persistent_workers or is_folder
+        self._spec = build_spec(
+            dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+            num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, drop_last=drop_last,
+            timeout=timeout, worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+            generator=generator, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            seed=seed, prefetch=prefetch, transform=transform, device=device, normalize=normalize,
+            dtype=dtype, memory_format=memory_format, backend=backend, daemon=daemon, rank=rank,
+            world_size=world_size, summary=summary, hang_timeout=hang_timeout,
+        )
         self.dataset = dataset
-        self.device = (
-            torch.device(device)
-            if device is not None
-            else torch.device("cuda" if is_folder and torch.cuda.is_available() else "cpu")
-        )
-        _check_device(self.device)
-        self._plan: ShuffledPlan | SamplerPlan
-        images: ImageOutput | None = None
-        self._job: FolderJob | DatasetJob | None = None
-        self._daemon_address = resolve_address(daemon) if daemon is not None else None
+        self.classes: tuple[str, ...] = ()
+        self._job: Job | None = None
+        self._index: ImageFolderIndex | None = None
         self._session: DaemonSession | None = None
-        # Unless told (prefetch, or DataLoader's prefetch_factor), the ring is sized from the
-        # batch's bytes once they are known (`default_prefetch`); a daemon sizes its sessions.
-        auto_prefetch = prefetch is None and prefetch_factor is None
-        if prefetch is None:
-            prefetch = (prefetch_factor or 2) * max(1, num_workers)
-        if not 1 <= prefetch <= MAX_PREFETCH:
-            raise ConfigError(f"prefetch must be 1..{MAX_PREFETCH}, got {prefetch}")
-        if is_folder:
-            assert batch_size is not None
-            rank, world_size = process_position(rank, world_size)
-            if self._daemon_address is not None:
-                plan = compile_transforms(transform)
-                self._hello = {
-                    "dataset": os.path.abspath(os.fspath(dataset)),  # type: ignore[arg-type]
-                    "transforms": to_config(plan.transforms), "backend": backend,
-                    "batch_size": batch_size, "prefetch": 0 if auto_prefetch else prefetch,  # 0: yours
-                    "pid": os.getpid(), "rank": rank, "world_size": world_size,
-                }
-                self._session = self._connect()
-                num_samples, self.classes = self._session.welcome.num_samples, self._session.welcome.classes
-                prefetch = len(self._session.welcome.slots) - EXTRA_SLOTS  # what the daemon gave
-            else:
-                index = ImageFolderIndex.scan(dataset)  # type: ignore[arg-type]
-                num_samples, self.classes = len(index), index.classes
-                self._job = FolderJob(index, compile_transforms(transform), backend, self.seed, batch_size)
-                assert self._job.layout is not None
-                if auto_prefetch:
-                    prefetch = default_prefetch(num_workers, self._job.layout.slot_bytes)
-                preflight(self._job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))  # fail before any fork
-            self._plan = ShuffledPlan(
-                num_samples, batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed,
-                rank=rank, world_size=world_size,
-            )
-            if normalize is not None:
-                mean, std = _normalize_values(normalize)
-                if not dtype.is_floating_point:
-                    raise ConfigError(f"normalize needs a floating dtype, got {dtype}")
-                images = ImageOutput(mean, std, dtype, memory_format)
-            else:
-                images = ImageOutput(memory_format=memory_format)
-        else:
-            self._plan = self._dataset_plan(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
-            self._job = DatasetJob(dataset, collate_fn, self.seed, 0)
-        slot_batch = (
-            batch_size if batch_size is not None and batch_sampler is None else _max_batch(batch_sampler)
-        )
-        if isinstance(self._job, DatasetJob):
-            self._job.batch_size = slot_batch
-        self._config = PipelineConfig(
-            num_workers=num_workers,
-            batch_size=slot_batch,
-            prefetch=prefetch,
-            timeout_s=float(timeout),
-            mp_context=multiprocessing_context,
-            worker_init_fn=worker_init_fn,
-            device=self.device,
-            pin_memory=pin_memory and self.device.type == "cpu" and torch.cuda.is_available(),
-            images=images,
-            dataset_label=os.path.abspath(os.fspath(dataset)) if is_folder else type(dataset).__name__,  # type: ignore[arg-type]
-            hang_timeout_s=hang_timeout,
-            auto_prefetch=auto_prefetch and not is_folder,
-        )
-        self._summary = summary
+        self._open_source()
+        self._plan = self._make_plan()
         self._last_stats: LoaderStats | None = None
         self._pipeline: Pipeline | None = None
         self._iterator: EpochIterator | None = None
@@ -311,22 +140,69 @@ class FastLoader:
         self._undrawn: tuple[int, int] | None = None  # (epoch, resume_at) before an iteration's first batch
         self._closed = False
 
-    def _dataset_plan(
-        self,
-        dataset: Any,
-        batch_size: int | None,
-        shuffle: bool | None,
-        sampler: Any,
-        batch_sampler: Any,
-        drop_last: bool,
-    ) -> ShuffledPlan | SamplerPlan:
-        if batch_sampler is not None:
-            return SamplerPlan(batch_sampler)
-        assert batch_size is not None
-        if sampler is not None:
-            return SamplerPlan(BatchSampler(sampler, batch_size, drop_last))
+    # DataLoader's attributes, read from the spec.
+    @property
+    def seed(self) -> int:
+        """The base seed of every epoch's order and augmentations."""
+        return self._spec.seed
+
+    @property
+    def batch_size(self) -> int | None:
+        """Samples per batch (None with a batch_sampler)."""
+        return self._spec.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._spec.drop_last
+
+    @property
+    def num_workers(self) -> int:
+        return self._spec.num_workers
+
+    @property
+    def persistent_workers(self) -> bool:
+        return self._spec.persistent_workers
+
+    @property
+    def device(self) -> torch.device:
+        """Where batches are delivered."""
+        return self._spec.device
+
+    def _open_source(self) -> None:
+        """Index the folder (or, attached to a daemon, say hello) and build the job; before any
+        worker is forked, a ring /dev/shm cannot hold fails here."""
+        spec = self._spec
+        if spec.folder is None:
+            self._job = DatasetJob(spec.dataset, spec.collate_fn, spec.seed, spec.slot_batch_size)
+            return
+        if spec.daemon is not None:
+            self._session = self._connect()
+            self.classes = self._session.welcome.classes
+            return
+        if self._index is None:
+            self._index = ImageFolderIndex.scan(spec.folder)
+            self.classes = self._index.classes
+        assert spec.transforms is not None
+        job = FolderJob(self._index, spec.transforms, spec.backend, spec.seed, spec.slot_batch_size)
+        assert job.layout is not None
+        prefetch = spec.prefetch or default_prefetch(spec.num_workers, job.layout.slot_bytes)
+        preflight(job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))
+        self._job = job
+
+    def _make_plan(self) -> ShuffledPlan | SamplerPlan:
+        spec = self._spec
+        if spec.batch_sampler is not None:
+            return SamplerPlan(spec.batch_sampler)
+        assert spec.batch_size is not None
+        if spec.sampler is not None:
+            return SamplerPlan(BatchSampler(spec.sampler, spec.batch_size, spec.drop_last))
+        if self._session is not None:
+            num_samples = self._session.welcome.num_samples
+        else:
+            num_samples = len(self._index) if self._index is not None else len(spec.dataset)
         return ShuffledPlan(
-            len(dataset), batch_size, shuffle=bool(shuffle), drop_last=drop_last, seed=self.seed
+            num_samples, spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last, seed=spec.seed,
+            rank=spec.rank, world_size=spec.world_size,
         )
 
     def __len__(self) -> int:
@@ -372,9 +248,9 @@ class FastLoader:
             self._pipeline = None
         if self._pipeline is None:
             session = None
-            if self._daemon_address is not None:
+            if self._spec.daemon is not None:
                 session, self._session = self._session or self._connect(), None
-            self._pipeline = Pipeline(self._job, self._config, session=session)
+            self._pipeline = Pipeline(self._job, self._spec, session=session)
         epoch, start = self._next_position()
         self._undrawn = (self._epoch, self._resume_at)  # an iteration uses up its epoch when drawn from
         self._position = (epoch, start)
@@ -421,11 +297,10 @@ class FastLoader:
         if seed != self.seed:
             # Workers (or a daemon session) were started with the old seed: start afresh.
             self._close_pipeline()
-            self.seed = seed
-            if isinstance(self._plan, ShuffledPlan):
-                self._plan.seed = seed
-            if self._job is not None:
-                self._job.seed = seed
+            self._spec = self._spec.with_seed(seed)
+            if self._spec.daemon is None:
+                self._open_source()  # a job of the new seed (the folder's index is kept)
+            self._plan = self._make_plan()
         epoch, yielded = int(state["epoch"]), int(state["batches_yielded"])
         if yielded >= len(self._plan):
             epoch, yielded = epoch + 1, 0
@@ -456,7 +331,7 @@ class FastLoader:
             self._iterator.stop()
         if self._pipeline is not None and not self._pipeline.closed:
             self._last_stats = self._pipeline.stats.snapshot()
-            if self._summary:
+            if self._spec.summary:
                 sys.stderr.write(format_summary(self._last_stats))
             self._pipeline.close()
             self._pipeline = None
@@ -465,22 +340,11 @@ class FastLoader:
             self._session = None
 
     def _connect(self) -> DaemonSession:
-        assert self._daemon_address is not None
-        return DaemonSession(self._daemon_address, {**self._hello, "seed": self.seed})
+        assert self._spec.daemon is not None
+        return DaemonSession(self._spec.daemon, self._spec.hello())
 
     def __enter__(self) -> FastLoader:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _max_batch(batch_sampler: Any) -> int:
-    """Slots must hold the largest batch a batch_sampler yields: its batch_size, or one pass."""
-    declared = getattr(batch_sampler, "batch_size", None)
-    if isinstance(declared, int) and declared > 0:
-        return declared
-    sizes = [len(b) for b in batch_sampler]
-    if not sizes:
-        raise ConfigError("the batch_sampler yields no batches")
-    return max(sizes)

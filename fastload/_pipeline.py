@@ -19,13 +19,11 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing.context import BaseContext
 from typing import Any
 
 import numpy as np
-import torch
 
-from fastload._delivery import CpuDelivery, CudaDelivery, ImageOutput, make_delivery
+from fastload._delivery import CpuDelivery, CudaDelivery, make_delivery
 from fastload._engine import Engine, InlineExecutor, raise_failure
 from fastload._errors import ConfigError, LoaderTimeout
 from fastload._executor import Done, Event, Executor, Failure, Opaque, Probed, RemoteExecutor, Task
@@ -34,6 +32,7 @@ from fastload._layout import BatchLayout
 from fastload._ring import EXTRA_SLOTS, Ring, default_prefetch
 from fastload._shm import install_signal_cleanup, preflight, reap_orphans
 from fastload._sockdir import reap_engine_dirs
+from fastload._spec import LoaderSpec
 from fastload._stats import StatsWriter
 
 _POLL_S = 0.05
@@ -54,23 +53,6 @@ class _Parts:
     failure: Failure | None = None
 
 
-@dataclass(frozen=True)
-class PipelineConfig:
-    num_workers: int
-    batch_size: int
-    prefetch: int
-    timeout_s: float
-    mp_context: str | BaseContext | None
-    worker_init_fn: Any
-    device: torch.device
-    pin_memory: bool
-    images: ImageOutput | None
-    dataset_label: str = ""  # what `fastload iostat` calls this loader (the folder, the Dataset's class)
-    hang_timeout_s: float | None = None  # floor of the workers' hang bound (`_supervision`)
-    # `prefetch` was not given: size it from the batch's bytes once a sample has been probed
-    auto_prefetch: bool = False
-
-
 _Outcome = tuple[int, int] | Failure | Opaque  # (slot, count) | failure | opaque batch
 
 
@@ -78,10 +60,10 @@ class Pipeline:
     """Workers, ring and delivery of one loader, reused across its epochs."""
 
     def __init__(
-        self, job: Job | None, config: PipelineConfig, session: RemoteExecutor | None = None
+        self, job: Job | None, spec: LoaderSpec, session: RemoteExecutor | None = None
     ) -> None:
         """Run `job` on local workers (or inline), or, given a daemon `session`, on the daemon's pool."""
-        self.config = config
+        self.spec = spec
         self.layout: BatchLayout | None = job.layout if job is not None else None
         self.opaque = False
         self.ring: Ring | None = None
@@ -95,32 +77,37 @@ class Pipeline:
         self._collect_at = 0  # ring size at which a starved ring next runs the garbage collector
         self._part_of: dict[int, int] = {}  # seq of a part of a split batch -> the batch's seq
         self._split: dict[int, _Parts] = {}  # batch seq -> its parts' joined outcome so far
-        self.workers = config.num_workers if session is None else session.workers
+        self.workers = spec.num_workers if session is None else session.workers
+        # Batches in flight: as the user said, else sized from the batch's bytes once they are known
+        # (`default_prefetch`); until a Dataset's sample is probed, DataLoader's two per worker.
+        self.prefetch = spec.prefetch or 2 * max(1, self.workers)
+        if self.layout is not None and spec.prefetch is None:
+            self.prefetch = default_prefetch(self.workers, self.layout.slot_bytes)
         install_signal_cleanup()
         reap_orphans()
         reap_engine_dirs()
         if self.layout is not None and session is None:
             # Before any worker is forked: a ring that cannot fit fails here, leaving nothing behind.
-            preflight(self.layout.slot_bytes * (config.prefetch + EXTRA_SLOTS))
+            preflight(self.layout.slot_bytes * (self.prefetch + EXTRA_SLOTS))
         self.executor: Executor
-        self.inline = session is None and config.num_workers == 0  # tasks run in poll, on this thread
+        self.inline = session is None and spec.num_workers == 0  # tasks run in poll, on this thread
         if session is not None:
             self.executor = session
         elif job is None:
             raise ValueError("a pipeline needs a job or a daemon session")
-        elif config.num_workers > 0:
+        elif spec.num_workers > 0:
             self.executor = Engine(
                 {0: job},
-                num_workers=config.num_workers,
-                mp_context=config.mp_context,
-                worker_init_fn=config.worker_init_fn,
-                hang_timeout_s=config.hang_timeout_s,
+                num_workers=spec.num_workers,
+                mp_context=spec.mp_context,
+                worker_init_fn=spec.worker_init_fn,
+                hang_timeout_s=spec.hang_timeout_s,
             )
         else:
             self.executor = InlineExecutor(job)
         self.stats = StatsWriter(
-            config.dataset_label, "daemon" if session is not None else "local", config.device.type,
-            self.workers, config.batch_size,
+            spec.label, "daemon" if session is not None else "local", spec.device.type,
+            self.workers, spec.slot_batch_size,
         )
         self._slot_wait_since: float | None = None
         # Closed in reverse order of creation: delivery, ring, then the executor's workers.
@@ -129,9 +116,11 @@ class Pipeline:
         # close() would keep its workers and segments until the interpreter exits.
         self._resources: list[Any] = [self.executor, self.stats]
         self._finalizer = weakref.finalize(self, _close_all, self._resources, os.getpid())
-        if session is not None:  # the daemon fixed the layout and made the ring
+        if session is not None:  # the daemon fixed the layout and made the ring, of its size
             self.layout = session.layout
             self._build_ring_or_close(session.attach_ring)
+            assert self.ring is not None
+            self.prefetch = len(self.ring) - EXTRA_SLOTS
 
     def next_seq(self) -> int:
         return next(self._seqs)
@@ -149,7 +138,7 @@ class Pipeline:
             self.executor.submit(
                 Task(seq, epoch, batch_index, np.asarray([first_index], np.int64), "", probe=True)
             )
-            deadline = _deadline(self.config.timeout_s)
+            deadline = _deadline(self.spec.timeout_s)
             while self._probed is None or self._probed.seq != seq:
                 self.poll_once(deadline)
             if isinstance(self._probed, Failure):
@@ -159,11 +148,10 @@ class Pipeline:
                 self.opaque = True
                 return None
             self.executor.set_layout(self.layout)
-            if self.config.auto_prefetch:
-                prefetch = default_prefetch(self.workers, self.layout.slot_bytes)
-                self.config = dataclasses.replace(self.config, prefetch=prefetch)
+            if self.spec.prefetch is None:
+                self.prefetch = default_prefetch(self.workers, self.layout.slot_bytes)
         layout = self.layout
-        self._build_ring_or_close(lambda: Ring(layout.slot_bytes, self.config.prefetch + EXTRA_SLOTS))
+        self._build_ring_or_close(lambda: Ring(layout.slot_bytes, self.prefetch + EXTRA_SLOTS))
         return None
 
     @property
@@ -186,7 +174,7 @@ class Pipeline:
         if isinstance(self.executor, InlineExecutor):  # it runs tasks here: it writes our slots
             self.executor.resolve_slot = ring.buffer
         self.delivery = make_delivery(
-            ring, self.layout, self.config.images, self.config.device, self.config.pin_memory,
+            ring, self.layout, self.spec.images, self.spec.device, self.spec.pin_memory,
             on_copied=self.stats.copied,
         )
         self._resources.append(self.delivery)
@@ -258,8 +246,8 @@ class Pipeline:
             self._route(event)
         if not events and deadline is not None and time.monotonic() > deadline:
             raise LoaderTimeout(
-                f"no batch within the loader's timeout of {self.config.timeout_s:g} s while its "
-                f"{self.config.num_workers} workers were alive: a sample may be very slow to load "
+                f"no batch within the loader's timeout of {self.spec.timeout_s:g} s while its "
+                f"{self.workers} workers were alive: a sample may be very slow to load "
                 "(a network filesystem?) — raise `timeout`, or check the dataset"
             )
 
@@ -395,7 +383,7 @@ class EpochIterator(Iterator[Any]):
 
     def _fill(self) -> None:
         pipe = self._pipeline
-        while not self._exhausted and len(self._batch_of_ticket) + len(self._ready) < pipe.config.prefetch:
+        while not self._exhausted and len(self._batch_of_ticket) + len(self._ready) < pipe.prefetch:
             indices = next(self._batches, None)
             if indices is None:
                 self._exhausted = True
@@ -440,7 +428,7 @@ class EpochIterator(Iterator[Any]):
 
     def _next(self) -> Any:
         pipe = self._pipeline
-        deadline = _deadline(pipe.config.timeout_s)
+        deadline = _deadline(pipe.spec.timeout_s)
         if self._next_yield in self._ready and not pipe.inline:
             # Take in what finished meanwhile (without waiting): it frees slots and keeps the
             # ready-queue figure that iostat shows true even when the trainer never has to wait.

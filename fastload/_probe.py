@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
+from fastload._machine import usable_cores
 from fastload._sources import ImageFolderIndex
 from fastload._sysinfo import MB, BlockDevice, device_for_path, memory
 
@@ -145,7 +146,7 @@ def probe(
         decode_images_per_s=rate,
         decode_failures=failures,
         device=device,
-        cores=_cores(),
+        cores=usable_cores(),
         memory_available_bytes=memory().available_bytes,
         workers=workers,
         target=target,
@@ -240,13 +241,6 @@ def decode_rate(
             "is this an image dataset?"
         )
     return backend.name, done / elapsed, tuple(failures[:_MAX_FAILURES_KEPT])
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 # Conclusions

@@ -38,8 +38,8 @@ from types import FrameType
 from typing import Any
 
 from fastload._errors import SharedMemoryError
+from fastload._machine import SHM_DIR
 
-SHM_DIR = "/dev/shm"
 PREFIX = "fastload_"
 _NAME_RE = re.compile(r"^fastload_(\d+)_(?:stats_)?[0-9a-f]{32}$")
 STATS_TAG = "stats_"  # marks a loader's statistics block (see fastload._stats), found by iostat

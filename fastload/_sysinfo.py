@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastload._errors import ConfigError
+from fastload._machine import SHM_DIR
 
 MB = 1 << 20
 SECTOR_BYTES = 512  # /proc/diskstats counts 512-byte sectors whatever the device's sector size
@@ -365,7 +366,7 @@ def memory(proc_root: str = "/proc") -> Memory:
     return Memory(kib.get("MemTotal", 0) * 1024, available * 1024, cached * 1024)
 
 
-def shm_usage(shm_dir: str = "/dev/shm") -> tuple[int, int]:
+def shm_usage(shm_dir: str = SHM_DIR) -> tuple[int, int]:
     """(used, total) bytes of the shared-memory filesystem; (0, 0) when it cannot be read."""
     try:
         st = os.statvfs(shm_dir)

@@ -1,0 +1,310 @@
+"""`LoaderSpec`: what a FastLoader was asked for, checked once (as DataLoader checks its arguments)
+and frozen. Everything below the loader reads it (the pipeline, the jobs, the plan) instead of
+keeping copies of its own, and the daemon's hello is derived from it; a new seed
+(`load_state_dict`) is a new spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing as mp
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from multiprocessing.context import BaseContext
+from typing import Any
+
+import torch
+
+from fastload._client import resolve_address
+from fastload._delivery import ImageOutput
+from fastload._errors import ConfigError
+from fastload._machine import usable_cores
+from fastload._ranks import process_position
+from fastload._ring import MAX_PREFETCH
+from fastload.transforms import Transform, TransformPlan, compile_transforms, to_config
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """One loader's validated configuration (see `FastLoader` for what each argument means)."""
+
+    # What to load: an image folder (`folder`, its transforms and backend) or a Dataset.
+    folder: str | None  # absolute path
+    dataset: Any  # the Dataset; None for a folder
+    transforms: TransformPlan | None
+    backend: str
+    collate_fn: Callable[[list[Any]], Any] | None
+    # Which samples form which batch.
+    batch_size: int | None  # as given (None with a batch_sampler)
+    slot_batch_size: int  # the largest batch: what a ring slot holds
+    shuffle: bool
+    drop_last: bool
+    sampler: Iterable[int] | None
+    batch_sampler: Iterable[Sequence[int]] | None
+    seed: int
+    rank: int
+    world_size: int
+    # Who loads them.
+    num_workers: int
+    prefetch: int | None  # None: sized from the batch's bytes (`_ring.default_prefetch`)
+    persistent_workers: bool
+    timeout_s: float
+    hang_timeout_s: float | None
+    mp_context: str | BaseContext | None
+    worker_init_fn: Callable[[int], Any] | None
+    daemon: str | None  # a daemon's address (folders only)
+    # Where they go.
+    device: torch.device
+    pin_memory: bool
+    images: ImageOutput | None  # a folder's image output (dtype, normalization, memory format)
+    summary: bool
+
+    @property
+    def label(self) -> str:
+        """What `fastload iostat` calls this loader: the folder, or the Dataset's class."""
+        return self.folder if self.folder is not None else type(self.dataset).__name__
+
+    def with_seed(self, seed: int) -> LoaderSpec:
+        return dataclasses.replace(self, seed=seed)
+
+    def hello(self) -> dict[str, Any]:
+        """The daemon `hello` for this spec (`_wire`): prefetch 0 leaves the ring to the daemon."""
+        assert self.folder is not None and self.transforms is not None and self.batch_size is not None
+        return {
+            "dataset": self.folder,
+            "transforms": to_config(self.transforms.transforms),
+            "backend": self.backend,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "prefetch": self.prefetch or 0,
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+
+
+def build_spec(
+    dataset: Any,
+    *,
+    batch_size: int | None,
+    shuffle: bool | None,
+    sampler: Iterable[int] | None,
+    batch_sampler: Iterable[Sequence[int]] | None,
+    num_workers: int | None,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    pin_memory: bool,
+    drop_last: bool,
+    timeout: float,
+    worker_init_fn: Callable[[int], Any] | None,
+    multiprocessing_context: str | BaseContext | None,
+    generator: torch.Generator | None,
+    prefetch_factor: int | None,
+    persistent_workers: bool,
+    seed: int | None,
+    prefetch: int | None,
+    transform: Sequence[Transform] | None,
+    device: str | torch.device | None,
+    normalize: tuple[Sequence[float], Sequence[float]] | None,
+    dtype: torch.dtype,
+    memory_format: torch.memory_format,
+    backend: str,
+    daemon: str | None,
+    rank: int | None,
+    world_size: int | None,
+    summary: bool,
+    hang_timeout: float | None,
+) -> LoaderSpec:
+    """Check FastLoader's arguments as DataLoader checks its own (ConfigError, a ValueError, for
+    anything DataLoader refuses, and for fastload's own), and resolve their defaults."""
+    is_folder = isinstance(dataset, (str, os.PathLike))
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        raise ConfigError("FastLoader takes map-style datasets; IterableDataset is not supported")
+    if num_workers is None:
+        num_workers = default_workers() if is_folder else 0
+    _check_workers(num_workers, timeout, hang_timeout, prefetch_factor, persistent_workers)
+    _check_mp_context(multiprocessing_context, num_workers)
+    _check_batching(batch_size, shuffle, sampler, batch_sampler, drop_last)
+    if is_folder and (sampler is not None or batch_sampler is not None or collate_fn is not None):
+        raise ConfigError("sampler, batch_sampler and collate_fn apply to Dataset inputs, not folders")
+    if not is_folder and (daemon is not None or rank is not None or world_size is not None):
+        raise ConfigError("daemon, rank and world_size apply to image folders")
+    if not is_folder and (transform is not None or normalize is not None):
+        raise ConfigError(
+            "transform and normalize apply to image folders; a Dataset transforms its own samples"
+        )
+    resolved_device = (
+        torch.device(device)
+        if device is not None
+        else torch.device("cuda" if is_folder and torch.cuda.is_available() else "cpu")
+    )
+    _check_device(resolved_device)
+    # Unless told (prefetch, or DataLoader's prefetch_factor), the ring is sized from the batch's
+    # bytes once they are known; a daemon sizes the rings of its sessions.
+    if prefetch is None and prefetch_factor is not None:
+        prefetch = prefetch_factor * max(1, num_workers)
+    if prefetch is not None and not 1 <= prefetch <= MAX_PREFETCH:
+        raise ConfigError(f"prefetch must be 1..{MAX_PREFETCH}, got {prefetch}")
+    if is_folder:
+        rank, world_size = process_position(rank, world_size)
+    images = _image_output(normalize, dtype, memory_format) if is_folder else None
+    if daemon is not None:
+        daemon = resolve_address(daemon)
+    return LoaderSpec(
+        folder=os.path.abspath(os.fspath(dataset)) if is_folder else None,
+        dataset=None if is_folder else dataset,
+        transforms=compile_transforms(transform) if is_folder else None,
+        backend=backend,
+        collate_fn=collate_fn,
+        batch_size=batch_size if batch_sampler is None else None,
+        slot_batch_size=batch_size if batch_sampler is None else _max_batch(batch_sampler),  # type: ignore[arg-type]
+        shuffle=bool(shuffle),
+        drop_last=drop_last,
+        sampler=sampler,
+        batch_sampler=batch_sampler,
+        seed=_seed_from(generator) if seed is None else int(seed),
+        rank=rank or 0,
+        world_size=world_size or 1,
+        num_workers=num_workers,
+        prefetch=prefetch,
+        persistent_workers=persistent_workers or is_folder,
+        timeout_s=float(timeout),
+        hang_timeout_s=hang_timeout,
+        mp_context=multiprocessing_context,
+        worker_init_fn=worker_init_fn,
+        daemon=daemon,
+        device=resolved_device,
+        pin_memory=pin_memory and resolved_device.type == "cpu" and torch.cuda.is_available(),
+        images=images,
+        summary=summary,
+    )
+
+
+def default_workers() -> int:
+    """The cores this process may use, shared among the ranks on this machine (torchrun's
+    LOCAL_WORLD_SIZE): eight ranks on 64 cores take 8 workers each, not 64."""
+    try:
+        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local_ranks = 1
+    return max(1, usable_cores() // local_ranks)
+
+
+def _check_workers(
+    num_workers: int,
+    timeout: float,
+    hang_timeout: float | None,
+    prefetch_factor: int | None,
+    persistent_workers: bool,
+) -> None:
+    if num_workers < 0:
+        raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
+    if timeout < 0:
+        raise ConfigError(f"timeout must be >= 0, got {timeout}")
+    if hang_timeout is not None and not 0 <= hang_timeout < math.inf:
+        raise ConfigError(f"hang_timeout must be a number of seconds >= 0 (0: off), got {hang_timeout}")
+    if prefetch_factor is not None and num_workers == 0:
+        raise ConfigError("prefetch_factor needs num_workers > 0, as in DataLoader")
+    if persistent_workers and num_workers == 0:
+        raise ConfigError("persistent_workers=True needs num_workers > 0, as in DataLoader")
+
+
+def _check_batching(
+    batch_size: int | None,
+    shuffle: bool | None,
+    sampler: Iterable[int] | None,
+    batch_sampler: Iterable[Sequence[int]] | None,
+    drop_last: bool,
+) -> None:
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ConfigError(
+                "batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last"
+            )
+    elif batch_size is None:
+        raise ConfigError("batch_size=None (no batching) is not supported: give a batch size")
+    elif batch_size <= 0:
+        raise ConfigError(f"batch_size must be positive, got {batch_size}")
+    if sampler is not None and shuffle:
+        raise ConfigError("sampler is mutually exclusive with shuffle")
+
+
+def _check_device(device: torch.device) -> None:
+    """Refuse, at construction, a device batches cannot be delivered to."""
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise ConfigError(f"device must be 'cpu' or 'cuda[:N]', got {str(device)!r}")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
+        raise ConfigError(
+            f"device={str(device)!r} but CUDA is not available to this process (torch {torch.__version__}, "
+            f"{build}; no GPU visible): pass device='cpu', or run where a GPU and a CUDA build of torch are"
+        )
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"device={str(device)!r} but this process sees {torch.cuda.device_count()} GPU(s) "
+            "(CUDA_VISIBLE_DEVICES?): pick one of them"
+        )
+
+
+def _check_mp_context(context: str | BaseContext | None, num_workers: int) -> None:
+    """DataLoader's rules: a start method only with workers, and only one multiprocessing knows."""
+    if context is None:
+        return
+    if num_workers == 0:
+        raise ConfigError(
+            "multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+            "as in DataLoader"
+        )
+    if isinstance(context, BaseContext):
+        return
+    methods = mp.get_all_start_methods()
+    if not isinstance(context, str) or context not in methods:
+        raise ConfigError(f"multiprocessing_context must be one of {methods} (or a context), got {context!r}")
+
+
+def _image_output(
+    normalize: tuple[Sequence[float], Sequence[float]] | None,
+    dtype: torch.dtype,
+    memory_format: torch.memory_format,
+) -> ImageOutput:
+    if normalize is None:
+        return ImageOutput(memory_format=memory_format)
+    mean, std = _normalize_values(normalize)
+    if not dtype.is_floating_point:
+        raise ConfigError(f"normalize needs a floating dtype, got {dtype}")
+    return ImageOutput(mean, std, dtype, memory_format)
+
+
+def _normalize_values(normalize: tuple[Sequence[float], Sequence[float]]) -> tuple[tuple[float, ...], ...]:
+    """(mean, std) in torchvision's units, checked: fastload normalizes images scaled to [0, 1]."""
+    mean, std = (tuple(float(v) for v in normalize[0]), tuple(float(v) for v in normalize[1]))
+    if len(mean) != 3 or len(std) != 3:
+        raise ConfigError("normalize takes (mean, std) with 3 values each (R, G, B)")
+    if not all(0.0 <= v <= 1.0 for v in mean) or not all(0.0 < v <= 1.0 for v in std):
+        scaled = max((*mean, *std)) > 1.0
+        raise ConfigError(
+            f"normalize=(mean={mean}, std={std}) is not in fastload's units: means in [0, 1] and stds "
+            "in (0, 1], of pixels scaled to [0, 1] (torchvision's convention, e.g. mean=(0.485, 0.456, "
+            "0.406), std=(0.229, 0.224, 0.225))"
+            + ("; these look like 0-255 units (DALI's convention): divide them by 255" if scaled else "")
+        )
+    return mean, std
+
+
+def _seed_from(generator: torch.Generator | None) -> int:
+    """A base seed drawn as DataLoader draws its own (from `generator` or torch's global RNG)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()) & (2**63 - 1)
+
+
+def _max_batch(batch_sampler: Any) -> int:
+    """Slots must hold the largest batch a batch_sampler yields: its batch_size, or one pass."""
+    declared = getattr(batch_sampler, "batch_size", None)
+    if isinstance(declared, int) and declared > 0:
+        return declared
+    sizes = [len(b) for b in batch_sampler]
+    if not sizes:
+        raise ConfigError("the batch_sampler yields no batches")
+    return max(sizes)
