@@ -38,14 +38,16 @@ import zmq
 from fastload import _wire as wire
 from fastload._engine import Engine
 from fastload._errors import ConfigError, DaemonError, FastloadError, WorkerError
-from fastload._executor import Done, Event, Failure, Task
+from fastload._executor import Done, Event
 from fastload._indexes import DatasetIndexes, IndexEntry, IndexLimits
 from fastload._jobs import FolderJob
-from fastload._peers import ConnectionTracker, Peer
+from fastload._listeners import Listeners
+from fastload._peers import Peer
 from fastload._ring import EXTRA_SLOTS, MAX_PREFETCH, default_prefetch
+from fastload._scheduler import Scheduler
 from fastload._sessions import PendingHello, Session, batch_frames, status_row
 from fastload._shm import Segment, ensure_fd_room, pid_alive, preflight, reap_orphans
-from fastload._sockdir import private_dir, reap_engine_dirs, remove_if_fallback, runtime_dir
+from fastload._sockdir import private_dir, reap_engine_dirs, runtime_dir
 from fastload.transforms import TransformPlan, compile_transforms, from_config
 
 log = logging.getLogger("fastload.daemon")
@@ -58,8 +60,6 @@ _MAX_PID = 2**31 - 1  # pid_t; os.kill() refuses larger numbers
 _PROGRESS_EVERY_S = 1.0  # an `indexing` note to each hello waiting for its folder's index
 # The largest message a worker sends (DONE, FAILED with a clipped traceback, READY).
 _MAX_WORKER_MESSAGE_BYTES = 1 << 20
-# TCP peers that vanish (cable, crash) are noticed by ZMTP heartbeats, then their sessions end.
-_TCP_HEARTBEAT_MS, _TCP_HEARTBEAT_TIMEOUT_MS = 5_000, 30_000
 
 
 @dataclass(frozen=True)
@@ -85,30 +85,14 @@ class Daemon:
 
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
-        if config.listen:
-            _check_tcp_config(config)  # before anything is created that a refusal would leave behind
-        self.dir = private_dir(config.socket_dir) if config.socket_dir else runtime_dir()
-        self.pid_path = os.path.join(self.dir, "daemon.pid")
-        self.sock_path = os.path.join(self.dir, "daemon.sock")
-        self._claim_pidfile()
-        self._ctx = zmq.Context()
-        self._tcp: Any = None
-        self._trackers: dict[int, ConnectionTracker] = {}  # id(socket) -> its connections
+        directory = private_dir(config.socket_dir) if config.socket_dir else runtime_dir()
+        self._doors = Listeners(
+            directory, config.listen, config.curve_secret_key, config.curve_public_key, config.curve_clients
+        )
+        self.dir, self.sock_path, self.pid_path = directory, self._doors.sock_path, self._doors.pid_path
         try:
             reap_orphans()
             reap_engine_dirs()
-            self._local = self._ctx.socket(zmq.ROUTER)
-            self._local.setsockopt(zmq.LINGER, 0)
-            self._local.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            self._local.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
-            self._trackers[id(self._local)] = ConnectionTracker(self._local, local=True)
-            old_umask = os.umask(0o077)
-            try:
-                self._local.bind(f"ipc://{self.sock_path}")
-            finally:
-                os.umask(old_umask)
-            if config.listen:
-                self._tcp = self._bind_tcp(config)
             self.engine = Engine(
                 {},
                 num_workers=config.workers,
@@ -119,64 +103,18 @@ class Daemon:
                 close_inherited_sockets=True,
             )
         except BaseException:
-            self._close_sockets()
-            self._remove_files()
+            self._doors.close()
             raise
         self._sessions: dict[int, Session] = {}
         self._by_identity: dict[tuple[int, bytes], Session] = {}
         self._pending: dict[tuple[int, bytes], PendingHello] = {}
         self._indexes = DatasetIndexes(config.index, config.index_idle_s)
         self._ids = itertools.count(1)
-        self._seqs = itertools.count()
-        self._seq_owner: dict[int, Session] = {}
+        self._scheduler = Scheduler(self.engine, config.workers)
         self._stopping = False
-        self._rr = 0
         self._last_liveness = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
-
-    def _claim_pidfile(self) -> None:
-        try:
-            with open(self.pid_path, encoding="utf-8") as f:
-                other = int(f.read().strip() or 0)
-        except (OSError, ValueError):
-            other = 0
-        if other and other != os.getpid() and pid_alive(other):
-            raise DaemonError(f"a fastload daemon is already running (pid {other}, socket {self.sock_path})")
-        # A daemon killed with SIGKILL left these behind: take them over.
-        for stale in (self.sock_path, self.pid_path):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(stale)
-        fd = os.open(self.pid_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-
-    def _bind_tcp(self, config: DaemonConfig) -> Any:
-        assert config.curve_secret_key and config.curve_public_key
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, _TCP_HEARTBEAT_MS)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _TCP_HEARTBEAT_TIMEOUT_MS)
-        sock.curve_server = True
-        sock.curve_secretkey = config.curve_secret_key.encode()
-        sock.curve_publickey = config.curve_public_key.encode()
-        sock.zap_domain = b"fastload"
-        self._start_authenticator(config.curve_clients)
-        self._trackers[id(sock)] = ConnectionTracker(sock, local=False)
-        try:
-            sock.bind(str(config.listen))
-        except zmq.ZMQError as e:
-            sock.close(0)
-            raise DaemonError(f"cannot listen on {config.listen}: {e}") from e
-        return sock
-
-    def _start_authenticator(self, clients: tuple[str, ...]) -> None:
-        from zmq.auth.thread import ThreadAuthenticator
-
-        self._auth = ThreadAuthenticator(self._ctx)
-        self._auth.start()
-        self._auth.configure_curve_callback(domain="fastload", credentials_provider=_AllowList(clients))
 
     def request_stop(self, *_: Any) -> None:
         """Stop accepting sessions; finish what is in flight; then `serve_forever` returns."""
@@ -193,10 +131,9 @@ class Daemon:
             self.config.memory_budget_bytes >> 20,
         )
         poller = zmq.Poller()
-        for sock in (self._local, self.engine.socket, self._tcp):
-            if sock is not None:
-                poller.register(sock, zmq.POLLIN)
-        for tracker in self._trackers.values():
+        for sock in [self.engine.socket, *(sock for sock, _ in self._doors.sockets)]:
+            poller.register(sock, zmq.POLLIN)
+        for tracker in self._doors.trackers.values():
             poller.register(tracker.monitor, zmq.POLLIN)
         drain_deadline: float | None = None
         try:
@@ -219,10 +156,9 @@ class Daemon:
 
     def _turn(self, ready: dict[Any, int]) -> None:
         """One turn of the loop: clients, connections, workers, supervision, scheduling."""
-        if self._local in ready:
-            self._read_clients(self._local, local=True)
-        if self._tcp is not None and self._tcp in ready:
-            self._read_clients(self._tcp, local=False)
+        for sock, local in self._doors.sockets:
+            if sock in ready:
+                self._read_clients(sock, local)
         self._end_closed_connections()
         self._on_events(self.engine.drain() if self.engine.socket in ready else [])
         self._resume_hellos()
@@ -240,24 +176,7 @@ class Daemon:
             self._end_session(session, notify_engine=False)
         self._pending.clear()
         self._indexes.close()
-        self._close_sockets()
-        self._remove_files()
-
-    def _close_sockets(self) -> None:
-        for tracker in self._trackers.values():
-            tracker.close()
-        for sock in (getattr(self, "_local", None), self._tcp):
-            if sock is not None:
-                sock.close(0)
-        if getattr(self, "_auth", None) is not None:
-            self._auth.stop()
-        self._ctx.term()
-
-    def _remove_files(self) -> None:
-        for path in (self.sock_path, self.pid_path):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        remove_if_fallback(self.dir)
+        self._doors.close()
 
     # -- client messages ---------------------------------------------------------------------
 
@@ -294,7 +213,7 @@ class Daemon:
         if op == "hello":
             if session is not None or (id(sock), identity) in self._pending:
                 raise wire.WireError("this connection already has a session")
-            peer = self._trackers[id(sock)].identify(frames[0])
+            peer = self._doors.trackers[id(sock)].identify(frames[0])
             self._hello(sock, identity, local, fields, peer)
         elif op == "task":
             if session is None:
@@ -498,51 +417,16 @@ class Daemon:
     def _task(self, session: Session, f: dict[str, Any], extra: list[bytes]) -> None:
         if self._stopping:
             raise DaemonError("the daemon is shutting down; resume from the last state_dict() later")
-        if f["slot"] not in session.segments:
-            raise wire.WireError("the task names a slot that is not this session's")
-        if len(extra) != 1:
-            raise wire.WireError("a task carries exactly one index frame")
-        if f["epoch"] < 0 or f["batch_index"] < 0:
-            raise wire.WireError("a task's epoch and batch_index must not be negative")
-        indices = wire.decode_indices(extra[0], session.num_samples)
-        if f["row"] < 0 or f["row"] + len(indices) > session.batch_size:
-            raise wire.WireError(
-                f"rows {f['row']}..{f['row'] + len(indices)} exceed the batch of {session.batch_size}"
-            )
-        session.epoch, session.batch = max((session.epoch, session.batch), (f["epoch"], f["batch_index"]))
-        seq = next(self._seqs)
-        session.client_seq[seq] = f["seq"]
-        self._seq_owner[seq] = session
-        if not session.local:
-            session.task_rows[seq] = (f["slot"], f["row"])
-        session.pending.append(
-            Task(
-                seq, f["epoch"], f["batch_index"], indices.copy(), f["slot"], job_id=session.id, row=f["row"]
-            )
-        )
+        self._scheduler.accept(session, f, extra)
 
     # -- scheduling and results --------------------------------------------------------------
 
     def _schedule(self) -> None:
-        """Feed the pool round-robin across sessions, two tasks per worker at most."""
-        limit = 2 * max(1, self.config.workers)
-        sessions = [s for s in self._sessions.values() if s.pending]
-        while sessions and self.engine.in_flight < limit:
-            self._rr = (self._rr + 1) % len(sessions)
-            session = sessions[self._rr]
-            self.engine.submit(session.pending.popleft())
-            if not session.pending:
-                sessions.remove(session)
+        self._scheduler.feed(list(self._sessions.values()))
         self._on_events(self.engine.drain())  # dispatches what was just submitted
 
     def _on_events(self, events: list[Event]) -> None:
-        for event in events:
-            if not isinstance(event, (Done, Failure)):
-                continue
-            session = self._seq_owner.pop(event.seq, None)
-            if session is None or session.id not in self._sessions:
-                continue
-            client_seq = session.client_seq.pop(event.seq)
+        for session, event, client_seq in self._scheduler.trace(events):
             rows = session.task_rows.pop(event.seq, None)
             frames: Any = ()
             if isinstance(event, Done):
@@ -554,7 +438,7 @@ class Daemon:
 
     def _end_closed_connections(self) -> None:
         """End the sessions (and forget the waiting hellos) of connections that closed."""
-        for sock_id, tracker in self._trackers.items():
+        for sock_id, tracker in self._doors.trackers.items():
             closed = set(tracker.closed())
             if not closed:
                 continue
@@ -576,8 +460,7 @@ class Daemon:
         if self._sessions.pop(session.id, None) is None:
             return
         self._by_identity.pop((id(session.sock), session.identity), None)
-        for seq in session.client_seq:
-            self._seq_owner.pop(seq, None)
+        self._scheduler.forget(session)
         if notify_engine:
             self.engine.drop_job(session.id)
         for segment in session.segments.values():
@@ -597,20 +480,3 @@ class Daemon:
             "worker_deaths": {cause.name.lower(): n for cause, n in self.engine.deaths.items()},
             "sessions": [status_row(s, now) for s in self._sessions.values()],
         }
-
-
-def _check_tcp_config(config: DaemonConfig) -> None:
-    if not (config.curve_secret_key and config.curve_public_key):
-        raise ConfigError("--listen tcp://... needs CURVE keys (curve_secret_key, curve_public_key)")
-    if not config.curve_clients:
-        raise ConfigError("--listen tcp://... needs at least one allowed client key (curve_clients)")
-
-
-class _AllowList:
-    """ZAP CURVE callback: only the configured client public keys get in."""
-
-    def __init__(self, clients: tuple[str, ...]) -> None:
-        self._keys = {k.encode() for k in clients}
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        return key in self._keys

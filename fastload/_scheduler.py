@@ -1,0 +1,85 @@
+"""The daemon's scheduling: every session's tasks, validated as they arrive and queued per session,
+are fed to the shared pool round-robin across sessions (so a trainer that queued its whole epoch
+cannot starve one that just arrived), and each finished task's event is traced back to its
+session and the seq its trainer knows it by.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from fastload import _wire as wire
+from fastload._engine import Engine
+from fastload._executor import Done, Event, Failure, Task
+from fastload._sessions import Session
+
+
+class Scheduler:
+    """Queues, feeds and traces back the tasks of all sessions on one `Engine`."""
+
+    def __init__(self, engine: Engine, workers: int) -> None:
+        self._engine = engine
+        self._limit = 2 * max(1, workers)  # tasks in the pool at once: two per worker
+        self._seqs = itertools.count()
+        self._owner: dict[int, Session] = {}  # engine seq -> the session whose task it is
+        self._rr = 0
+
+    def accept(self, session: Session, fields: dict[str, Any], extra: list[bytes]) -> None:
+        """Check a `task` message against its session and queue it (WireError when it is wrong)."""
+        if fields["slot"] not in session.segments:
+            raise wire.WireError("the task names a slot that is not this session's")
+        if len(extra) != 1:
+            raise wire.WireError("a task carries exactly one index frame")
+        if fields["epoch"] < 0 or fields["batch_index"] < 0:
+            raise wire.WireError("a task's epoch and batch_index must not be negative")
+        indices = wire.decode_indices(extra[0], session.num_samples)
+        row = fields["row"]
+        if row < 0 or row + len(indices) > session.batch_size:
+            raise wire.WireError(f"rows {row}..{row + len(indices)} exceed the batch of {session.batch_size}")
+        position = (fields["epoch"], fields["batch_index"])
+        session.epoch, session.batch = max((session.epoch, session.batch), position)
+        seq = next(self._seqs)
+        session.client_seq[seq] = fields["seq"]
+        self._owner[seq] = session
+        if not session.local:
+            session.task_rows[seq] = (fields["slot"], row)
+        session.pending.append(
+            Task(
+                seq,
+                fields["epoch"],
+                fields["batch_index"],
+                indices.copy(),
+                fields["slot"],
+                job_id=session.id,
+                row=row,
+            )
+        )
+
+    def feed(self, sessions: list[Session]) -> None:
+        """Submit queued tasks round-robin across `sessions` while the pool has room."""
+        waiting = [s for s in sessions if s.pending]
+        while waiting and self._engine.in_flight < self._limit:
+            self._rr = (self._rr + 1) % len(waiting)
+            session = waiting[self._rr]
+            self._engine.submit(session.pending.popleft())
+            if not session.pending:
+                waiting.remove(session)
+
+    def trace(self, events: list[Event]) -> Iterator[tuple[Session, Done | Failure, int]]:
+        """(session, event, the trainer's seq) for each finished task of a session still known."""
+        for event in events:
+            if not isinstance(event, (Done, Failure)):
+                continue
+            session = self._owner.pop(event.seq, None)
+            if session is None or event.seq not in session.client_seq:
+                continue
+            yield session, event, session.client_seq.pop(event.seq)
+
+    def forget(self, session: Session) -> None:
+        """An ended session's tasks: their events, when they come, go nowhere."""
+        for seq in session.client_seq:
+            self._owner.pop(seq, None)
+        session.client_seq.clear()
+        session.pending.clear()
