@@ -496,6 +496,8 @@ def test_bad_arguments() -> None:
         call(box=(20, 10, 10, 20))  # inverted
     with pytest.raises(ValueError, match="finite"):
         call(box=(0, 0, float("nan"), 20))
+    with pytest.raises(ValueError, match="too thin"):  # edges equal once rounded to float, as Pillow does
+        call(box=(100, 10, 100.000001, 20))
     with pytest.raises(TypeError):
         call(box=(0, 0, 10))
     with pytest.raises(TypeError):
