@@ -15,7 +15,7 @@ Prints images/s per method (best of --repeat interleaved passes) and the DCT sca
 Data: --data DIR (JPEGs, searched recursively); default $BENCH_DATA if set, else a few hundred
 photo-like ~500x375 JPEGs generated into a temporary folder (removed once they are loaded).
 
-    .venv/bin/python tools/bench_native_decode.py [--data DIR] [--images 300] [--repeat 5] [--size 224]
+    .venv/bin/python tools/bench/bench_native_decode.py [--data DIR] [--images 300] [--repeat 5] [--size 224]
 """
 
 from __future__ import annotations
