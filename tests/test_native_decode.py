@@ -20,7 +20,9 @@ import time
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
+
+from fastload._demo import photo_like
 
 _jpeg = pytest.importorskip(
     "fastload._jpeg",
@@ -30,27 +32,6 @@ _jpeg = pytest.importorskip(
 BILINEAR, BICUBIC, NEAREST = 2, 3, 0
 MIN_PSNR = 30.0
 MIN_PSNR_SCALE1 = 40.0
-
-
-# --------------------------------------------------------------------------------------------
-# Photo-like test images: smooth colour fields, hard-edged shapes and sensor-like grain.
-
-
-def photo_like(width: int, height: int, seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    grid = rng.uniform(0, 255, size=(4, 5, 3)).astype(np.uint8)
-    img = Image.fromarray(grid).resize((width, height), Image.Resampling.BICUBIC)
-    draw = ImageDraw.Draw(img)
-    for _ in range(12):
-        x0, y0 = rng.uniform(0, width), rng.uniform(0, height)
-        r = rng.uniform(3, max(4.0, min(width, height) / 3))
-        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
-        if rng.random() < 0.5:
-            draw.ellipse((x0 - r, y0 - r, x0 + r, y0 + r), fill=colour)
-        else:
-            draw.rectangle((x0 - r, y0 - r * 0.6, x0 + r, y0 + r * 0.6), fill=colour)
-    arr = np.asarray(img).astype(np.float32) + rng.normal(0, 6, size=(height, width, 3))
-    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
 
 
 def encode(img: Image.Image, **kwargs: object) -> bytes:
@@ -98,7 +79,7 @@ YCCK_JPEG = base64.b64decode(
     "Ff/Z"
 )
 
-# name -> (width, height, seed, how to encode)
+# name -> (width, height, seed of fastload._demo.photo_like, how to encode)
 KINDS = {
     "420": (500, 375, 1, lambda im: encode(im, subsampling=2)),
     "422_portrait": (375, 500, 2, lambda im: encode(im, subsampling=1)),
@@ -123,7 +104,7 @@ def sample(kind: str) -> tuple[bytes, Image.Image]:
     """(JPEG bytes, Pillow's full RGB decode of them)."""
     if kind not in _cache:
         width, height, seed, enc = KINDS[kind]
-        data = enc(photo_like(width, height, seed))
+        data = enc(photo_like(np.random.default_rng(seed), width, height))
         with Image.open(io.BytesIO(data)) as im:
             rgb = im.convert("RGB")
         _cache[kind] = (data, rgb)
@@ -670,7 +651,7 @@ def test_gil_is_released_while_decoding() -> None:
     # While one thread is inside decode_crop_resize (a long scale-1 decode of a big image), the
     # other thread must be able to run Python code. If the GIL were held, no main-thread loop
     # iteration could be timestamped strictly inside the call.
-    data = encode(photo_like(2600, 2000, 42), subsampling=0)
+    data = encode(photo_like(np.random.default_rng(42), 2600, 2000), subsampling=0)
     out = np.empty((2000, 2600, 3), np.uint8)
     box = (0.0, 0.0, 2600.0, 2000.0)
     spans: list[tuple[float, float]] = []
