@@ -5,8 +5,8 @@ The reference is what Pillow computes from a full decode: `convert("RGB")`, then
 DCT scale (1/2, 1/4, 1/8) when the box allows it, so it is compared by PSNR (>= 30 dB); at scale 1
 it reads the same pixels and must match much more closely.
 
-Run this file directly (`python tests/test_native_decode.py`) for a table of PSNR and mean absolute
-difference per image kind.
+The table of PSNR and mean absolute difference per image kind and filter, over the same images
+and boxes, is `tools/bench/native_quality.py`.
 """
 
 from __future__ import annotations
@@ -174,10 +174,6 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
-def mad(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.mean(np.abs(a.astype(np.int16) - b.astype(np.int16))))
-
-
 def expected_denom(box, out_w: int, out_h: int) -> int:
     bw, bh = box[2] - box[0], box[3] - box[1]
     for d in (8, 4, 2):
@@ -197,10 +193,6 @@ def pillow_draft(data: bytes, box, out_w: int, out_h: int, flip: bool, filt: int
     return reference(rgb, scaled, out_w, out_h, flip, filt)
 
 
-def mse(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-
-
 def compare_kind(kind: str, filt: int = BILINEAR) -> list[dict]:
     data, rgb = sample(kind)
     width, height = rgb.size
@@ -218,8 +210,6 @@ def compare_kind(kind: str, filt: int = BILINEAR) -> list[dict]:
                     "flip": flip,
                     "denom": denom,
                     "psnr": psnr(got, ref),
-                    "mse": mse(got, ref),
-                    "mad": mad(got, ref),
                     "draft_psnr": psnr(draft, ref),
                     "shape_ok": got.shape == ref.shape,
                 }
@@ -677,42 +667,3 @@ def test_gil_is_released_while_decoding() -> None:
         if t1 - t0 > 3 * margin:
             inside += int(np.count_nonzero((stamps_arr > t0 + margin) & (stamps_arr < t1 - margin / 4)))
     assert inside > 0, f"no Python progress during the decode calls {spans}"
-
-
-# --------------------------------------------------------------------------------------------
-
-
-def main() -> None:
-    """Print PSNR / mean-absolute-difference figures per image kind and filter."""
-    print("PSNR and MAD of the native decoder against Pillow's full decode + resize(box=...);")
-    print("'draft' is Pillow's own draft() path at the same DCT scale, for comparison.")
-    print(
-        f"{'kind':20s} {'filter':8s} {'cases':>5s} {'minPSNR':>8s} {'pooled':>7s} {'draft':>7s} "
-        f"{'meanMAD':>8s} {'maxMAD':>7s} {'exact':>5s}  scales"
-    )
-    for filt_name, filt in (("bilinear", BILINEAR), ("bicubic", BICUBIC), ("nearest", NEAREST)):
-        for kind in KINDS:
-            rows = compare_kind(kind, filt)
-            pooled = psnr_of(np.mean([r["mse"] for r in rows]))
-            scaled = [r for r in rows if r["denom"] > 1]
-            draft_min = min((r["draft_psnr"] for r in scaled), default=math.inf)
-            exact = sum(1 for r in rows if r["mse"] == 0)
-            mads = [r["mad"] for r in rows]
-            scales: dict[int, int] = {}
-            for r in rows:
-                scales[r["denom"]] = scales.get(r["denom"], 0) + 1
-            print(
-                f"{kind:20s} {filt_name:8s} {len(rows):5d} {min(r['psnr'] for r in rows):8.2f} "
-                f"{pooled:7.2f} {draft_min:7.2f} {np.mean(mads):8.3f} {max(mads):7.3f} {exact:5d}  "
-                + " ".join(f"1/{d}:{n}" for d, n in sorted(scales.items()))
-            )
-    print("minPSNR: worst case; pooled: PSNR of the mean MSE over all cases; draft: worst case of")
-    print("Pillow draft() + resize over the DCT-scaled cases; exact: bit-identical outputs.")
-
-
-def psnr_of(mse_value: float) -> float:
-    return math.inf if mse_value == 0 else 10 * math.log10(255.0**2 / mse_value)
-
-
-if __name__ == "__main__":
-    main()
