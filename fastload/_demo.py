@@ -3,7 +3,8 @@
 The dataset is synthetic but JPEG-realistic (smooth colour fields, shapes, edges and grain, so it
 compresses like photographs, not like noise); it is made once into a cache folder. The baseline is
 what most people run: DataLoader with the same crop, flip, ToTensor and Normalize done in numpy
-per sample in worker processes, and the default collate.
+per sample in worker processes, and the default collate. `photo_like` draws one such image: the
+one generator of photo-like images that the demo, the tests and the benchmarks share.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 import torch
@@ -21,6 +22,9 @@ import torch
 from fastload._errors import ConfigError
 from fastload._loader import FastLoader
 from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, Transform
+
+if TYPE_CHECKING:
+    from PIL import Image as PILImage
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -31,13 +35,46 @@ def default_demo_dir() -> Path:
     return Path(cache) / "fastload" / "demo-data"
 
 
-def make_demo_dataset(root: Path, images: int = 512, classes: int = 4, seed: int = 0) -> Path:
-    """Write `images` photo-like JPEGs (ImageNet layout, ~500x375) under `root`; idempotent."""
+def photo_like(rng: np.random.Generator, width: int, height: int) -> PILImage.Image:
+    """A `width` x `height` RGB image that compresses like a photograph, drawn from `rng`.
+
+    A bicubic-upscaled grid of random colours (smooth fields), 3 to 11 filled ellipses and
+    rectangles (hard edges), a Gaussian blur of 0.5 to 2 pixels (a lens), then sensor-like grain.
+    The same `rng` state gives the same pixels.
+    """
+    _require_pil()
+    from PIL import Image, ImageDraw, ImageFilter
+
+    grid = rng.integers(0, 256, (int(rng.integers(3, 7)), int(rng.integers(3, 7)), 3), dtype=np.uint8)
+    img = Image.fromarray(grid).resize((width, height), Image.Resampling.BICUBIC)
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(3, 12))):
+        # Shapes of 20 pixels to half the image (less in images under 80 pixels).
+        x0, y0 = int(rng.integers(0, width)), int(rng.integers(0, height))
+        x1 = x0 + int(rng.integers(min(20, width // 4), max(width // 2, 1)))
+        y1 = y0 + int(rng.integers(min(20, height // 4), max(height // 2, 1)))
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        if rng.random() < 0.5:
+            draw.ellipse((x0, y0, x1, y1), fill=colour)
+        else:
+            draw.rectangle((x0, y0, x1, y1), fill=colour)
+    img = img.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.5, 2.0))))
+    grain = rng.normal(0, 6, (height, width, 3))
+    pixels = np.clip(np.asarray(img, dtype=np.float32) + grain, 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels)
+
+
+def _require_pil() -> None:
+    """Raise ConfigError, saying how to get it, where PIL cannot be imported."""
     try:
-        from PIL import Image, ImageDraw, ImageFilter
+        import PIL  # noqa: F401
     except ImportError as e:
         raise ConfigError("the demo dataset needs Pillow: `pip install pillow` (or pillow-simd)") from e
 
+
+def make_demo_dataset(root: Path, images: int = 512, classes: int = 4, seed: int = 0) -> Path:
+    """Write `images` photo-like JPEGs (ImageNet layout, ~500x375) under `root`; idempotent."""
+    _require_pil()
     marker = root / ".complete"
     if marker.exists() and marker.read_text() == f"{images} {classes} {seed}":
         return root
@@ -48,21 +85,7 @@ def make_demo_dataset(root: Path, images: int = 512, classes: int = 4, seed: int
         w, h = int(rng.integers(400, 600)), int(rng.integers(300, 500))
         if rng.random() < 0.2:
             w, h = h, w
-        grid = rng.integers(0, 256, (int(rng.integers(3, 7)), int(rng.integers(3, 7)), 3), dtype=np.uint8)
-        img = Image.fromarray(grid).resize((w, h), Image.Resampling.BICUBIC)
-        draw = ImageDraw.Draw(img)
-        for _ in range(int(rng.integers(3, 12))):
-            x0, y0 = int(rng.integers(0, w)), int(rng.integers(0, h))
-            x1, y1 = x0 + int(rng.integers(20, w // 2)), y0 + int(rng.integers(20, h // 2))
-            colour = tuple(int(c) for c in rng.integers(0, 256, 3))
-            if rng.random() < 0.5:
-                draw.ellipse((x0, y0, x1, y1), fill=colour)
-            else:
-                draw.rectangle((x0, y0, x1, y1), fill=colour)
-        img = img.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.5, 2.0))))
-        grain = rng.normal(0, 6, (h, w, 3))
-        pixels = np.clip(np.asarray(img, dtype=np.float32) + grain, 0, 255).astype(np.uint8)
-        Image.fromarray(pixels).save(class_dir / f"img_{i:05d}.JPEG", quality=90)
+        photo_like(rng, w, h).save(class_dir / f"img_{i:05d}.JPEG", quality=90)
     marker.write_text(f"{images} {classes} {seed}")
     return root
 

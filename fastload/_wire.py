@@ -11,13 +11,15 @@ largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
     hello  {dataset, transforms, backend, seed,      welcome {session, daemon_pid, slots,
             batch_size, prefetch, pid, rank,                 slot_bytes, layout, num_samples,
             world_size}                                      classes, workers}
-    task   {seq, epoch, batch_index, slot, row}      done    {seq, count, read_ns, decode_ns, bytes}
-           + indices
+    task   {seq, epoch, batch_index, slot, row}      done    {seq, count, read_ns, decode_ns,
+           + indices                                          bytes, read_cpu_ns}
     grow   {}                                        failed  {seq, message, path, index,
     ping   {}                                                 exc_type, traceback[, exc_class]}
     bye    {}                                        slot    {name}      (reply to grow)
     status {}                                        pong    {}
-    stop   {}          (local socket only)           status  {sessions, workers, budget, ...}
+    stop   {}          (local socket only)           status_reply {sessions, workers, budget_bytes,
+                                                              used_bytes, pid, draining,
+                                                              datasets, worker_deaths}
                                                      indexing {path, seconds} (hello waits
                                                               while the folder is indexed)
                                                      error   {message}   (anything refused)

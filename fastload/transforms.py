@@ -28,18 +28,15 @@ import numpy as np
 
 from fastload._errors import ConfigError
 
+# The transforms and their union type. The loader's machinery here (`compile_transforms`,
+# `TransformPlan`, `SampleGeometry`, `to_config`, `from_config`, `MAX_SIDE`) is used by module
+# attribute inside fastload and is not part of the public API.
 __all__ = [
-    "MAX_SIDE",
     "CenterCrop",
     "RandomHorizontalFlip",
     "RandomResizedCrop",
     "Resize",
-    "SampleGeometry",
     "Transform",
-    "TransformPlan",
-    "compile_transforms",
-    "from_config",
-    "to_config",
 ]
 
 _INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")

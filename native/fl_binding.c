@@ -14,8 +14,10 @@
 
 static PyObject *raise_status(int status, const char *msg, const char *corrupt_prefix) {
     switch (status) {
-    case FL_ERR_NOMEM:
-        return PyErr_NoMemory();
+    case FL_ERR_NOMEM: /* MemoryError, saying what could not be allocated when the C side says */
+        if (msg[0] == '\0') return PyErr_NoMemory();
+        PyErr_SetString(PyExc_MemoryError, msg);
+        return NULL;
     case FL_ERR_ARG:
         PyErr_SetString(PyExc_ValueError, msg);
         return NULL;

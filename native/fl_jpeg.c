@@ -26,7 +26,7 @@
 #define FL_BOX_SLACK 1e-3
 
 /* ------------------------------------------------------------------------------------------ */
-/* Error handling: libjpeg errors longjmp back to the entry point, which frees everything.      */
+/* Error handling: libjpeg errors longjmp back to guarded(), which frees everything.          */
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -95,11 +95,40 @@ static void set_msg(char *errmsg, const char *prefix, const char *msg) {
     if (errmsg) snprintf(errmsg, FL_ERRMSG_LEN, "%s%s", prefix, msg);
 }
 
-/* Raise an error from inside the decode: message, status, longjmp to the entry point. */
+/* Raise an error from inside the decode: message, status, longjmp to guarded(). */
 static void fail(fl_ctx *c, int status, const char *msg) {
     c->status = status;
     snprintf(c->err.msg, sizeof c->err.msg, "%s", msg);
     longjmp(c->err.jump, 1);
+}
+
+/*
+ * NOTE [ guarded calls ]: every entry point runs its work as `body(c, arg)` under guarded(), which
+ * owns the one fl_ctx of the call and the setjmp that libjpeg's error_exit and fail() longjmp to.
+ * The setjmp has to sit in a frame that is still live when the longjmp comes, so it is here, in
+ * the function that then calls `body` (and everything under it), not in a helper that would
+ * return before `body` runs (longjmp into a returned frame is undefined). After a longjmp only
+ * locals of guarded() that were not changed since setjmp may be read (C11 7.13.2.1): `c`,
+ * `errmsg` and the arguments qualify; everything else the call owns lives in the heap fl_ctx,
+ * which ctx_free() releases on both paths. Returns FL_OK or the status given to fail()
+ * (FL_ERR_CORRUPT for libjpeg's own errors), with its message in `errmsg`.
+ */
+static int guarded(void (*body)(fl_ctx *c, void *arg), void *arg, char *errmsg) {
+    fl_ctx *c = ctx_new();
+    int status;
+    if (!c) {
+        set_msg(errmsg, "", "out of memory");
+        return FL_ERR_NOMEM;
+    }
+    if (setjmp(c->err.jump)) {
+        status = c->status;
+        set_msg(errmsg, "", c->err.msg);
+        ctx_free(c);
+        return status;
+    }
+    body(c, arg);
+    ctx_free(c);
+    return FL_OK;
 }
 
 static int open_source(fl_ctx *c, const unsigned char *data, size_t len) {
@@ -125,45 +154,40 @@ static void check_pixels(fl_ctx *c) {
 
 /* ------------------------------------------------------------------------------------------ */
 
-int fl_jpeg_size(const unsigned char *data, size_t len, int *width, int *height, char *errmsg) {
-    fl_ctx *volatile c = ctx_new();
-    int status;
-    if (!c) {
-        set_msg(errmsg, "", "out of memory");
-        return FL_ERR_NOMEM;
-    }
-    if (setjmp(c->err.jump)) {
-        status = c->status;
-        set_msg(errmsg, "", c->err.msg);
-        ctx_free(c);
-        return status;
-    }
-    open_source(c, data, len);
-    *width = (int)c->cinfo.image_width;
-    *height = (int)c->cinfo.image_height;
-    ctx_free(c);
-    return FL_OK;
+typedef struct {
+    const unsigned char *data;
+    size_t len;
+    int *width, *height;
+} size_args;
+
+static void size_body(fl_ctx *c, void *arg) {
+    const size_args *a = (const size_args *)arg;
+    open_source(c, a->data, a->len);
+    *a->width = (int)c->cinfo.image_width;
+    *a->height = (int)c->cinfo.image_height;
 }
 
-int fl_jpeg_entropy_decode(const unsigned char *data, size_t len, char *errmsg) {
-    fl_ctx *volatile c = ctx_new();
-    int status;
-    if (!c) {
-        set_msg(errmsg, "", "out of memory");
-        return FL_ERR_NOMEM;
-    }
-    if (setjmp(c->err.jump)) {
-        status = c->status;
-        set_msg(errmsg, "", c->err.msg);
-        ctx_free(c);
-        return status;
-    }
-    open_source(c, data, len);
+int fl_jpeg_size(const unsigned char *data, size_t len, int *width, int *height, char *errmsg) {
+    size_args a = {data, len, width, height};
+    return guarded(size_body, &a, errmsg);
+}
+
+typedef struct {
+    const unsigned char *data;
+    size_t len;
+} entropy_args;
+
+static void entropy_body(fl_ctx *c, void *arg) {
+    const entropy_args *a = (const entropy_args *)arg;
+    open_source(c, a->data, a->len);
     check_pixels(c);
     (void)jpeg_read_coefficients(&c->cinfo);
     jpeg_finish_decompress(&c->cinfo);
-    ctx_free(c);
-    return FL_OK;
+}
+
+int fl_jpeg_entropy_decode(const unsigned char *data, size_t len, char *errmsg) {
+    entropy_args a = {data, len};
+    return guarded(entropy_body, &a, errmsg);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -216,12 +240,14 @@ static void *xmalloc(fl_ctx *c, size_t n) {
     return p;
 }
 
-/* Coefficients for one axis of the scaled image (`size` samples): the interval [b0, b1) of the
- * source (unscaled) axis, read only within the source interval [c0, c1), both scaled by 1/denom.
- * The clip window is rounded outwards to whole samples as the Pillow backend does before its
- * crop: the filter then sees that window as the whole image (edge weights renormalised). */
-static int axis_coeffs(fl_coeffs *co, int size, double b0, double b1, double c0, double c1,
-                       int denom, int out_size, int filter) {
+/* Coefficients for one axis ("x" or "y") of the scaled image (`size` samples): the interval
+ * [b0, b1) of the source (unscaled) axis, read only within the source interval [c0, c1), both
+ * scaled by 1/denom. The clip window is rounded outwards to whole samples as the Pillow backend
+ * does before its crop: the filter then sees that window as the whole image (edge weights
+ * renormalised). Fails the call with what went wrong: no memory for the tables, or a box whose
+ * edges on this axis meet once rounded to float (the sizes and filter are checked before). */
+static void axis_coeffs(fl_ctx *c, fl_coeffs *co, const char *axis, int size, double b0, double b1,
+                        double c0, double c1, int denom, int out_size, int filter) {
     double lo = floor(c0 / denom + 1e-6), hi = ceil(c1 / denom - 1e-6);
     int w0, w1;
     if (lo < 0) lo = 0;
@@ -232,11 +258,22 @@ static int axis_coeffs(fl_coeffs *co, int size, double b0, double b1, double c0,
         if (w0 > size - 1) w0 = size - 1;
         w1 = w0 + 1;
     }
-    if (fl_coeffs_init(co, w1 - w0, b0 / denom - w0, b1 / denom - w0, out_size, filter) != 0) {
-        return -1;
+    switch (fl_coeffs_init(co, w1 - w0, b0 / denom - w0, b1 / denom - w0, out_size, filter)) {
+    case FL_COEFFS_OK:
+        break;
+    case FL_COEFFS_ENOMEM:
+        fail(c, FL_ERR_NOMEM, "out of memory for the resampling coefficients");
+        break;
+    default: {
+        char msg[JMSG_LENGTH_MAX];
+        snprintf(msg, sizeof msg,
+                 "box [%.9g, %.9g) along %s is too thin to resample: its edges are equal in "
+                 "float precision",
+                 b0, b1, axis);
+        fail(c, FL_ERR_ARG, msg);
+    }
     }
     fl_coeffs_shift(co, -w0);
-    return 0;
 }
 
 static int inside(const double inner[4], const double outer[4]) {
@@ -253,9 +290,21 @@ static void clamp_to(double r[4], const double outer[4]) {
     }
 }
 
-static void decode_body(fl_ctx *c, const unsigned char *data, size_t len, const double box_in[4],
-                        const double clip_in[4], unsigned char *out, int out_h, int out_w,
-                        int flip, int filter, int *scale_denom) {
+typedef struct {
+    const unsigned char *data;
+    size_t len;
+    const double *box, *clip; /* clip may be NULL */
+    unsigned char *out;
+    int out_h, out_w, flip, filter;
+    int *scale_denom;
+} decode_args;
+
+static void decode_body(fl_ctx *c, void *arg) {
+    const decode_args *a = (const decode_args *)arg;
+    const unsigned char *data = a->data;
+    const size_t len = a->len;
+    const double *box_in = a->box, *clip_in = a->clip;
+    const int out_h = a->out_h, out_w = a->out_w, flip = a->flip, filter = a->filter;
     struct jpeg_decompress_struct *cinfo = &c->cinfo;
     double box[4], clip[4];
     int width, height, denom, in_ch, h_ch, i;
@@ -293,7 +342,7 @@ static void decode_body(fl_ctx *c, const unsigned char *data, size_t len, const 
     }
 
     denom = choose_denom(box[2] - box[0], box[3] - box[1], out_w, out_h);
-    *scale_denom = denom;
+    *a->scale_denom = denom;
 
     switch (cinfo->jpeg_color_space) {
     case JCS_GRAYSCALE:
@@ -322,10 +371,8 @@ static void decode_body(fl_ctx *c, const unsigned char *data, size_t len, const 
     sh = cinfo->output_height;
 
     /* Coefficients in the scaled image: DCT scaling maps source x to x / denom. */
-    if (axis_coeffs(&c->ch, (int)sw, box[0], box[2], clip[0], clip[2], denom, out_w, filter) != 0 ||
-        axis_coeffs(&c->cv, (int)sh, box[1], box[3], clip[1], clip[3], denom, out_h, filter) != 0) {
-        fail(c, FL_ERR_NOMEM, "cannot compute the resampling coefficients (out of memory)");
-    }
+    axis_coeffs(c, &c->ch, "x", (int)sw, box[0], box[2], clip[0], clip[2], denom, out_w, filter);
+    axis_coeffs(c, &c->cv, "y", (int)sh, box[1], box[3], clip[1], clip[3], denom, out_h, filter);
 
     /* Columns: only those the horizontal pass reads; libjpeg may widen to an iMCU boundary. */
     xoff = (JDIMENSION)c->ch.first;
@@ -381,15 +428,15 @@ static void decode_body(fl_ctx *c, const unsigned char *data, size_t len, const 
     }
     jpeg_abort_decompress(cinfo);
 
-    fl_resample_columns(c->tmp, tmp_stride, (int)ry0, out_w, h_ch, out, (size_t)out_w * 3, &c->cv,
-                        c->acc);
+    fl_resample_columns(c->tmp, tmp_stride, (int)ry0, out_w, h_ch, a->out, (size_t)out_w * 3,
+                        &c->cv, c->acc);
 }
 
 int fl_jpeg_decode_crop_resize(const unsigned char *data, size_t len, const double box[4],
                                const double clip[4], unsigned char *out, int out_h, int out_w,
                                int flip, int filter, int *scale_denom, char *errmsg) {
-    fl_ctx *volatile c;
-    int status, i;
+    decode_args a = {data, len, box, clip, out, out_h, out_w, flip, filter, scale_denom};
+    int i;
 
     if (out_h <= 0 || out_w <= 0 || out_h > 65535 || out_w > 65535) {
         set_msg(errmsg, "", "output size must be between 1 and 65535 in both dimensions");
@@ -406,18 +453,5 @@ int fl_jpeg_decode_crop_resize(const unsigned char *data, size_t len, const doub
             return FL_ERR_ARG;
         }
     }
-    c = ctx_new();
-    if (!c) {
-        set_msg(errmsg, "", "out of memory");
-        return FL_ERR_NOMEM;
-    }
-    if (setjmp(c->err.jump)) {
-        status = c->status;
-        set_msg(errmsg, "", c->err.msg);
-        ctx_free(c);
-        return status;
-    }
-    decode_body(c, data, len, box, clip, out, out_h, out_w, flip, filter, scale_denom);
-    ctx_free(c);
-    return FL_OK;
+    return guarded(decode_body, &a, errmsg);
 }

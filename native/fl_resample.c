@@ -85,19 +85,23 @@ int fl_coeffs_init(fl_coeffs *c, int in_size, double in0_d, double in1_d, int ou
     int xx, x, ksize;
 
     memset(c, 0, sizeof *c);
-    if (out_size <= 0 || in_size <= 0 || !(in1 > in0) || !fl_filter_valid(filter)) return -1;
+    if (out_size <= 0 || in_size <= 0 || !(in1 > in0) || !fl_filter_valid(filter)) {
+        return FL_COEFFS_EINVAL;
+    }
 
     filterscale = scale = (double)(in1 - in0) / out_size;
     if (filter == FL_FILTER_NEAREST) {
         ksize = 1;
     } else {
-        if (filter_for(filter, &fn, &support) != 0) return -1;
+        if (filter_for(filter, &fn, &support) != 0) return FL_COEFFS_EINVAL;
         if (filterscale < 1.0) filterscale = 1.0;
         support = support * filterscale;
-        if (support > (double)(INT_MAX / 4)) return -1;
+        if (support > (double)(INT_MAX / 4)) return FL_COEFFS_EINVAL;
         ksize = (int)ceil(support) * 2 + 1;
     }
-    if ((size_t)out_size > ((size_t)INT_MAX / sizeof(int32_t)) / (size_t)ksize) return -1;
+    if ((size_t)out_size > ((size_t)INT_MAX / sizeof(int32_t)) / (size_t)ksize) {
+        return FL_COEFFS_EINVAL;
+    }
 
     c->bounds = (int *)malloc((size_t)out_size * 2 * sizeof(int));
     c->kk = (int32_t *)calloc((size_t)out_size * (size_t)ksize, sizeof(int32_t));
@@ -105,7 +109,7 @@ int fl_coeffs_init(fl_coeffs *c, int in_size, double in0_d, double in1_d, int ou
     if (!c->bounds || !c->kk || (filter != FL_FILTER_NEAREST && !w)) {
         free(w);
         fl_coeffs_free(c);
-        return -1;
+        return FL_COEFFS_ENOMEM;
     }
     c->out_size = out_size;
     c->ksize = ksize;
@@ -150,7 +154,7 @@ int fl_coeffs_init(fl_coeffs *c, int in_size, double in0_d, double in1_d, int ou
         c->last = 1;
     }
     free(w);
-    return 0;
+    return FL_COEFFS_OK;
 }
 
 void fl_coeffs_shift(fl_coeffs *c, int offset) {

@@ -45,10 +45,19 @@ typedef struct {
 /* 1 if `filter` is one of the FL_FILTER_* values. */
 int fl_filter_valid(int filter);
 
+/* What fl_coeffs_init returns. */
+enum {
+    FL_COEFFS_OK = 0,
+    FL_COEFFS_EINVAL = -1, /* out_size <= 0, in_size <= 0, in1 <= in0 once rounded to float (as
+                            * Pillow does: a box thinner than float precision), unknown filter,
+                            * or tables too large to index with an int */
+    FL_COEFFS_ENOMEM = -2  /* the tables could not be allocated */
+};
+
 /*
  * Compute the coefficients that resample the source interval [in0, in1) of an axis of `in_size`
- * samples onto `out_size` samples. Returns 0, or -1 when out of memory or the arguments are
- * invalid (out_size <= 0, in_size <= 0, in1 <= in0, unknown filter). On failure `c` owns nothing.
+ * samples onto `out_size` samples. Returns FL_COEFFS_OK or, on failure, FL_COEFFS_EINVAL or
+ * FL_COEFFS_ENOMEM; on failure `c` owns nothing.
  */
 int fl_coeffs_init(fl_coeffs *c, int in_size, double in0, double in1, int out_size, int filter);
 

@@ -1,4 +1,7 @@
-"""Helpers shared by the tests: photo-like images and folders, segments and processes."""
+"""Helpers shared by the tests: photo-like images and folders, segments and processes.
+
+Images come from `fastload._demo.photo_like`, the one photo-like generator (the demo's).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
+
+from fastload._demo import photo_like
 
 try:
     import psutil
@@ -174,34 +178,9 @@ def unlink_segments(names: Iterable[str]) -> None:
 # Images
 
 
-def photo_like(rng: np.random.Generator, height: int, width: int) -> Image.Image:
-    """An RGB image that compresses like a photograph: smooth colour field, shapes, blur, grain."""
-    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    c0, c1, c2 = (rng.uniform(0, 255, 3) for _ in range(3))
-    field = (
-        c0 * (x / width)[..., None]
-        + c1 * (y / height)[..., None]
-        + c2 * (1 - (x + y) / (width + height))[..., None]
-    ) / 2
-    img = Image.fromarray(np.clip(field, 0, 255).astype(np.uint8))
-    draw = ImageDraw.Draw(img)
-    for _ in range(int(rng.integers(2, 5))):
-        x0, y0 = int(rng.integers(0, width - 8)), int(rng.integers(0, height - 8))
-        x1 = x0 + int(rng.integers(8, max(9, width // 2)))
-        y1 = y0 + int(rng.integers(8, max(9, height // 2)))
-        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
-        if rng.random() < 0.5:
-            draw.ellipse((x0, y0, x1, y1), fill=colour)
-        else:
-            draw.rectangle((x0, y0, x1, y1), fill=colour)
-    img = img.filter(ImageFilter.GaussianBlur(0.8))
-    grain = rng.normal(0, 4, (height, width, 3))
-    return Image.fromarray(np.clip(np.asarray(img, np.float32) + grain, 0, 255).astype(np.uint8))
-
-
 def write_image(path: Path, height: int, width: int, *, seed: int, mode: str = "RGB") -> Path:
     """Write a photo-like image; the format follows the suffix (JPEG unless .png)."""
-    img = photo_like(np.random.default_rng(seed), height, width)
+    img = photo_like(np.random.default_rng(seed), width, height)
     if mode != "RGB":
         img = img.convert(mode)
     path.parent.mkdir(parents=True, exist_ok=True)

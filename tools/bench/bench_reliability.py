@@ -14,7 +14,7 @@ memory over a soak. Each phase checks its invariant and reports what it did; not
 5. soak: for S seconds trainers attach, load four batches and leave; daemon RSS sampled each
    second: first, last, max (flat memory: nothing per session is kept after it ends).
 
-    .venv/bin/python tools/bench_reliability.py --data DIR [--seconds 300] [--fuzz 13000]
+    .venv/bin/python tools/bench/bench_reliability.py --data DIR [--seconds 300] [--fuzz 13000]
 (--data: an ImageNet-layout folder; default: a generated demo folder in a temporary directory)
 """
 

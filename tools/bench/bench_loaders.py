@@ -2,7 +2,7 @@
 
 Each system is a script run as its own process with its own python (see SYSTEMS), taking
 `--data DIR --workers W --batch-size B --batches N` (or `--epochs E`) and printing one final JSON
-line as described in tools/bench_systems/bench_common.py. Systems alternate within each of R
+line as described in tools/bench/bench_systems/bench_common.py. Systems alternate within each of R
 rounds (the order rotates every round, so none always runs first). For every run the harness
 records, over the whole process tree (workers included):
 
@@ -25,8 +25,8 @@ raw run, the sampler's own CPU seconds included. Linux only; standard library on
 python 3.10+ can run it. Add a system by adding an entry to SYSTEMS.
 
 Paths come from flags or the environment: --data DIR (default $BENCH_DATA), an ImageNet-layout
-folder (tools/make_bench_dataset.py makes one); the peer systems' pythons are in the venvs that
-tools/bench_env.sh made under $BENCH_VENVS (needed only when a peer system is selected).
+folder (tools/bench/make_bench_dataset.py makes one); the peer systems' pythons are in the venvs that
+tools/bench/bench_env.sh made under $BENCH_VENVS (needed only when a peer system is selected).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-SYSTEMS_DIR = REPO / "tools" / "bench_systems"
+REPO = Path(__file__).resolve().parents[2]
+SYSTEMS_DIR = Path(__file__).resolve().parent / "bench_systems"
 VENVS = Path(os.environ["BENCH_VENVS"]) if os.environ.get("BENCH_VENVS") else None
 
 
@@ -414,13 +414,16 @@ def parse_args() -> argparse.Namespace:
         parser.error(f"unknown systems {unknown}; known: {list(SYSTEMS)}")
     if args.data is None:
         if any(SYSTEMS[n].needs_data for n in args.system_names):
-            parser.error("no data: pass --data DIR or set BENCH_DATA (tools/make_bench_dataset.py makes one)")
+            parser.error(
+                "no data: pass --data DIR or set BENCH_DATA (tools/bench/make_bench_dataset.py makes one)"
+            )
     else:
         args.data = args.data.resolve()
     peers = [n for n in args.system_names if SYSTEMS[n].python is None]
     if peers:
         parser.error(
-            f"{peers} run in the peer venvs: set BENCH_VENVS to the folder where tools/bench_env.sh made them"
+            f"{peers} run in the peer venvs: set BENCH_VENVS to the folder where "
+            "tools/bench/bench_env.sh made them"
         )
     missing = [
         str(path)
@@ -429,7 +432,7 @@ def parse_args() -> argparse.Namespace:
         if not path.exists()
     ]
     if missing:
-        parser.error(f"missing: {missing} (tools/bench_env.sh makes the venvs)")
+        parser.error(f"missing: {missing} (tools/bench/bench_env.sh makes the venvs)")
     return args
 
 

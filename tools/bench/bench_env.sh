@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Make (or reuse) the throwaway venvs that the loader benchmark's peer systems run in
-# (tools/bench_loaders.py). They live outside the repo, in $BENCH_VENVS (required; the benchmark
+# (tools/bench/bench_loaders.py). They live outside the repo, in $BENCH_VENVS (required; the benchmark
 # tools find them there too), and are never dependencies of fastload. A venv that already imports
 # what it needs is kept.
 #
-# Usage: BENCH_VENVS=DIR tools/bench_env.sh
+# Usage: BENCH_VENVS=DIR tools/bench/bench_env.sh
 #
 # What worked (Debian 12, Python 3.11.7, pip 26.3 in the venvs, no GPU):
 # - tv: `pip install torch==2.14.1 torchvision==0.29.1` takes both from this machine's local
 #   wheels (a CUDA build, ~5.7 GB venv; it runs on the CPU). scikit-image supplies the real
-#   photos that tools/make_bench_dataset.py derives the benchmark images from.
+#   photos that tools/bench/make_bench_dataset.py derives the benchmark images from.
 # - ffcv: after `apt-get install -y libturbojpeg0-dev libopencv-dev pkg-config`, `pkg-config`
 #   finds opencv4 (4.6.0) and libturbojpeg (2.1.5), the two names ffcv's setup.py asks for, and
 #   a plain `pip install torch==2.13.0 numpy ffcv pillow` built ffcv 1.0.2 from its sdist with

@@ -37,10 +37,10 @@ DALI's first allocations), then methods take turns, one pass each per round, ord
 table shows the median images/s over --rounds passes, and ratios against ffcv-1t and the floor.
 
 Paths come from flags or the environment: --data DIR (default $BENCH_DATA), an ImageNet-layout
-folder (tools/make_bench_dataset.py makes one); the peer venvs are those tools/bench_env.sh made
+folder (tools/bench/make_bench_dataset.py makes one); the peer venvs are those tools/bench/bench_env.sh made
 under $BENCH_VENVS (needed only when a method runs in one).
 
-    .venv/bin/python tools/bench_decode_peers.py [--data DIR] [--images 512] [--rounds 5]
+    .venv/bin/python tools/bench/bench_decode_peers.py [--data DIR] [--images 512] [--rounds 5]
         [--pipelines train,val]
 """
 
@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VENVS = Path(os.environ["BENCH_VENVS"]) if os.environ.get("BENCH_VENVS") else None
 MAIN_PYTHON = REPO / ".venv" / "bin" / "python"
 SIZE = 224
@@ -226,7 +226,7 @@ def main() -> None:
     if args.images % args.batch:
         ap.error("--images must be a multiple of --batch")
     if args.data is None:
-        ap.error("no data: pass --data DIR or set BENCH_DATA (tools/make_bench_dataset.py makes one)")
+        ap.error("no data: pass --data DIR or set BENCH_DATA (tools/bench/make_bench_dataset.py makes one)")
     args.data = args.data.resolve()
     if args.cpu is None:
         args.cpu = min(os.sched_getaffinity(0))
@@ -234,10 +234,14 @@ def main() -> None:
     unknown = [m for m in methods if m not in METHODS]
     peers = [m for m in methods if m in METHODS and METHODS[m] is None]
     if peers:
-        ap.error(f"{peers} run in the peer venvs: set BENCH_VENVS to where tools/bench_env.sh made them")
+        ap.error(
+            f"{peers} run in the peer venvs: set BENCH_VENVS to where tools/bench/bench_env.sh made them"
+        )
     missing = [str(p) for m in methods if m in METHODS and (p := METHODS[m]) is not None and not p.exists()]
     if unknown or missing:
-        ap.error(f"unknown methods {unknown}, missing pythons {missing} (tools/bench_env.sh makes them)")
+        ap.error(
+            f"unknown methods {unknown}, missing pythons {missing} (tools/bench/bench_env.sh makes them)"
+        )
     files = image_folder_files(args.data)
     if len(files) < args.images:
         ap.error(f"only {len(files)} images under {args.data}")
@@ -387,7 +391,7 @@ def ffcv_method(method: str, spec: dict[str, Any]):
     records = Reader(spec["beton"]).num_samples
     if records != spec["records"]:
         raise SystemExit(f"{spec['beton']} has {records} records, the folder {spec['records']}: remake it "
-                         "(tools/bench_systems/ffcv_loader.py --prepare)")
+                         "(tools/bench/bench_systems/ffcv_loader.py --prepare)")
     if spec["pipeline"] == "val":
         image = [CenterCropRGBImageDecoder((SIZE, SIZE), ratio=SIZE / 256)]
     else:

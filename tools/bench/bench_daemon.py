@@ -9,10 +9,10 @@
    FastLoader(..., daemon=...) to its first batch, against DataLoader's construction to first
    batch (which starts its worker processes), each run N times in fresh processes; medians.
 
-    .venv/bin/python tools/bench_daemon.py --data DIR --rounds 3
+    .venv/bin/python tools/bench/bench_daemon.py --data DIR --rounds 3
 
---data defaults to $BENCH_DATA (an ImageNet-layout folder: tools/make_bench_dataset.py makes one);
-the DataLoader side runs in $BENCH_VENVS/tv, the venv tools/bench_env.sh made.
+--data defaults to $BENCH_DATA (an ImageNet-layout folder: tools/bench/make_bench_dataset.py makes one);
+the DataLoader side runs in $BENCH_VENVS/tv, the venv tools/bench/bench_env.sh made.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-SYSTEMS = REPO / "tools" / "bench_systems"
+REPO = Path(__file__).resolve().parents[2]
+SYSTEMS = Path(__file__).resolve().parent / "bench_systems"
 MAIN_PYTHON = REPO / ".venv" / "bin" / "python"
 VENVS = os.environ.get("BENCH_VENVS")
 TV_PYTHON = Path(VENVS) / "tv" / "bin" / "python" if VENVS else None
@@ -117,9 +117,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.data is None:
-        parser.error("no data: pass --data DIR or set BENCH_DATA (tools/make_bench_dataset.py makes one)")
+        parser.error(
+            "no data: pass --data DIR or set BENCH_DATA (tools/bench/make_bench_dataset.py makes one)"
+        )
     if TV_PYTHON is None:
-        parser.error("set BENCH_VENVS to the folder where tools/bench_env.sh made the peer venvs (uses tv)")
+        parser.error(
+            "set BENCH_VENVS to the folder where tools/bench/bench_env.sh made the peer venvs (uses tv)"
+        )
 
     common = ["--data", args.data, "--batch-size", str(args.batch_size), "--batches", str(args.batches)]
     with tempfile.TemporaryDirectory(prefix="fastload-bench-") as socket_dir:

@@ -12,10 +12,11 @@ the JPEG bytes (already in memory) into a 224x224x3 uint8 array:
 
 Prints images/s per method (best of --repeat interleaved passes) and the DCT scales the native decoder chose.
 
-Data: --data DIR (JPEGs, searched recursively); default $BENCH_DATA if set, else a few hundred
-photo-like ~500x375 JPEGs generated into a temporary folder (removed once they are loaded).
+Data: --data DIR (JPEGs, searched recursively); default $BENCH_DATA if set, else as many
+photo-like ~500x375 JPEGs as --images, made as `fastload demo` makes its dataset, in a temporary
+folder (removed once they are loaded).
 
-    .venv/bin/python tools/bench_native_decode.py [--data DIR] [--images 300] [--repeat 5] [--size 224]
+    .venv/bin/python tools/bench/bench_native_decode.py [--data DIR] [--images 300] [--repeat 5] [--size 224]
 """
 
 from __future__ import annotations
@@ -32,45 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image
 
 SIZE = 224
-
-
-def photo_like(width: int, height: int, seed: int) -> Image.Image:
-    """Smooth colour fields, hard-edged shapes, mid-frequency texture and sensor-like grain."""
-    rng = np.random.default_rng(seed)
-    grid = rng.uniform(0, 255, size=(4, 5, 3)).astype(np.uint8)
-    img = Image.fromarray(grid).resize((width, height), Image.Resampling.BICUBIC)
-    draw = ImageDraw.Draw(img)
-    for _ in range(40):
-        x0, y0 = rng.uniform(0, width), rng.uniform(0, height)
-        r = rng.uniform(3, min(width, height) / 4)
-        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
-        if rng.random() < 0.5:
-            draw.ellipse((x0 - r, y0 - r, x0 + r, y0 + r), fill=colour)
-        else:
-            draw.rectangle((x0 - r, y0 - r * 0.6, x0 + r, y0 + r * 0.6), fill=colour)
-    noise = rng.normal(0, 50, size=(height // 4 + 1, width // 4 + 1)) + 128
-    texture = Image.fromarray(noise.clip(0, 255).astype(np.uint8)).resize(
-        (width, height), Image.Resampling.BILINEAR
-    )
-    tex = (np.asarray(texture).astype(np.float32) - 128)[..., None] * rng.uniform(0.3, 1.0)
-    arr = np.asarray(img).astype(np.float32) + tex + rng.normal(0, 12, size=(height, width, 3))
-    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
-
-
-def generate(folder: Path, count: int) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for i in range(count):
-        path = folder / f"img_{i:04d}.JPEG"
-        if path.exists():
-            continue
-        width, height = int(rng.integers(400, 601)), int(rng.integers(300, 501))
-        if rng.random() < 0.25:
-            width, height = height, width
-        photo_like(width, height, i).save(path, "JPEG", quality=90)
 
 
 def load(folder: Path, count: int) -> list[bytes]:
@@ -163,10 +128,12 @@ def main() -> None:
 
     folder = args.data
     if folder is None:
+        from fastload._demo import make_demo_dataset
+
         with tempfile.TemporaryDirectory(prefix="fastload-bench-jpegs-") as tmp:
             folder = Path(tmp)
             print(f"no --data and no BENCH_DATA: generating {args.images} photo-like JPEGs in {folder}")
-            generate(folder, args.images)
+            make_demo_dataset(folder, images=args.images)
             blobs = load(folder, args.images)
     else:
         blobs = load(folder, args.images)

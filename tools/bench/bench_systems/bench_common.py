@@ -3,7 +3,7 @@
 Standard library only, so every system's venv can import it: a script run directly has this
 folder first on sys.path. A system script parses its arguments with `parse_args`, notes
 `time.monotonic()` just before it constructs its dataset and loader, and hands the loader to
-`measure`, which prints the one JSON line the harness (tools/bench_loaders.py) reads:
+`measure`, which prints the one JSON line the harness (tools/bench/bench_loaders.py) reads:
 
     {"images": int, "steady_seconds": float, "ttfb_seconds": float,
      "batches": int, "steady_window": [float, float], "bytes": int (only when asked)}
