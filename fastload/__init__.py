@@ -19,7 +19,7 @@ from fastload._errors import (
     SharedMemoryError,
     WorkerError,
 )
-from fastload._loader import FastLoader
+from fastload._loading.loader import FastLoader
 
 __version__ = "0.1.0"
 

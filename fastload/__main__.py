@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             run_demo(args.data, args.epochs, args.workers, args.batch_size, args.images, not args.no_baseline)
             return 0
-        from fastload import _control
+        from fastload._daemon import control as _control
 
         if args.command == "serve":
             overrides = {
@@ -88,12 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _control.keys()
         if args.command == "iostat":
             if args.probe:
-                from fastload._probe import format_probe, probe, probe_to_json
+                from fastload._diagnostics.probe import format_probe, probe, probe_to_json
 
                 result = probe(args.probe, workers=args.workers, target=args.target)
                 print(json.dumps(probe_to_json(result)) if args.json else format_probe(result))
                 return 0
-            from fastload._iostat import run
+            from fastload._diagnostics.iostat import run
 
             if args.interval is not None and args.interval <= 0:
                 raise ConfigError("the interval must be positive")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fastload._errors import ConfigError
-from fastload._loader import FastLoader
+from fastload._loading.loader import FastLoader
 from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, Transform
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class _BaselineDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     """ImageFolder + RandomResizedCrop + flip + ToTensor + Normalize, as most people run it."""
 
     def __init__(self, root: Path, size: int) -> None:
-        from fastload._sources import ImageFolderIndex
+        from fastload._loading.sources import ImageFolderIndex
 
         self.index = ImageFolderIndex.scan(root)
         self.crop = RandomResizedCrop(size)

@@ -24,9 +24,9 @@ import zmq
 from helpers import fastload_segments, pid_alive, unlink_segments, wait_until
 
 from fastload import FastLoader
-from fastload import _wire as wire
 from fastload import transforms as T
-from fastload._control import request
+from fastload._daemon import daemon_link as wire
+from fastload._daemon.control import request
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0

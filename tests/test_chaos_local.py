@@ -5,7 +5,7 @@ Protects the supervision contract of issue 8: whatever happens to worker process
 batch is failed for deaths it did not cause (no false WorkerError), no raw ZeroMQ error reaches
 the trainer, a stopped worker is taken as hung and replaced even with `timeout=0`, and a sample
 that really crashes its worker is still failed after three tries. The blame policy itself
-(`_supervision.classify`) is checked on its own, including the OOM-killer case.
+(`_loading.supervision.classify`) is checked on its own, including the OOM-killer case.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from helpers import Killer
 from torch.utils.data import Dataset
 
 from fastload import FastLoader, WorkerError
-from fastload._engine import Engine
-from fastload._executor import Task
-from fastload._jobs import DatasetJob
-from fastload._supervision import Cause, HangBound, classify
+from fastload._loading.engine import Engine
+from fastload._loading.executor import Task
+from fastload._loading.jobs import DatasetJob
+from fastload._loading.supervision import Cause, HangBound, classify
 
 pytestmark = pytest.mark.timeout(120)
 

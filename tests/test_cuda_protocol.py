@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload._delivery import CudaDelivery, ImageOutput
-from fastload._layout import BatchLayout
-from fastload._ring import Ring
+from fastload._loading.delivery import CudaDelivery, ImageOutput
+from fastload._loading.layout import BatchLayout
+from fastload._loading.ring import Ring
 
 
 class FakeEvent:

@@ -41,7 +41,7 @@ from helpers import wait_until
 from fastload import DaemonError, FastLoader
 from fastload import transforms as T
 from fastload.__main__ import main
-from fastload._ring import EXTRA_SLOTS, default_prefetch
+from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
 
 pytestmark = pytest.mark.timeout(60)  # a regression here tends to be a hang
 

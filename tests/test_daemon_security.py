@@ -41,10 +41,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastload import DaemonError, FastLoader
-from fastload import _wire as wire
 from fastload import transforms as T
-from fastload._client import default_address
-from fastload._sockdir import runtime_dir
+from fastload._daemon import daemon_link as wire
+from fastload._daemon.client import default_address
+from fastload._paths import runtime_dir
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -1,4 +1,4 @@
-"""The executor contract (`fastload._executor.Executor`), held against all three executors: a pool
+"""The executor contract (`fastload._loading.executor.Executor`), held against all three executors: a pool
 of worker processes (`Engine`), the trainer's own process (`InlineExecutor`) and a loader daemon's
 session (`DaemonSession`). Each is given the same image-folder tasks.
 
@@ -22,13 +22,13 @@ import pytest
 from daemon_helpers import DaemonProcess, hello_fields
 
 from fastload import transforms as T
-from fastload._client import DaemonSession
-from fastload._engine import Engine, InlineExecutor
-from fastload._executor import Done, Event, Executor, Failure, Task
-from fastload._jobs import FolderJob
-from fastload._layout import BatchLayout
-from fastload._ring import Ring
-from fastload._sources import ImageFolderIndex
+from fastload._daemon.client import DaemonSession
+from fastload._loading.engine import Engine, InlineExecutor
+from fastload._loading.executor import Done, Event, Executor, Failure, Task
+from fastload._loading.jobs import FolderJob
+from fastload._loading.layout import BatchLayout
+from fastload._loading.ring import Ring
+from fastload._loading.sources import ImageFolderIndex
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,8 +19,8 @@ from helpers import write_image
 
 from fastload import DatasetError, FastLoader
 from fastload import transforms as T
-from fastload._backends.pil import decode_into
-from fastload._sources import ImageFolderIndex
+from fastload._loading.backends.pil import decode_into
+from fastload._loading.sources import ImageFolderIndex
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 TV_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")

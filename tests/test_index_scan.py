@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fastload import DatasetError
-from fastload._sources import IMG_EXTENSIONS, ImageFolderIndex
+from fastload._loading.sources import IMG_EXTENSIONS, ImageFolderIndex
 
 
 def os_walk_reference(root: Path) -> tuple[list[str], list[tuple[str, int]]]:

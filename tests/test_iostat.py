@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from fastload import FastLoader, _jobs
 from fastload import transforms as T
-from fastload._iostat import LoaderRates, Sampler, format_report
+from fastload._diagnostics.iostat import LoaderRates, Sampler, format_report
 
 
 def _run_and_sample(loader: FastLoader, per_batch: Callable[[], None], seconds: float = 1.5) -> LoaderRates:

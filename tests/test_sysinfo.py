@@ -1,4 +1,4 @@
-"""fastload._sysinfo: figures from fixture /proc snapshots and a fake /sys tree, then on this machine."""
+"""_diagnostics/sysinfo.py: figures from fixture /proc snapshots and a fake /sys tree, then here."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fastload._errors import ConfigError
-from fastload._sysinfo import (
+from fastload._diagnostics.sysinfo import (
     BlockDevice,
     CpuCounters,
     CpuPercent,
@@ -28,6 +27,7 @@ from fastload._sysinfo import (
     read_mounts,
     shm_usage,
 )
+from fastload._errors import ConfigError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "proc"
 T0, T1 = str(FIXTURES / "t0"), str(FIXTURES / "t1")

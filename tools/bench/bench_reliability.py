@@ -40,8 +40,8 @@ import torch
 import zmq
 
 from fastload import FastLoader
-from fastload import _wire as wire
 from fastload import transforms as T
+from fastload._daemon import daemon_link as wire
 
 RESIZE = [T.Resize((32, 32))]
 

@@ -13,9 +13,9 @@ import time
 import numpy as np
 from bench_common import parse_args
 
-from fastload._backends import make_backend
-from fastload._plan import sample_rng
-from fastload._sources import ImageFolderIndex
+from fastload._loading.backends import make_backend
+from fastload._loading.plan import sample_rng
+from fastload._loading.sources import ImageFolderIndex
 from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, compile_transforms
 
 

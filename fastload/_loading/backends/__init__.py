@@ -42,17 +42,17 @@ class ImageBackend(Protocol):
 def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
     """Return the backend called `name`, configured with `plan`."""
     if name == "native":
-        from fastload._native import native_jpeg
+        from fastload._loading.native import native_jpeg
 
         jpeg = native_jpeg()
         if jpeg is not None:
-            from fastload._backends.native import NativeBackend
+            from fastload._loading.backends.native import NativeBackend
 
             return NativeBackend(plan, jpeg)
         name = "pil"
     if name == "pil":
         try:
-            from fastload._backends.pil import PilBackend
+            from fastload._loading.backends.pil import PilBackend
         except ImportError as e:
             raise ConfigError(
                 "the Pillow backend needs PIL: `pip install pillow` (or pillow-simd); for JPEGs, "

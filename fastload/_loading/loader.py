@@ -1,6 +1,6 @@
 """`FastLoader`: the drop-in replacement for `torch.utils.data.DataLoader` (a facade only).
 
-Its arguments become a `LoaderSpec` (`_spec`: checked as DataLoader checks them); it opens the
+Its arguments become a `LoaderSpec` (`spec`: checked as DataLoader checks them); it opens the
 source (indexes the folder, or says hello to a daemon), chooses the epoch plan, and delegates the
 work to a `Pipeline`; it keeps the position (epoch, batches yielded) that `state_dict` saves.
 """
@@ -15,16 +15,16 @@ from typing import Any
 
 import torch
 
-from fastload._client import DaemonSession
+from fastload._daemon.client import DaemonSession
+from fastload._diagnostics.stats import LoaderStats, format_summary
 from fastload._errors import ConfigError
-from fastload._jobs import DatasetJob, FolderJob, Job
-from fastload._pipeline import EpochIterator, Pipeline
-from fastload._plan import BatchSampler, SamplerPlan, ShuffledPlan
-from fastload._ring import EXTRA_SLOTS, default_prefetch
-from fastload._shm import preflight
-from fastload._sources import ImageFolderIndex
-from fastload._spec import build_spec
-from fastload._stats import LoaderStats, format_summary
+from fastload._loading.jobs import DatasetJob, FolderJob, Job
+from fastload._loading.pipeline import EpochIterator, Pipeline
+from fastload._loading.plan import BatchSampler, SamplerPlan, ShuffledPlan
+from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
+from fastload._loading.shm import preflight
+from fastload._loading.sources import ImageFolderIndex
+from fastload._loading.spec import build_spec
 from fastload.transforms import Transform
 
 _STATE_VERSION = 1

@@ -42,7 +42,7 @@ from fastload._machine import SHM_DIR
 
 PREFIX = "fastload_"
 _NAME_RE = re.compile(r"^fastload_(\d+)_(?:stats_)?[0-9a-f]{32}$")
-STATS_TAG = "stats_"  # marks a loader's statistics block (see fastload._stats), found by iostat
+STATS_TAG = "stats_"  # marks a loader's statistics block (see fastload._diagnostics.stats), found by iostat
 # Head-room kept free in /dev/shm beyond what the ring needs (other users of shm, page rounding).
 _SHM_MARGIN_BYTES = 64 << 20
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from fastload._executor import Done, Event, Failure, Opaque, Probed, Task
-from fastload._layout import BatchLayout
+from fastload._loading.executor import Done, Event, Failure, Opaque, Probed, Task
+from fastload._loading.layout import BatchLayout
 
 TASK = b"T"
 PROBE = b"P"

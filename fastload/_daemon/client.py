@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 import zmq
 
-from fastload import _wire as wire
+from fastload._daemon import daemon_link as wire
 from fastload._errors import DaemonError
-from fastload._executor import Event, Failure, Task
-from fastload._layout import BatchLayout
-from fastload._ring import Ring
-from fastload._shm import Segment, pid_alive
-from fastload._sockdir import daemon_dir_candidates
+from fastload._loading.executor import Event, Failure, Task
+from fastload._loading.layout import BatchLayout
+from fastload._loading.ring import Ring
+from fastload._loading.shm import Segment, pid_alive
+from fastload._paths import daemon_dir_candidates
 
 CONNECT_TIMEOUT_S = 5.0
 _PING_EVERY_S = 1.0
@@ -53,7 +53,7 @@ def no_daemon_at(address: str) -> bool:
 
 def default_address() -> str:
     """This user's daemon socket: in the standard runtime directory, or in the private fallback
-    directory a daemon used because someone else held the standard one (see `_sockdir`)."""
+    directory a daemon used because someone else held the standard one (see `_paths`)."""
     candidates = daemon_dir_candidates()
     for directory in candidates:
         path = os.path.join(directory, "daemon.sock")
@@ -225,7 +225,7 @@ class DaemonSession:
         _, fields = self._wait_for(("slot",), CONNECT_TIMEOUT_S)
         return self._slot(fields["name"])
 
-    # -- the executor interface (fastload._executor.RemoteExecutor) ---------------------------
+    # -- the executor interface (fastload._loading.executor.RemoteExecutor) ---------------------------
 
     @property
     def workers(self) -> int:

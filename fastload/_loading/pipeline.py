@@ -23,17 +23,17 @@ from typing import Any
 
 import numpy as np
 
-from fastload._delivery import CpuDelivery, CudaDelivery, make_delivery
-from fastload._engine import Engine, InlineExecutor, raise_failure
+from fastload._diagnostics.stats import StatsWriter
 from fastload._errors import ConfigError, LoaderTimeout
-from fastload._executor import Done, Event, Executor, Failure, Opaque, Probed, RemoteExecutor, Task
-from fastload._jobs import Job
-from fastload._layout import BatchLayout
-from fastload._ring import EXTRA_SLOTS, Ring, default_prefetch
-from fastload._shm import install_signal_cleanup, preflight, reap_orphans
-from fastload._sockdir import reap_engine_dirs
-from fastload._spec import LoaderSpec
-from fastload._stats import StatsWriter
+from fastload._loading.delivery import CpuDelivery, CudaDelivery, make_delivery
+from fastload._loading.engine import Engine, InlineExecutor, raise_failure
+from fastload._loading.executor import Done, Event, Executor, Failure, Opaque, Probed, RemoteExecutor, Task
+from fastload._loading.jobs import Job
+from fastload._loading.layout import BatchLayout
+from fastload._loading.ring import EXTRA_SLOTS, Ring, default_prefetch
+from fastload._loading.shm import install_signal_cleanup, preflight, reap_orphans
+from fastload._loading.spec import LoaderSpec
+from fastload._paths import reap_engine_dirs
 
 _POLL_S = 0.05
 # A cold batch is split so that each part keeps at least this many rows.

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import FastloadError
-from fastload._executor import Done, Failure
+from fastload._loading.executor import Done, Failure
 
 VERSION = 1
 MAX_HEADER_BYTES = 64 << 10
@@ -90,7 +90,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "index": _INT,
         "exc_type": (str,),
         "traceback": (str,),
-        "exc_class": (str,),  # "module:qualname"; a trainer only uses builtins ones (`_client`)
+        "exc_class": (str,),  # "module:qualname"; a trainer only uses builtins ones (`client`)
     },
     "slot": {"name": (str,)},
     "pong": {},

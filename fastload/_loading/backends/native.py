@@ -13,7 +13,7 @@ from types import ModuleType
 
 import numpy as np
 
-from fastload._backends import SampleFailure
+from fastload._loading.backends import SampleFailure
 from fastload.transforms import SampleGeometry, TransformPlan
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
@@ -52,7 +52,7 @@ class NativeBackend:
 def _pil_decode_into() -> Callable[[bytes, TransformPlan, np.random.Generator, np.ndarray], SampleGeometry]:
     """Pillow's decoder for non-JPEG files, with an error that says what to install."""
     try:
-        from fastload._backends.pil import decode_into
+        from fastload._loading.backends.pil import decode_into
     except ImportError as e:
         raise RuntimeError(
             "this image is not a JPEG, and decoding other formats needs Pillow: "

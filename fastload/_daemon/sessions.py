@@ -12,10 +12,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastload._executor import Task
-from fastload._layout import BatchLayout
-from fastload._peers import Peer
-from fastload._shm import Segment
+from fastload._daemon.peers import Peer
+from fastload._loading.executor import Task
+from fastload._loading.layout import BatchLayout
+from fastload._loading.shm import Segment
 from fastload.transforms import TransformPlan
 
 
@@ -35,7 +35,7 @@ class Session:
     segments: dict[str, Segment]
     slot_bytes: int
     batch_size: int
-    connection: int  # the connection it said hello on (`_peers`): the session ends with it
+    connection: int  # the connection it said hello on (`peers`): the session ends with it
     peer: str
     index_key: str
     pending: deque[Task] = field(default_factory=deque)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastload._shm import STATS_TAG, Segment, own_segments, pid_alive
+from fastload._loading.shm import STATS_TAG, Segment, own_segments, pid_alive
 
 MAGIC = b"FLSTATS1"
 VERSION = 1

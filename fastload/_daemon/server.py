@@ -11,12 +11,12 @@ feeds the pool round-robin across sessions, so a busy trainer cannot starve anot
 Loop: poll the client sockets, their connection monitors and the workers' socket; on
 SIGTERM/SIGINT stop accepting sessions, finish the tasks in flight, then exit, unlinking every
 segment and the socket. Nothing a client or a worker does may end the loop: a worker's death is
-the engine's to repair, a folder is indexed on a background thread (`_indexes`), and an error
+the engine's to repair, a folder is indexed on a background thread (`indexes`), and an error
 while handling one message is logged and answered, never raised.
 Security: the ipc socket is in a 0700 directory; a TCP listener exists only when asked for, and
-then requires CURVE; every message is validated (`_wire`), frames past the largest legal one drop
+then requires CURVE; every message is validated (`daemon_link`), frames past the largest legal one drop
 the connection (ZMQ_MAXMSGSIZE), and malformed ones get an error reply. A session is bound to its
-connection and to the peer the kernel (SO_PEERCRED) or CURVE names (`_peers`): it ends when the
+connection and to the peer the kernel (SO_PEERCRED) or CURVE names (`peers`): it ends when the
 connection closes or that process dies, and each peer may hold only a few sessions.
 A TCP session's batches cannot be mapped by its trainer: each `done` carries the batch's rows as
 zero-copy views of the slot.
@@ -35,19 +35,19 @@ from typing import Any
 
 import zmq
 
-from fastload import _wire as wire
-from fastload._engine import Engine
+from fastload._daemon import daemon_link as wire
+from fastload._daemon.indexes import DatasetIndexes, IndexEntry, IndexLimits
+from fastload._daemon.listeners import Listeners
+from fastload._daemon.peers import Peer
+from fastload._daemon.scheduler import Scheduler
+from fastload._daemon.sessions import PendingHello, Session, batch_frames, status_row
 from fastload._errors import ConfigError, DaemonError, FastloadError, WorkerError
-from fastload._executor import Done, Event
-from fastload._indexes import DatasetIndexes, IndexEntry, IndexLimits
-from fastload._jobs import FolderJob
-from fastload._listeners import Listeners
-from fastload._peers import Peer
-from fastload._ring import EXTRA_SLOTS, MAX_PREFETCH, default_prefetch
-from fastload._scheduler import Scheduler
-from fastload._sessions import PendingHello, Session, batch_frames, status_row
-from fastload._shm import Segment, ensure_fd_room, pid_alive, preflight, reap_orphans
-from fastload._sockdir import private_dir, reap_engine_dirs, runtime_dir
+from fastload._loading.engine import Engine
+from fastload._loading.executor import Done, Event
+from fastload._loading.jobs import FolderJob
+from fastload._loading.ring import EXTRA_SLOTS, MAX_PREFETCH, default_prefetch
+from fastload._loading.shm import Segment, ensure_fd_room, pid_alive, preflight, reap_orphans
+from fastload._paths import private_dir, reap_engine_dirs, runtime_dir
 from fastload.transforms import TransformPlan, compile_transforms, from_config
 
 log = logging.getLogger("fastload.daemon")

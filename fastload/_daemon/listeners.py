@@ -1,6 +1,6 @@
 """The loader daemon's doors: its pid file, its local socket (ipc, in a 0700 directory) and, only
 when asked for, a TCP listener that admits nothing but the CURVE keys configured; each socket's
-connections are tracked (`_peers`) so that a session can end with its connection.
+connections are tracked (`peers`) so that a session can end with its connection.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any
 
 import zmq
 
-from fastload import _wire as wire
+from fastload._daemon import daemon_link as wire
+from fastload._daemon.peers import ConnectionTracker
 from fastload._errors import ConfigError, DaemonError
-from fastload._peers import ConnectionTracker
-from fastload._shm import pid_alive
-from fastload._sockdir import remove_if_fallback
+from fastload._loading.shm import pid_alive
+from fastload._paths import remove_if_fallback
 
 # TCP peers that vanish (cable, crash) are noticed by ZMTP heartbeats, then their sessions end.
 _TCP_HEARTBEAT_MS, _TCP_HEARTBEAT_TIMEOUT_MS = 5_000, 30_000

@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from fastload._client import resolve_address
-from fastload._delivery import ImageOutput
+from fastload._daemon.client import resolve_address
 from fastload._errors import ConfigError
+from fastload._loading.delivery import ImageOutput
+from fastload._loading.ranks import process_position
+from fastload._loading.ring import MAX_PREFETCH
 from fastload._machine import usable_cores
-from fastload._ranks import process_position
-from fastload._ring import MAX_PREFETCH
 from fastload.transforms import Transform, TransformPlan, compile_transforms, to_config
 
 
@@ -48,7 +48,7 @@ class LoaderSpec:
     world_size: int
     # Who loads them.
     num_workers: int
-    prefetch: int | None  # None: sized from the batch's bytes (`_ring.default_prefetch`)
+    prefetch: int | None  # None: sized from the batch's bytes (`ring.default_prefetch`)
     persistent_workers: bool
     timeout_s: float
     hang_timeout_s: float | None
@@ -70,7 +70,7 @@ class LoaderSpec:
         return dataclasses.replace(self, seed=seed)
 
     def hello(self) -> dict[str, Any]:
-        """The daemon `hello` for this spec (`_wire`): prefetch 0 leaves the ring to the daemon."""
+        """The daemon `hello` for this spec (`_daemon.daemon_link`); prefetch 0: the daemon sizes the ring."""
         assert self.folder is not None and self.transforms is not None and self.batch_size is not None
         return {
             "dataset": self.folder,

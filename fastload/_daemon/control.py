@@ -16,8 +16,8 @@ from typing import Any, TextIO
 
 import zmq
 
-from fastload import _wire as wire
-from fastload._client import default_address, no_daemon_at, resolve_address
+from fastload._daemon import daemon_link as wire
+from fastload._daemon.client import default_address, no_daemon_at, resolve_address
 from fastload._errors import ConfigError, DaemonError
 from fastload._machine import SHM_DIR, usable_cores
 
@@ -51,8 +51,8 @@ def default_budget() -> int:
 
 def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[str]]:
     """The DaemonConfig and datasets to warm, from a TOML file's [daemon] table plus flags."""
-    from fastload._daemon import DaemonConfig
-    from fastload._indexes import IndexLimits
+    from fastload._daemon.indexes import IndexLimits
+    from fastload._daemon.server import DaemonConfig
 
     table: dict[str, Any] = {}
     if path is not None:
@@ -116,7 +116,7 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
 
 def serve(config_path: str | None, overrides: dict[str, Any]) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT or `fastload stop`."""
-    from fastload._daemon import Daemon
+    from fastload._daemon.server import Daemon
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fastload %(levelname)s %(message)s")
     config, datasets = load_config(config_path, overrides)

@@ -18,8 +18,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from fastload._errors import DatasetError
-from fastload._shm import Segment
-from fastload._sources import ImageFolderIndex
+from fastload._loading.shm import Segment
+from fastload._loading.sources import ImageFolderIndex
 
 log = logging.getLogger("fastload.daemon")
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from fastload._diagnostics.sysinfo import MB, BlockDevice, device_for_path, memory
 from fastload._errors import ConfigError, DatasetError
+from fastload._loading.sources import ImageFolderIndex
 from fastload._machine import usable_cores
-from fastload._sources import ImageFolderIndex
-from fastload._sysinfo import MB, BlockDevice, device_for_path, memory
 
 KB = 1 << 10
 GB = 1 << 30
@@ -209,8 +209,8 @@ def decode_rate(
     blobs: Sequence[bytes], paths: Sequence[str], seconds: float
 ) -> tuple[str, float, tuple[str, ...]]:
     """(backend name, images/s on this core, failures) decoding `blobs` round-robin for `seconds`."""
-    from fastload._backends import SampleFailure, make_backend
-    from fastload._plan import sample_rng
+    from fastload._loading.backends import SampleFailure, make_backend
+    from fastload._loading.plan import sample_rng
     from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, compile_transforms
 
     backend = make_backend("native", compile_transforms([RandomResizedCrop(CROP), RandomHorizontalFlip()]))

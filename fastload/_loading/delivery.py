@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload._layout import BatchLayout
-from fastload._ring import Ring
-from fastload._shm import Segment
+from fastload._loading.layout import BatchLayout
+from fastload._loading.ring import Ring
+from fastload._loading.shm import Segment
 
 
 @dataclass(frozen=True)

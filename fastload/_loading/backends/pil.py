@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-from fastload._backends import SampleFailure
+from fastload._loading.backends import SampleFailure
 from fastload.transforms import SampleGeometry, TransformPlan
 
 _FILTERS = {

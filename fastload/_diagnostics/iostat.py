@@ -16,9 +16,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-from fastload import _sysinfo as sysinfo
+from fastload._diagnostics import sysinfo
+from fastload._diagnostics.stats import LoaderStats, find_loaders
 from fastload._machine import usable_cores
-from fastload._stats import LoaderStats, find_loaders
 
 # The trainer waiting less than this share of the time means the loader keeps up.
 WAIT_BOUND_PERCENT = 10.0
@@ -287,7 +287,7 @@ def run(
     except KeyboardInterrupt:
         pass
     if plot is not None:
-        from fastload._plot import plot_history
+        from fastload._diagnostics.plot import plot_history
 
         plot_history(history, plot)
     return 0

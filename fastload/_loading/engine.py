@@ -5,7 +5,7 @@ worker over a ROUTER socket, collects replies as events, and supervises: a worke
 (killed, segfault, OOM) or that cannot be reached is replaced and every task it held is run
 again, so no batch is lost or duplicated; a worker whose task runs past the hang bound is killed
 and replaced the same way. Who is blamed for a death, and when a task is failed instead of
-retried, is `fastload._supervision`'s policy (NOTE [blame]): never a task for kills from outside.
+retried, is `fastload._loading.supervision`'s policy (NOTE [blame]): never a task for kills from outside.
 `InlineExecutor` has the same interface and runs tasks in the caller's process (num_workers=0).
 
 NOTE [one socket, addressed workers]: tasks are sent to a chosen worker (ROUTER identity) rather
@@ -33,14 +33,21 @@ from typing import Any, NoReturn
 
 import zmq
 
-from fastload import _protocol as proto
 from fastload._errors import WorkerError, sample_error
-from fastload._executor import Event, Failure, Task
-from fastload._jobs import Job, run_task
-from fastload._layout import BatchLayout
-from fastload._sockdir import engine_socket_dir
-from fastload._supervision import MAX_STRIKES, Cause, HangBound, classify, describe_exit, oom_kill_count
-from fastload._worker import WorkerSpec, worker_main
+from fastload._loading import worker_link as proto
+from fastload._loading.executor import Event, Failure, Task
+from fastload._loading.jobs import Job, run_task
+from fastload._loading.layout import BatchLayout
+from fastload._loading.supervision import (
+    MAX_STRIKES,
+    Cause,
+    HangBound,
+    classify,
+    describe_exit,
+    oom_kill_count,
+)
+from fastload._loading.worker import WorkerSpec, worker_main
+from fastload._paths import engine_socket_dir
 
 log = logging.getLogger("fastload")
 

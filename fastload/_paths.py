@@ -140,7 +140,7 @@ def engine_socket_dir() -> str:
 
 def reap_engine_dirs() -> list[str]:
     """Remove this user's engine socket directories whose owning process is gone."""
-    from fastload._shm import pid_alive
+    from fastload._loading.shm import pid_alive
 
     reaped = []
     for base in _bases():

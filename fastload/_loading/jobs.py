@@ -19,13 +19,13 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fastload._backends import SampleFailure, make_backend
 from fastload._errors import exception_type_name
-from fastload._executor import Done, Event, Failure, Opaque, Probed, Task
-from fastload._layout import BatchLayout, LayoutMismatch
-from fastload._plan import batch_seed, sample_rng
-from fastload._shm import Segment
-from fastload._sources import ImageFolderIndex
+from fastload._loading.backends import SampleFailure, make_backend
+from fastload._loading.executor import Done, Event, Failure, Opaque, Probed, Task
+from fastload._loading.layout import BatchLayout, LayoutMismatch
+from fastload._loading.plan import batch_seed, sample_rng
+from fastload._loading.shm import Segment
+from fastload._loading.sources import ImageFolderIndex
 from fastload.transforms import TransformPlan, compile_transforms, from_config, to_config
 
 
@@ -285,7 +285,7 @@ class Job(Protocol):
 def run_task(
     job: Job, task: Task, layout: BatchLayout | None, slot_buffer: Callable[[str], Any], in_trainer: bool
 ) -> Event:
-    """Run one task of `job` (a probe, an opaque batch or a slot batch, see `_executor`) and return
+    """Run one task of `job` (a probe, an opaque batch or a slot batch, see `executor`) and return
     its event; `slot_buffer(name)` is the slot's memory. The one way tasks run, in a worker
     process and in the trainer's own (`in_trainer`) alike."""
     try:

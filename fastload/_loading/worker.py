@@ -23,11 +23,11 @@ from typing import Any
 import torch
 import zmq
 
-from fastload import _protocol as proto
-from fastload._executor import Event
-from fastload._jobs import FolderJob, Job, _failure, run_task
-from fastload._layout import BatchLayout
-from fastload._shm import Segment
+from fastload._loading import worker_link as proto
+from fastload._loading.executor import Event
+from fastload._loading.jobs import FolderJob, Job, _failure, run_task
+from fastload._loading.layout import BatchLayout
+from fastload._loading.shm import Segment
 
 _PARENT_CHECK_MS = 1000
 

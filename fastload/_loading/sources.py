@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload._shm import Segment
+from fastload._loading.shm import Segment
 
 # Shared layout: header (count, blob bytes), then int64 offsets[count + 1], int64 labels[count], blob.
 _SHARED_HEAD = struct.Struct("<qq")

@@ -10,10 +10,10 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from fastload import _wire as wire
-from fastload._engine import Engine
-from fastload._executor import Done, Event, Failure, Task
-from fastload._sessions import Session
+from fastload._daemon import daemon_link as wire
+from fastload._daemon.sessions import Session
+from fastload._loading.engine import Engine
+from fastload._loading.executor import Done, Event, Failure, Task
 
 
 class Scheduler:

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from fastload._layout import BatchLayout
+from fastload._loading.layout import BatchLayout
 
 if TYPE_CHECKING:
-    from fastload._ring import Ring
+    from fastload._loading.ring import Ring
 
 __all__ = ["Done", "Event", "Executor", "Failure", "Opaque", "Probed", "RemoteExecutor", "Task"]
 
@@ -37,7 +37,7 @@ class Task:
     probe: bool = False
     job_id: int = 0
     row: int = 0  # first row of the slot's batch this task writes (a batch split across workers)
-    # Supervision's bookkeeping (`Engine`, NOTE [blame] in `_supervision`):
+    # Supervision's bookkeeping (`Engine`, NOTE [blame] in `supervision`):
     strikes: int = 0  # deaths it caused (crashes alone on a worker, or hangs)
     hangs: int = 0
     suspect: bool = False  # lost with a crashed worker among others: runs alone until it completes

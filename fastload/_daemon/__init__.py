@@ -1,0 +1,1 @@
+"""The loader daemon: `fastload serve`, its clients, and the link between them."""

@@ -1,0 +1,1 @@
+"""Diagnostics: the loaders' statistics, `fastload iostat`, and what it reads of the machine."""
