@@ -19,9 +19,10 @@ import pytest
 from helpers import build_folder, write_image
 from torch.utils.data import Dataset
 
-from fastload import FastLoader, _jobs
+from fastload import FastLoader
 from fastload import transforms as T
 from fastload._diagnostics.iostat import LoaderRates, Sampler, format_report
+from fastload._loading import jobs as _jobs
 
 
 def _run_and_sample(loader: FastLoader, per_batch: Callable[[], None], seconds: float = 1.5) -> LoaderRates:

@@ -27,8 +27,9 @@ import pytest
 from helpers import SHM_DIR, fastload_segments, live_children, pid_alive, unlink_segments, wait_until
 from torch.utils.data import Dataset
 
-from fastload import FastLoader, SharedMemoryError, _shm
+from fastload import FastLoader, SharedMemoryError
 from fastload import transforms as T
+from fastload._loading import shm as _shm
 from fastload._paths import reap_engine_dirs
 
 REPO = Path(__file__).resolve().parents[1]

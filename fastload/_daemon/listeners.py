@@ -19,6 +19,8 @@ from fastload._paths import remove_if_fallback
 
 # TCP peers that vanish (cable, crash) are noticed by ZMTP heartbeats, then their sessions end.
 _TCP_HEARTBEAT_MS, _TCP_HEARTBEAT_TIMEOUT_MS = 5_000, 30_000
+# How long closing waits for replies still queued to peers that are alive (dead ones: not at all).
+_LINGER_MS = 1000
 
 
 class Listeners:
@@ -112,7 +114,8 @@ class Listeners:
         self.trackers.clear()
         for sock in (self.local, self.tcp):
             if sock is not None:
-                sock.close(0)
+                # The last replies (a drain's final `done`s) are still queued: give them a moment.
+                sock.close(linger=_LINGER_MS)
         self.local = self.tcp = None
         if self._auth is not None:
             self._auth.stop()

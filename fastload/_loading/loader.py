@@ -176,6 +176,7 @@ class FastLoader:
             self._job = DatasetJob(spec.dataset, spec.collate_fn, spec.seed, spec.slot_batch_size)
             return
         if spec.daemon is not None:
+            assert spec.transforms is not None  # compiled here: a chain the daemon cannot run fails first
             self._session = self._connect()
             self.classes = self._session.welcome.classes
             return

@@ -7,6 +7,7 @@ keeping copies of its own, and the daemon's hello is derived from it; a new seed
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import multiprocessing as mp
 import os
@@ -33,7 +34,7 @@ class LoaderSpec:
     # What to load: an image folder (`folder`, its transforms and backend) or a Dataset.
     folder: str | None  # absolute path
     dataset: Any  # the Dataset; None for a folder
-    transforms: TransformPlan | None
+    transform: tuple[Transform, ...] | None  # as given; compiled by `transforms`
     backend: str
     collate_fn: Callable[[list[Any]], Any] | None
     # Which samples form which batch.
@@ -60,6 +61,12 @@ class LoaderSpec:
     pin_memory: bool
     images: ImageOutput | None  # a folder's image output (dtype, normalization, memory format)
     summary: bool
+
+    @functools.cached_property
+    def transforms(self) -> TransformPlan | None:
+        """The folder's transform chain, compiled (ConfigError when it cannot give a fixed size).
+        The loader compiles it right after indexing the folder, so a bad path is reported first."""
+        return compile_transforms(self.transform) if self.folder is not None else None
 
     @property
     def label(self) -> str:
@@ -154,7 +161,7 @@ def build_spec(
     return LoaderSpec(
         folder=os.path.abspath(os.fspath(dataset)) if is_folder else None,
         dataset=None if is_folder else dataset,
-        transforms=compile_transforms(transform) if is_folder else None,
+        transform=tuple(transform) if transform is not None else None,
         backend=backend,
         collate_fn=collate_fn,
         batch_size=batch_size if batch_sampler is None else None,
