@@ -17,6 +17,7 @@ from fastload._errors import (
     LoaderTimeout,
     SampleError,
     SharedMemoryError,
+    WireError,
     WorkerError,
 )
 from fastload._loading.loader import FastLoader
@@ -32,6 +33,7 @@ __all__ = [
     "LoaderTimeout",
     "SampleError",
     "SharedMemoryError",
+    "WireError",
     "WorkerError",
     "__version__",
     "transforms",

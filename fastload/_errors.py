@@ -10,6 +10,7 @@ FastloadError
 ├── WorkerError                          a worker process died and could not be replaced
 ├── SharedMemoryError                    /dev/shm too small or a segment cannot be created
 ├── DaemonError                          no daemon answers, it refused a session, or it went away
+├── WireError                            a message on the trainer<->daemon link breaks the protocol
 └── LoaderTimeout                        no batch arrived within the loader's `timeout`
     (also TimeoutError and RuntimeError)
 ```
@@ -33,6 +34,7 @@ __all__ = [
     "LoaderTimeout",
     "SampleError",
     "SharedMemoryError",
+    "WireError",
     "WorkerError",
 ]
 
@@ -101,6 +103,12 @@ class SharedMemoryError(FastloadError):
 class DaemonError(FastloadError):
     """The loader daemon is not running, refused the session (e.g. over its memory budget), or
     went away; the message says which, and what to do."""
+
+
+class WireError(FastloadError):
+    """A message on the trainer<->daemon link that does not follow the protocol (malformed, wrong
+    version, unknown op, a field of the wrong type): the daemon answers it with an error reply; a
+    trainer that receives one raises it (its daemon is not the version it speaks, or not fastload's)."""
 
 
 class LoaderTimeout(FastloadError, TimeoutError, RuntimeError):

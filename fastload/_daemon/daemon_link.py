@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload._errors import FastloadError
+from fastload._errors import WireError as WireError  # raised by the checks here; `wire.WireError` to callers
 from fastload._loading.executor import Done, Failure
 
 VERSION = 1
@@ -109,10 +109,6 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
 }
 # op -> fields of its schema that may be absent (added later; an older peer does not send them).
 _OPTIONAL: dict[str, frozenset[str]] = {"failed": frozenset({"exc_class"})}
-
-
-class WireError(FastloadError):
-    """A message that does not follow the protocol (malformed, wrong version, unknown op)."""
 
 
 def encode(op: str, **fields: Any) -> bytes:
