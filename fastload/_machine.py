@@ -1,5 +1,6 @@
-"""What this process may use of its machine: the cores it may run on and the shared-memory
-directory; the one place every part (loader, daemon, diagnostics) reads them from."""
+"""What this process may use of its machine, and whether another process still lives: the cores
+it may run on, the shared-memory directory, `pid_alive`; the one place every part (loader,
+daemon, diagnostics) reads them from."""
 
 from __future__ import annotations
 
@@ -16,3 +17,14 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def pid_alive(pid: int) -> bool:
+    """True while a process with this pid exists (someone else's counts too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -20,6 +20,7 @@ import stat
 import tempfile
 
 from fastload._errors import DaemonError
+from fastload._machine import pid_alive
 
 log = logging.getLogger("fastload")
 
@@ -140,8 +141,6 @@ def engine_socket_dir() -> str:
 
 def reap_engine_dirs() -> list[str]:
     """Remove this user's engine socket directories whose owning process is gone."""
-    from fastload._loading.shm import pid_alive
-
     reaped = []
     for base in _bases():
         try:

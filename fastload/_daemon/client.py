@@ -26,7 +26,8 @@ from fastload._errors import DaemonError
 from fastload._loading.executor import Event, Failure, Task
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import Ring
-from fastload._loading.shm import Segment, pid_alive
+from fastload._loading.shm import Segment
+from fastload._machine import pid_alive
 from fastload._paths import daemon_dir_candidates
 
 CONNECT_TIMEOUT_S = 5.0

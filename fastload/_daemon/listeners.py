@@ -14,7 +14,7 @@ import zmq
 from fastload._daemon import daemon_link as wire
 from fastload._daemon.peers import ConnectionTracker
 from fastload._errors import ConfigError, DaemonError
-from fastload._loading.shm import pid_alive
+from fastload._machine import pid_alive
 from fastload._paths import remove_if_fallback
 
 # TCP peers that vanish (cable, crash) are noticed by ZMTP heartbeats, then their sessions end.

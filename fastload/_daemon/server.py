@@ -46,7 +46,8 @@ from fastload._loading.engine import Engine
 from fastload._loading.executor import Done, Event
 from fastload._loading.jobs import FolderJob
 from fastload._loading.ring import EXTRA_SLOTS, MAX_PREFETCH, default_prefetch
-from fastload._loading.shm import Segment, ensure_fd_room, pid_alive, preflight, reap_orphans
+from fastload._loading.shm import Segment, ensure_fd_room, preflight, reap_orphans
+from fastload._machine import pid_alive
 from fastload._paths import private_dir, reap_engine_dirs, runtime_dir
 from fastload.transforms import TransformPlan, compile_transforms, from_config
 

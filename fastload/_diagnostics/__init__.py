@@ -1,1 +1,2 @@
-"""Diagnostics: the loaders' statistics, `fastload iostat`, and what it reads of the machine."""
+"""Diagnostics: `fastload iostat` (from the loaders' statistics blocks), `fastload probe`, and
+what they read of the machine (/proc, /sys)."""

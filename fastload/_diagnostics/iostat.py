@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from fastload._diagnostics import sysinfo
-from fastload._diagnostics.stats import LoaderStats, find_loaders
+from fastload._loading.stats import LoaderStats, find_loaders
 from fastload._machine import usable_cores
 
 # The trainer waiting less than this share of the time means the loader keeps up.

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from fastload._daemon.client import DaemonSession
-from fastload._diagnostics.stats import LoaderStats, format_summary
 from fastload._errors import ConfigError
 from fastload._loading.jobs import DatasetJob, FolderJob, Job
 from fastload._loading.pipeline import EpochIterator, Pipeline
@@ -25,6 +24,7 @@ from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
 from fastload._loading.shm import preflight
 from fastload._loading.sources import ImageFolderIndex
 from fastload._loading.spec import build_spec
+from fastload._loading.stats import LoaderStats, format_summary
 from fastload.transforms import Transform
 
 _STATE_VERSION = 1

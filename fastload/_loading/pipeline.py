@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from fastload._diagnostics.stats import StatsWriter
 from fastload._errors import ConfigError, LoaderTimeout
 from fastload._loading.delivery import CpuDelivery, CudaDelivery, make_delivery
 from fastload._loading.engine import Engine, InlineExecutor, raise_failure
@@ -33,6 +32,7 @@ from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import EXTRA_SLOTS, Ring, default_prefetch
 from fastload._loading.shm import install_signal_cleanup, preflight, reap_orphans
 from fastload._loading.spec import LoaderSpec
+from fastload._loading.stats import StatsWriter
 from fastload._paths import reap_engine_dirs
 
 _POLL_S = 0.05

@@ -38,11 +38,11 @@ from types import FrameType
 from typing import Any
 
 from fastload._errors import SharedMemoryError
-from fastload._machine import SHM_DIR
+from fastload._machine import SHM_DIR, pid_alive
 
 PREFIX = "fastload_"
 _NAME_RE = re.compile(r"^fastload_(\d+)_(?:stats_)?[0-9a-f]{32}$")
-STATS_TAG = "stats_"  # marks a loader's statistics block (see fastload._diagnostics.stats), found by iostat
+STATS_TAG = "stats_"  # marks a loader's statistics block (see fastload._loading.stats), found by iostat
 # Head-room kept free in /dev/shm beyond what the ring needs (other users of shm, page rounding).
 _SHM_MARGIN_BYTES = 64 << 20
 
@@ -289,17 +289,6 @@ def unlink(name: str) -> None:
     """Remove a segment's file; a missing file is not an error."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(SHM_DIR, name))
-
-
-def pid_alive(pid: int) -> bool:
-    """True while a process with this pid exists (someone else's counts too)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def own_segments() -> Iterator[tuple[os.DirEntry[str], int]]:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastload._loading.shm import STATS_TAG, Segment, own_segments, pid_alive
+from fastload._loading.shm import STATS_TAG, Segment, own_segments
+from fastload._machine import pid_alive
 
 MAGIC = b"FLSTATS1"
 VERSION = 1
