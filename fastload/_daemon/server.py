@@ -40,16 +40,16 @@ from fastload._daemon.indexes import DatasetIndexes, IndexEntry, IndexLimits
 from fastload._daemon.listeners import Listeners
 from fastload._daemon.peers import Peer
 from fastload._daemon.scheduler import Scheduler
-from fastload._daemon.sessions import PendingHello, Session, batch_frames, status_row
-from fastload._errors import ConfigError, DaemonError, FastloadError, WorkerError
+from fastload._daemon.sessions import PendingHello, Session, batch_frames, check_hello, status_row
+from fastload._errors import DaemonError, FastloadError, WorkerError
 from fastload._loading.engine import Engine
 from fastload._loading.executor import Done, Event
 from fastload._loading.jobs import FolderJob
-from fastload._loading.ring import EXTRA_SLOTS, MAX_PREFETCH, default_prefetch
+from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
 from fastload._loading.shm import Segment, ensure_fd_room, preflight, reap_orphans
 from fastload._machine import pid_alive
 from fastload._paths import private_dir, reap_engine_dirs, runtime_dir
-from fastload.transforms import TransformPlan, compile_transforms, from_config
+from fastload.transforms import TransformPlan
 
 log = logging.getLogger("fastload.daemon")
 
@@ -57,7 +57,6 @@ _POLL_MS = 100
 _LIVENESS_S = 1.0
 _DRAIN_LIMIT_S = 30.0
 _MAX_SLOTS_PER_SESSION = 256
-_MAX_PID = 2**31 - 1  # pid_t; os.kill() refuses larger numbers
 _PROGRESS_EVERY_S = 1.0  # an `indexing` note to each hello waiting for its folder's index
 # The largest message a worker sends (DONE, FAILED with a clipped traceback, READY).
 _MAX_WORKER_MESSAGE_BYTES = 1 << 20
@@ -253,24 +252,7 @@ class Daemon:
                 f"{peer.name} already holds {held} sessions, the most one trainer may hold "
                 f"(max_sessions_per_peer): close loaders you no longer use"
             )
-        batch_size, prefetch = f["batch_size"], f["prefetch"]
-        if not (1 <= batch_size <= wire.MAX_BATCH and 0 <= prefetch <= MAX_PREFETCH):
-            raise ConfigError(
-                f"batch_size must be 1..{wire.MAX_BATCH} and prefetch 1..{MAX_PREFETCH} "
-                "(0: the daemon's choice)"
-            )
-        if not (f["world_size"] >= 1 and 0 <= f["rank"] < f["world_size"]):
-            raise ConfigError(f"rank {f['rank']} is not within world_size {f['world_size']}")
-        if not (1 <= f["pid"] <= _MAX_PID and f["seed"] >= 0):
-            raise ConfigError("pid must be a process id and seed must not be negative")
-        if not os.path.isabs(f["dataset"]) or "\0" in f["dataset"]:
-            raise ConfigError("dataset must be an absolute path (the daemon's working directory is not ours)")
-        plan = compile_transforms(from_config(f["transforms"]))
-        if plan.out_height * plan.out_width * 3 * batch_size > self.config.memory_budget_bytes:
-            raise DaemonError(  # refused before any of it is allocated, even to infer its layout
-                f"one batch of {batch_size} images of {plan.out_height}x{plan.out_width} is larger than "
-                f"the daemon's {self.config.memory_budget_bytes / 2**20:.0f} MiB budget"
-            )
+        plan = check_hello(f, self.config.memory_budget_bytes)
         key = DatasetIndexes.key(f["dataset"])
         entry = self._indexes.get(key)
         if entry is not None:

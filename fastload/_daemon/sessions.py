@@ -1,22 +1,28 @@
 """A daemon session's record: one trainer's ring, queue and position, and how it is reported.
 
-`Session` is what the daemon keeps per attached trainer; `PendingHello` a hello waiting for its
-folder's index; `batch_frames` the rows a TCP trainer receives inside its `done` message;
-`status_row` the line `fastload status` shows.
+`check_hello` is what a session must ask for to be admitted; `Session` is what the daemon keeps per
+attached trainer; `PendingHello` a hello waiting for its folder's index; `batch_frames` the rows a
+TCP trainer receives inside its `done` message; `status_row` the line `fastload status` shows.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastload._daemon.daemon_link import MAX_BATCH
 from fastload._daemon.peers import Peer
+from fastload._errors import ConfigError, DaemonError
 from fastload._loading.executor import Task
 from fastload._loading.layout import BatchLayout
+from fastload._loading.ring import MAX_PREFETCH
 from fastload._loading.shm import Segment
-from fastload.transforms import TransformPlan
+from fastload.transforms import TransformPlan, compile_transforms, from_config
+
+_MAX_PID = 2**31 - 1  # pid_t; os.kill() refuses larger numbers
 
 
 @dataclass
@@ -95,3 +101,26 @@ def status_row(s: Session, now: float) -> dict[str, Any]:
         "epoch": s.epoch,
         "batch": s.batch,
     }
+
+
+def check_hello(f: dict[str, Any], budget_bytes: int) -> TransformPlan:
+    """Check a `hello`'s values (its types `daemon_link` checked) and compile its transforms; a
+    batch larger than the whole budget is refused before anything of it is allocated."""
+    batch_size, prefetch = f["batch_size"], f["prefetch"]
+    if not (1 <= batch_size <= MAX_BATCH and 0 <= prefetch <= MAX_PREFETCH):
+        raise ConfigError(
+            f"batch_size must be 1..{MAX_BATCH} and prefetch 1..{MAX_PREFETCH} (0: the daemon's choice)"
+        )
+    if not (f["world_size"] >= 1 and 0 <= f["rank"] < f["world_size"]):
+        raise ConfigError(f"rank {f['rank']} is not within world_size {f['world_size']}")
+    if not (1 <= f["pid"] <= _MAX_PID and f["seed"] >= 0):
+        raise ConfigError("pid must be a process id and seed must not be negative")
+    if not os.path.isabs(f["dataset"]) or "\0" in f["dataset"]:
+        raise ConfigError("dataset must be an absolute path (the daemon's working directory is not ours)")
+    plan = compile_transforms(from_config(f["transforms"]))
+    if plan.out_height * plan.out_width * 3 * batch_size > budget_bytes:
+        raise DaemonError(
+            f"one batch of {batch_size} images of {plan.out_height}x{plan.out_width} is larger than "
+            f"the daemon's {budget_bytes / 2**20:.0f} MiB budget"
+        )
+    return plan
