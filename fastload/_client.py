@@ -190,6 +190,7 @@ class DaemonSession:
                     fields["decode_ns"],
                     fields["bytes"],
                     fields["read_cpu_ns"],
+                    fields.get("read_runq_ns", 0),  # an older daemon does not send it
                 )
             )
         elif op == "failed":

@@ -557,6 +557,7 @@ class Daemon:
                     decode_ns=event.decode_ns,
                     bytes=event.bytes_read,
                     read_cpu_ns=event.read_cpu_ns,
+                    read_runq_ns=event.read_runq_ns,
                 )
             else:
                 self._reply(

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastload import _sysinfo as sysinfo
 from fastload._backends import SampleFailure, make_backend
 from fastload._errors import exception_type_name
 from fastload._layout import BatchLayout, LayoutMismatch
@@ -125,6 +126,7 @@ class FolderJob:
         paths = [self.index.path(int(i)) for i in indices]
         blobs: list[bytes] = []
         cpu0 = time.process_time_ns()
+        runq0 = sysinfo.thread_run_delay_ns()
         t0 = time.perf_counter_ns()
         for i, path in zip(indices, paths, strict=True):
             try:
@@ -133,6 +135,7 @@ class FolderJob:
                 raise JobFailed(_failure(seq, e, int(i), path, "image")) from e
         t1 = time.perf_counter_ns()
         read_cpu = time.process_time_ns() - cpu0
+        read_runq = sysinfo.run_delay_since(runq0)
         rngs = [sample_rng(self.seed, epoch, int(i)) for i in indices]
         try:
             self._backend.decode_batch(blobs, rngs, images[:n])
@@ -142,7 +145,7 @@ class FolderJob:
             raise JobFailed(_failure(seq, cause, int(indices[pos]), paths[pos], "image")) from e
         labels[:n] = self.index.labels[indices]
         t2 = time.perf_counter_ns()
-        return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu)
+        return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq)
 
 
 class DatasetJob:
@@ -216,10 +219,12 @@ class DatasetJob:
         restore_rng: bool,
     ) -> Done:
         cpu0 = time.process_time_ns()
+        runq0 = sysinfo.thread_run_delay_ns()
         t0 = time.perf_counter_ns()
         samples = self._fetch(seq, epoch, batch_index, indices, restore_rng)
         t1 = time.perf_counter_ns()
         read_cpu = time.process_time_ns() - cpu0
+        read_runq = sysinfo.run_delay_since(runq0)
         for row, (i, sample) in enumerate(zip(indices, samples, strict=True)):
             try:
                 layout.write(sample, arrays, row)
@@ -230,7 +235,7 @@ class DatasetJob:
                     "batches need fixed-shape samples unless you pass a collate_fn"
                 )
                 raise JobFailed(dataclasses.replace(failure, message=message)) from e
-        return Done(seq, len(indices), t1 - t0, time.perf_counter_ns() - t1, 0, read_cpu)
+        return Done(seq, len(indices), t1 - t0, time.perf_counter_ns() - t1, 0, read_cpu, read_runq)
 
     def run_opaque(
         self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, restore_rng: bool

@@ -9,7 +9,7 @@ Engine (ROUTER) -> worker (DEALER):
     STOP    [b"S"]
 Worker -> engine:
     READY   [b"R", READY_HEAD(pid)]
-    DONE    [b"D", DONE_HEAD(seq, count, read_ns, decode_ns, bytes_read, read_cpu_ns)]
+    DONE    [b"D", DONE_HEAD(seq, count, read_ns, decode_ns, bytes_read, read_cpu_ns, read_runq_ns)]
     FAILED  [b"E", SEQ_HEAD(seq), error JSON {message, path, index, exc_type, exc_class, traceback}]
     PROBED  [b"P", SEQ_HEAD(seq), layout JSON or b""]
     OPAQUE  [b"B", SEQ_HEAD(seq), pickle-5 stream, *out-of-band buffers]
@@ -42,7 +42,7 @@ OPAQUE = b"B"
 TASK_HEAD = struct.Struct("<qqqqqq")
 JOB_HEAD = struct.Struct("<q")
 READY_HEAD = struct.Struct("<q")
-DONE_HEAD = struct.Struct("<qqqqqq")
+DONE_HEAD = struct.Struct("<qqqqqqq")
 SEQ_HEAD = struct.Struct("<q")
 
 
@@ -56,14 +56,23 @@ class Done:
     decode_ns: int
     bytes_read: int
     # CPU time of the read stage: near read_ns when reading computes (a Dataset decoding in
-    # __getitem__, a saturated CPU), far below it when the worker waits for storage.
+    # __getitem__), far below it when the worker waits, for storage or for a CPU.
     read_cpu_ns: int = 0
+    # Time the reading thread was runnable but waiting for a CPU (the kernel's run-queue delay;
+    # 0 where it is not reported): what separates the two waits on an oversubscribed machine.
+    read_runq_ns: int = 0
 
     def encode(self) -> list[bytes]:
         return [
             DONE,
             DONE_HEAD.pack(
-                self.seq, self.count, self.read_ns, self.decode_ns, self.bytes_read, self.read_cpu_ns
+                self.seq,
+                self.count,
+                self.read_ns,
+                self.decode_ns,
+                self.bytes_read,
+                self.read_cpu_ns,
+                self.read_runq_ns,
             ),
         ]
 

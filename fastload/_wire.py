@@ -11,8 +11,8 @@ largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
     hello  {dataset, transforms, backend, seed,      welcome {session, daemon_pid, slots,
             batch_size, prefetch, pid, rank,                 slot_bytes, layout, num_samples,
             world_size}                                      classes, workers}
-    task   {seq, epoch, batch_index, slot, row}      done    {seq, count, read_ns, decode_ns, bytes}
-           + indices
+    task   {seq, epoch, batch_index, slot, row}      done    {seq, count, read_ns, decode_ns, bytes,
+           + indices                                         read_cpu_ns[, read_runq_ns]}
     grow   {}                                        failed  {seq, message, path, index,
     ping   {}                                                 exc_type, traceback[, exc_class]}
     bye    {}                                        slot    {name}      (reply to grow)
@@ -79,6 +79,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "decode_ns": _INT,
         "bytes": _INT,
         "read_cpu_ns": _INT,
+        "read_runq_ns": _INT,
     },
     "failed": {
         "seq": _INT,
@@ -105,7 +106,10 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "error": {"message": (str,)},
 }
 # op -> fields of its schema that may be absent (added later; an older peer does not send them).
-_OPTIONAL: dict[str, frozenset[str]] = {"failed": frozenset({"exc_class"})}
+_OPTIONAL: dict[str, frozenset[str]] = {
+    "failed": frozenset({"exc_class"}),
+    "done": frozenset({"read_runq_ns"}),
+}
 
 
 class WireError(FastloadError):
