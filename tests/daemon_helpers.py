@@ -26,9 +26,9 @@ import zmq
 from helpers import fastload_segments, pid_alive, unlink_segments, wait_until
 
 from fastload import FastLoader
-from fastload import _wire as wire
+from fastload._daemon import daemon_link as wire
 from fastload import transforms as T
-from fastload._control import request
+from fastload._daemon.control import request
 
 # Hang guards, not speed limits: a daemon starts in about a second and stops at once, but on a
 # machine busy with other work (and importing torch in a fresh process) either can take many times

@@ -29,9 +29,9 @@ from helpers import Killer
 from torch.utils.data import Dataset
 
 from fastload import FastLoader, WorkerError
-from fastload._engine import Engine, Task
-from fastload._jobs import DatasetJob
-from fastload._supervision import Cause, HangBound, classify
+from fastload._loading.engine import Engine, Task
+from fastload._loading.jobs import DatasetJob
+from fastload._loading.supervision import Cause, HangBound, classify
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -44,7 +44,7 @@ from helpers import wait_until
 from fastload import DaemonError, FastLoader
 from fastload import transforms as T
 from fastload.__main__ import main
-from fastload._ring import EXTRA_SLOTS, default_prefetch
+from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
 
 pytestmark = pytest.mark.timeout(180)  # a regression here tends to be a hang
 HANG_S = 60.0  # how long a test waits for something that comes in well under a second

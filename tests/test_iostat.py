@@ -29,8 +29,8 @@ from torch.utils.data import Dataset
 
 from fastload import FastLoader, _jobs
 from fastload import transforms as T
-from fastload._iostat import LoaderRates, MachineRates, Sampler, classify, format_report, loader_rates
-from fastload._stats import LoaderStats
+from fastload._diagnostics.iostat import LoaderRates, MachineRates, Sampler, classify, format_report, loader_rates
+from fastload._loading.stats import LoaderStats
 
 # ---------------------------------------------------------------------------------------------
 # The classifier, on counters

@@ -1,4 +1,4 @@
-"""fastload._probe: a real probe of a small JPEG folder, then the arithmetic and advice on fixed figures."""
+"""fastload._diagnostics.probe: a real probe of a small JPEG folder, then the arithmetic and advice on fixed figures."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from helpers import write_image
 
 from fastload._errors import ConfigError, DatasetError
-from fastload._probe import (
+from fastload._diagnostics.probe import (
     KB,
     ProbeResult,
     advice_for,
@@ -26,8 +26,8 @@ from fastload._probe import (
     sample_paths,
     workers_needed,
 )
-from fastload._sources import ImageFolderIndex
-from fastload._sysinfo import MB, BlockDevice
+from fastload._loading.sources import ImageFolderIndex
+from fastload._diagnostics.sysinfo import MB, BlockDevice
 
 KINDS = {"nvme", "ssd", "hdd", "network", "memory", "virtual", "unknown"}
 
@@ -197,7 +197,7 @@ def test_measurement_caveats() -> None:
     assert any(line.startswith("images average 1,200 KB") for line in big)
 
 
-# fastload iostat --plot (fastload._plot)
+# fastload iostat --plot (fastload._diagnostics.plot)
 
 
 def _history() -> list[dict[str, Any]]:
@@ -231,7 +231,7 @@ def _history() -> list[dict[str, Any]]:
 
 def test_plot_history_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib, which is not installed here")
-    from fastload._plot import loader_names, plot_history, stage_names
+    from fastload._diagnostics.plot import loader_names, plot_history, stage_names
 
     history = _history()
     assert loader_names(history) == ["fastload", "torch"]
@@ -243,7 +243,7 @@ def test_plot_history_writes_a_png(tmp_path: Path) -> None:
 
 
 def test_plot_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fastload._plot import plot_history
+    from fastload._diagnostics.plot import plot_history
 
     if importlib.util.find_spec("matplotlib") is not None:
         with pytest.raises(ConfigError, match="nothing to draw"):

@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 
 from fastload import FastLoader, SharedMemoryError, _shm
 from fastload import transforms as T
-from fastload._sockdir import reap_engine_dirs
+from fastload._paths import reap_engine_dirs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -320,14 +320,14 @@ def test_sigterm_handler_chains_to_the_programs_own(tmp_path: Path) -> None:
 FD_SCRIPT = """
 import os, resource, sys
 from fastload import SharedMemoryError
-from fastload import _shm
-from fastload._ring import Ring
+from fastload._loading import shm as _shm
+from fastload._loading.ring import Ring
 
 mode, slots = sys.argv[1], int(sys.argv[2])
 if mode == "no-precheck":  # meet the limit in os.open / mmap itself, mid-ring
     _shm.ensure_fd_room = lambda count: None
-    import fastload._ring
-    fastload._ring.ensure_fd_room = _shm.ensure_fd_room
+    import fastload._loading.ring
+    fastload._loading.ring.ensure_fd_room = _shm.ensure_fd_room
 low = len(os.listdir("/proc/self/fd")) + 24
 hard = low if mode in ("hard", "no-precheck") else resource.RLIM_INFINITY
 if hard == resource.RLIM_INFINITY:

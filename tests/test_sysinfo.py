@@ -1,4 +1,4 @@
-"""fastload._sysinfo: figures from fixture /proc snapshots and a fake /sys tree, then on this machine."""
+"""fastload._diagnostics.sysinfo: figures from fixture /proc snapshots and a fake /sys tree, then on this machine."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fastload._errors import ConfigError
-from fastload._sysinfo import (
+from fastload._diagnostics.sysinfo import (
     BlockDevice,
     CpuCounters,
     CpuPercent,
@@ -229,7 +229,7 @@ def test_run_queue_delay_is_the_second_schedstat_field(tmp_path: Path) -> None:
 
 SHARED_CORE = """
 import os, sys, time
-from fastload._sysinfo import thread_run_delay_ns
+from fastload._diagnostics.sysinfo import thread_run_delay_ns
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 rival = os.fork()  # spins on the same core until killed
 if rival == 0:
