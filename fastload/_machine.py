@@ -1,6 +1,6 @@
-"""What this process may use of its machine, and whether another process still lives: the cores
-it may run on, the shared-memory directory, `pid_alive`; the one place every part (loader,
-daemon, diagnostics) reads them from."""
+"""What this process may use of its machine, and how it fares there: the cores it may run on,
+the shared-memory directory, whether another process still lives, and how long this thread has
+waited for a CPU; the one place every part (loader, daemon, diagnostics) reads them from."""
 
 from __future__ import annotations
 
@@ -28,3 +28,30 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def thread_run_delay_ns(path: str = "/proc/thread-self/schedstat") -> int | None:
+    """Nanoseconds the calling thread has spent runnable but waiting for a CPU, so far.
+
+    The second field of the kernel's per-task schedstat ("time spent waiting on a runqueue"):
+    on a machine with more runnable tasks than cores it grows as fast as the wall clock while
+    the task waits its turn. None where the kernel does not report it (no CONFIG_SCHED_INFO).
+    Cheap enough to read twice per batch (one open, one read of a few bytes).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fields = os.read(fd, 128).split()
+        return int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def run_delay_since(before: int | None) -> int:
+    """The calling thread's run-queue delay since `before` (a `thread_run_delay_ns()`); 0 unknown."""
+    after = thread_run_delay_ns() if before is not None else None
+    return max(0, after - before) if after is not None and before is not None else 0

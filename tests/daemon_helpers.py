@@ -9,10 +9,12 @@ test, stops every one still running and checks that none left a process or a seg
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,8 +30,12 @@ from fastload import transforms as T
 from fastload._daemon import daemon_link as wire
 from fastload._daemon.control import request
 
-START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 20.0
+# Hang guards, not speed limits: a daemon starts in about a second and stops at once, but on a
+# machine busy with other work (and importing torch in a fresh process) either can take many times
+# that. Only a daemon that never answers or never exits should fail a test.
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 60.0
+REPLY_TIMEOUT_S = 30.0
 # sun_path is 108 bytes; zmq refuses longer ipc paths.
 _MAX_IPC_PATH = 100
 
@@ -63,7 +69,7 @@ class DaemonProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def status(self, timeout_s: float = 5.0) -> dict[str, Any]:
+    def status(self, timeout_s: float = REPLY_TIMEOUT_S) -> dict[str, Any]:
         return request(self.address, "status", timeout_s)
 
     def sessions(self) -> list[dict[str, Any]]:
@@ -99,8 +105,9 @@ class DaemonProcess:
             self.proc.kill()
         self.proc.wait(STOP_TIMEOUT_S)
 
-    def workers_gone(self, timeout_s: float = 5.0) -> bool:
-        """Its worker processes exit by themselves once it is gone (they poll their parent)."""
+    def workers_gone(self, timeout_s: float = REPLY_TIMEOUT_S) -> bool:
+        """Its worker processes exit by themselves once it is gone (they poll their parent every
+        second); True as soon as they have, False if they outlive it by `timeout_s`."""
         return wait_until(lambda: not any(pid_alive(p) for p in self.worker_pids), timeout_s)
 
 
@@ -128,7 +135,9 @@ def start_daemon(
     extra: Sequence[str] = (),
     env: dict[str, str] | None = None,
 ) -> DaemonProcess:
-    """Start a daemon on `socket_dir` (made 0700) and wait until it answers `status`."""
+    """Start a daemon on `socket_dir` (made 0700) and wait until it answers `status`: its
+    readiness signal, sent once its workers exist. Fails with its log if it exits first, or if it
+    has not answered within START_TIMEOUT_S (a hang)."""
     private_dir(socket_dir)
     log_path = socket_dir.parent / f"daemon-{socket_dir.name}-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as log:
@@ -222,6 +231,88 @@ def assert_same_batches(got: Batches, expected: Batches) -> None:
         assert a[0].dtype == b[0].dtype and a[0].shape == b[0].shape, k
         assert torch.equal(a[0], b[0]), f"batch {k}: images differ"
         assert torch.equal(a[1], b[1]), f"batch {k}: labels differ"
+
+
+class GatedFolder:
+    """A copy of an image folder whose files are named pipes: a worker that reads one blocks until
+    the test serves it. With the daemon's only worker stopped on a known task, nothing else can be
+    dispatched or finish, so the test can look at the daemon at that exact point.
+
+    `wait_for_reader` returns the first pipe a reader opened, and keeps it open (unserved, so the
+    reader stays blocked); `serve` gives every reader its file's bytes from then on; `close` lets
+    any reader still waiting read an empty file and removes the pipes, so none blocks for ever.
+    """
+
+    def __init__(self, source: Path, root: Path) -> None:
+        self.root = root
+        self.data: dict[Path, bytes] = {}
+        for path in sorted(source.rglob("*")):
+            if path.is_file():
+                pipe = root / path.relative_to(source)
+                pipe.parent.mkdir(parents=True, exist_ok=True)
+                os.mkfifo(pipe, 0o600)
+                self.data[pipe] = path.read_bytes()
+        self._held: dict[Path, int] = {}
+        self._served: set[Path] = set()
+        self._halt = threading.Event()
+        self._server: threading.Thread | None = None
+
+    @staticmethod
+    def _open_if_read(pipe: Path) -> int | None:
+        """A write end of `pipe` when someone has it open for reading (their open() returns)."""
+        try:
+            return os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # nobody is reading it
+                return None
+            raise
+
+    def wait_for_reader(self, timeout_s: float) -> Path:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for pipe in self.data:
+                if pipe not in self._held and pipe not in self._served:
+                    fd = self._open_if_read(pipe)
+                    if fd is not None:
+                        self._held[pipe] = fd
+                        return pipe
+            time.sleep(0.005)
+        raise AssertionError(f"nothing read the pipes in {self.root} within {timeout_s:g} s (a hang)")
+
+    def serve(self) -> None:
+        self._server = threading.Thread(target=self._serve, daemon=True)
+        self._server.start()
+
+    def _serve(self) -> None:
+        while len(self._served) < len(self.data) and not self._halt.wait(0.005):
+            for pipe, data in self.data.items():
+                if pipe in self._served:
+                    continue
+                fd = self._held.pop(pipe) if pipe in self._held else self._open_if_read(pipe)
+                if fd is None:
+                    continue
+                try:
+                    os.set_blocking(fd, True)
+                    os.write(fd, data)  # images of a few KiB: the pipe takes them in one write
+                except BrokenPipeError:
+                    pass  # the reader is gone (its worker was stopped): nothing to serve
+                finally:
+                    os.close(fd)
+                self._served.add(pipe)
+
+    def close(self) -> None:
+        self._halt.set()
+        if self._server is not None:
+            self._server.join(30)
+        for fd in self._held.values():
+            os.close(fd)  # its reader reads an empty file
+        self._held.clear()
+        for pipe in self.data:
+            # Opening for reading and writing never blocks, and lets a reader blocked in open()
+            # go on; once the pipe is gone and this end closed, it reads an empty file.
+            fd = os.open(pipe, os.O_RDWR | os.O_NONBLOCK)
+            pipe.unlink()
+            os.close(fd)
 
 
 def local_epoch(folder: Path, **kwargs: Any) -> Batches:

@@ -100,17 +100,42 @@ def child_pids(parent: int) -> list[int]:
 
 class Killer(threading.Thread):
     """Sends `signum` to a random child of `parent` every ~`every_s` seconds until stopped
-    (fault injection: what the OOM killer or an operator does to worker processes)."""
+    (fault injection: what the OOM killer or an operator does to worker processes).
 
-    def __init__(self, parent: int, every_s: float, signum: int = signal.SIGKILL, seed: int = 0) -> None:
+    At a fixed rate alone, kills can outpace the work on a machine so busy that a replacement
+    worker takes longer than `every_s` to start and load a batch: every replacement is killed
+    before it does anything, and the epoch never ends. So either give `progress` (a count of
+    batches the test has received so far: a kill then also waits until a batch came since the
+    previous one), or `max_kills` (it stops after that many, and the epoch then ends).
+    """
+
+    def __init__(
+        self,
+        parent: int,
+        every_s: float,
+        signum: int = signal.SIGKILL,
+        seed: int = 0,
+        progress: Callable[[], int] | None = None,
+        max_kills: int | None = None,
+    ) -> None:
         super().__init__(daemon=True)
         self.parent, self.every_s, self.signum = parent, every_s, signum
         self.rng = random.Random(seed)
+        self.progress = progress
+        self.max_kills = max_kills
         self.sent: list[int] = []
         self._halt = threading.Event()
 
     def run(self) -> None:
+        last = self.progress() if self.progress is not None else 0
         while not self._halt.wait(self.rng.uniform(0.5, 1.5) * self.every_s):
+            if self.max_kills is not None and len(self.sent) >= self.max_kills:
+                return
+            if self.progress is not None:
+                now = self.progress()
+                if now == last:
+                    continue  # no batch since the last kill: let the replacement work first
+                last = now
             with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
                 pids = child_pids(self.parent)
                 if pids:

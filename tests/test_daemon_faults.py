@@ -1,11 +1,14 @@
 """The daemon's lifecycle under faults: trainers that die, a daemon that dies or is told to stop.
 
-Protects: a trainer killed with SIGKILL has its session and ring reclaimed within seconds while
-another trainer carries on unaware; a trainer restarted from its last state_dict() continues
-exactly where it stopped; a daemon killed with SIGKILL makes its trainers raise DaemonError
-instead of hanging, and the next daemon on the same socket directory takes over its stale socket
-and pid file and reaps its segments; SIGTERM finishes the batches in flight, exits 0, leaves
-nothing in /dev/shm, and the trainer then gets a clear DaemonError.
+Protects: a trainer killed with SIGKILL has its session and ring reclaimed (its connection
+closing says so at once) while another trainer carries on unaware; a trainer restarted from its
+last state_dict() continues exactly where it stopped; a daemon killed with SIGKILL makes its
+trainers raise DaemonError instead of hanging, and the next daemon on the same socket directory
+takes over its stale socket and pid file and reaps its segments; SIGTERM finishes the batches in
+flight, exits 0, leaves nothing in /dev/shm, and the trainer then gets a clear DaemonError.
+
+The tests wait for events (a line from a trainer, a session gone, a process exited), never for a
+time: their bounds are hang guards, so a machine busy with other work only makes them slower.
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ from helpers import pid_alive, wait_until
 
 from fastload import DaemonError, FastLoader
 
-pytestmark = pytest.mark.timeout(90)  # a regression here tends to be a hang
+pytestmark = pytest.mark.timeout(300)  # a regression here tends to be a hang
+HANG_S = 60.0  # how long a test waits for something that comes in a few seconds at most
+# A trainer subprocess imports torch before its first line: seconds, more on a busy machine.
+TRAINER_HANG_S = 120.0
 
 TRAINER = str(Path(__file__).with_name("daemon_trainer.py"))
 
@@ -54,7 +60,7 @@ class Trainer:
             self._queue.put(line.rstrip("\n"))
         self._queue.put(None)
 
-    def wait_for(self, line: str, timeout_s: float = 30.0) -> None:
+    def wait_for(self, line: str, timeout_s: float = TRAINER_HANG_S) -> None:
         deadline = time.monotonic() + timeout_s
         while line not in self.lines:
             try:
@@ -118,7 +124,7 @@ def test_killed_trainer_is_reclaimed_and_another_does_not_notice(
         got += [[t.clone() for t in next(it)] for _ in range(3)]
 
         victim.kill()
-        assert wait_until(lambda: victim.proc.pid not in {s["pid"] for s in daemon.sessions()}, 5), (
+        assert wait_until(lambda: victim.proc.pid not in {s["pid"] for s in daemon.sessions()}, HANG_S), (
             daemon.sessions()
         )
         assert not ring & daemon.segments(), "the dead trainer's ring is still in /dev/shm"
@@ -148,7 +154,7 @@ def test_restarted_trainer_resumes_exactly_where_it_stopped(
     second = trainers(daemon.address, image_folder, out, "--resume")
     second.wait_for("finished")
     assert second.lines[0] == "started 1 2", second.lines
-    assert second.proc.wait(10) == 0
+    assert second.proc.wait(HANG_S) == 0
     expected = uninterrupted(image_folder, 2)
     for epoch, batches in enumerate(expected):
         got = [torch.load(out / f"e{epoch}_b{b}.pt") for b in range(len(batches))]
@@ -174,11 +180,10 @@ def test_killed_daemon_gives_daemon_error_and_the_next_one_takes_over(
         ring = daemon.segments()
         assert ring
         daemon.kill()
-        start = time.monotonic()
+        # No `timeout`: a trainer that did not notice would wait for ever (the module's timeout).
         with pytest.raises(DaemonError, match=rf"daemon \(pid {daemon.pid}\) is gone.*fastload serve"):
             for _ in it:
                 pass
-        assert time.monotonic() - start < 5.0
     finally:
         loader.close()
     assert daemon.workers_gone(), "the dead daemon's workers outlived it"
@@ -220,15 +225,15 @@ def test_sigterm_finishes_the_batches_in_flight_then_exits_clean(
         daemon.signal_workers(signal.SIGSTOP)  # so that the whole epoch is in flight
         try:
             thread.start()
-            assert wait_until(lambda: [s["queued"] for s in daemon.sessions()] == [8], 10)
+            assert wait_until(lambda: [s["queued"] for s in daemon.sessions()] == [8], HANG_S)
             daemon.proc.send_signal(signal.SIGTERM)
-            assert wait_until(lambda: daemon.status()["draining"], 5)
+            assert wait_until(lambda: daemon.status()["draining"], HANG_S)
             with pytest.raises(DaemonError, match="shutting down"):
                 FastLoader(image_folder, batch_size=2, transform=RESIZE, device="cpu", daemon=daemon.address)
         finally:
             daemon.signal_workers(signal.SIGCONT)
-        assert daemon.proc.wait(20) == 0, daemon.log()
-        thread.join(20)
+        assert daemon.proc.wait(HANG_S) == 0, daemon.log()
+        thread.join(HANG_S)
         assert not thread.is_alive(), "the trainer hangs after the daemon left"
     assert "finishing 4 tasks in flight" in daemon.log()
     assert "epoch" in outcome, f"the batches in flight were not all delivered: {outcome}"

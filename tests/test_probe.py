@@ -207,7 +207,10 @@ def _history() -> list[dict[str, Any]]:
             {
                 "name": "fastload",
                 "samples_per_s": 2000.0 + 50 * t,
-                "ms_per_sample": {"read": 0.2, "decode": 3.1, "wait_slot": 0.05 * t, "h2d": 0.1},
+                "ms_per_sample": {
+                    "read": 0.2, "decode": 3.1, "wait_slot": 0.05 * t, "h2d": 0.1,
+                    "read_cpu": 0.15, "read_runq": 0.03,  # parts of "read", as iostat records them
+                },
                 "trainer_wait_percent": max(0.0, 20.0 - 2 * t),
             }
         ]
@@ -233,6 +236,7 @@ def test_plot_history_writes_a_png(tmp_path: Path) -> None:
     history = _history()
     assert loader_names(history) == ["fastload", "torch"]
     assert stage_names(history, "torch") == ["read", "decode", "collate"]
+    assert stage_names(history, "fastload") == ["read", "decode", "wait_slot", "h2d"]  # no part twice
     out = tmp_path / "iostat.png"
     plot_history(history, str(out))
     assert out.stat().st_size > 10_000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -28,6 +29,7 @@ from fastload._diagnostics.sysinfo import (
     shm_usage,
 )
 from fastload._errors import ConfigError
+from fastload._machine import run_delay_since, thread_run_delay_ns
 
 FIXTURES = Path(__file__).parent / "fixtures" / "proc"
 T0, T1 = str(FIXTURES / "t0"), str(FIXTURES / "t1")
@@ -213,6 +215,48 @@ def test_cpu_short_line_and_missing_file(tmp_path: Path) -> None:
     (tmp_path / "stat").write_text("cpu  10 2 3 40 5\ncpu0 10 2 3 40 5\n")
     assert read_cpu(str(tmp_path)) == CpuCounters(10, 2, 3, 40, 5, 0, 0, 0)
     assert read_cpu(str(tmp_path / "none")) == CpuCounters(0, 0, 0, 0, 0, 0, 0, 0)
+
+
+def test_run_queue_delay_is_the_second_schedstat_field(tmp_path: Path) -> None:
+    (tmp_path / "schedstat").write_text("540786614 236458 70\n")
+    assert thread_run_delay_ns(str(tmp_path / "schedstat")) == 236458
+    (tmp_path / "odd").write_text("540786614\n")
+    assert thread_run_delay_ns(str(tmp_path / "odd")) is None
+    assert thread_run_delay_ns(str(tmp_path / "none")) is None
+    assert run_delay_since(None) == 0  # not reported when the stage began: unknown, counted as 0
+
+
+SHARED_CORE = """
+import os, sys, time
+from fastload._machine import thread_run_delay_ns
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+rival = os.fork()  # spins on the same core until killed
+if rival == 0:
+    while True:
+        pass
+try:
+    delay0, wall0, cpu0 = thread_run_delay_ns(), time.monotonic(), time.process_time()
+    while time.process_time() - cpu0 < 0.2:
+        pass
+    delay = (thread_run_delay_ns() - delay0) / 1e9
+    print(f"{delay:.3f} {time.monotonic() - wall0 - (time.process_time() - cpu0):.3f}")
+finally:
+    os.kill(rival, 9)
+    os.waitpid(rival, 0)
+"""
+
+
+@pytest.mark.skipif(thread_run_delay_ns() is None, reason="this kernel does not report run-queue delay")
+def test_run_queue_delay_grows_while_a_thread_waits_for_its_core() -> None:
+    # 0.2 s of CPU on a core shared with a process that spins: about as long again waiting for
+    # it, off the CPU but not blocked. That wait is what the delay counts (more if more share it).
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    done = subprocess.run(
+        [sys.executable, "-c", SHARED_CORE], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    delay, off_cpu = (float(v) for v in done.stdout.split())
+    assert 0.1 < delay <= off_cpu + 0.02, done.stdout  # a part of the time off the CPU
 
 
 def test_memory() -> None:

@@ -12,7 +12,7 @@ largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
             batch_size, prefetch, pid, rank,                 slot_bytes, layout, num_samples,
             world_size}                                      classes, workers}
     task   {seq, epoch, batch_index, slot, row}      done    {seq, count, read_ns, decode_ns,
-           + indices                                          bytes, read_cpu_ns}
+           + indices                                          bytes, read_cpu_ns[, read_runq_ns]}
     grow   {}                                        failed  {seq, message, path, index,
     ping   {}                                                 exc_type, traceback[, exc_class]}
     bye    {}                                        slot    {name}      (reply to grow)
@@ -82,6 +82,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "decode_ns": _INT,
         "bytes": _INT,
         "read_cpu_ns": _INT,
+        "read_runq_ns": _INT,
     },
     "failed": {
         "seq": _INT,
@@ -108,7 +109,10 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "error": {"message": (str,)},
 }
 # op -> fields of its schema that may be absent (added later; an older peer does not send them).
-_OPTIONAL: dict[str, frozenset[str]] = {"failed": frozenset({"exc_class"})}
+_OPTIONAL: dict[str, frozenset[str]] = {
+    "failed": frozenset({"exc_class"}),
+    "done": frozenset({"read_runq_ns"}),
+}
 
 
 def encode(op: str, **fields: Any) -> bytes:
@@ -162,7 +166,7 @@ def event_message(event: Done | Failure, seq: int) -> tuple[str, dict[str, Any]]
     if isinstance(event, Done):
         return "done", {
             "seq": seq, "count": event.count, "read_ns": event.read_ns, "decode_ns": event.decode_ns,
-            "bytes": event.bytes_read, "read_cpu_ns": event.read_cpu_ns,
+            "bytes": event.bytes_read, "read_cpu_ns": event.read_cpu_ns, "read_runq_ns": event.read_runq_ns,
         }
     return "failed", {
         "seq": seq, "message": event.message, "path": event.path, "index": event.index,
@@ -175,7 +179,7 @@ def event_from_message(op: str, fields: dict[str, Any]) -> Done | Failure:
     if op == "done":
         return Done(
             fields["seq"], fields["count"], fields["read_ns"], fields["decode_ns"], fields["bytes"],
-            fields["read_cpu_ns"],
+            fields["read_cpu_ns"], fields.get("read_runq_ns", 0),  # an older daemon does not send it
         )
     return Failure(
         fields["seq"], fields["message"], fields["path"], fields["index"], fields["exc_type"],

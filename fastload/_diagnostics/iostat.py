@@ -26,7 +26,10 @@ BUSY_BOUND_PERCENT = 80.0
 H2D_BOUND_PERCENT = 60.0
 DISK_BOUND_UTIL = 80.0
 IOWAIT_BOUND_PERCENT = 20.0
-READ_CPU_WAITING = 0.3  # reads using less CPU than this share of their time are waiting on I/O
+# Reads on a CPU or queued for one less than this share of their time are waiting on I/O
+# (NOTE [storage wait or CPU wait] in `classify`).
+READ_WAITING = 0.3
+CPU_CONTENDED = 0.3  # reads queued for a CPU this share of their time: the cores are oversubscribed
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class LoaderRates:
     batch_size: int
     samples_per_s: float
     read_mb_per_s: float
-    ms_per_sample: dict[str, float]  # read, read_cpu, decode, slot_wait, h2d
+    ms_per_sample: dict[str, float]  # read (of which read_cpu, read_runq), decode, slot_wait, h2d
     worker_busy_percent: float
     trainer_wait_percent: float
     ready_batches: int
@@ -90,6 +93,7 @@ def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seco
             "read": delta("read_s") * per_sample,
             "decode": delta("decode_s") * per_sample,
             "read_cpu": delta("read_cpu_s") * per_sample,
+            "read_runq": delta("read_runq_s") * per_sample,
             "slot_wait": delta("slot_wait_s") * per_sample,
             "h2d": delta("h2d_s") / max(delta("h2d_batches"), 1) * 1000.0 / max(sample_per_batch, 1.0)
             if delta("h2d_batches")
@@ -126,11 +130,19 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
         ]
     work = ms["read"] + ms["decode"]
     read_share = ms["read"] / work if work else 0.0
-    # Reading that takes CPU is computing (a Dataset decoding in __getitem__, or a core shared
-    # with others); reading that takes wall time but little CPU is waiting for storage.
-    read_cpu_share = ms["read_cpu"] / ms["read"] if ms["read"] else 1.0
+    # NOTE [storage wait or CPU wait]: a reading thread's wall time is time on a CPU (read_cpu)
+    # + time runnable but waiting for a CPU (read_runq: the kernel's run-queue delay) + time
+    # blocked (storage, sleeps, locks). Only the blocked part is waiting for storage. On an
+    # oversubscribed machine (more runnable tasks than cores: other jobs, or more workers than
+    # cores) a reader that only computes, such as a Dataset decoding in __getitem__, spends most
+    # of its wall time in the run queue: judged by CPU / wall alone, 2 such workers beside 4 busy
+    # processes on 2 cores read at 29% CPU and were called storage-bound. So reads wait on I/O
+    # when they are neither on a CPU nor queued for one most of the time. Where the kernel does
+    # not report run-queue delay, read_runq is 0 and this is CPU / wall, as before.
+    runnable_share = (ms["read_cpu"] + ms["read_runq"]) / ms["read"] if ms["read"] else 1.0
+    runq_share = ms["read_runq"] / ms["read"] if ms["read"] else 0.0
     disk_busy = m.disk is not None and m.disk.get("util_percent", 0.0) > DISK_BOUND_UTIL
-    waiting_on_reads = read_share > 0.5 and read_cpu_share < READ_CPU_WAITING
+    waiting_on_reads = read_share > 0.5 and runnable_share < READ_WAITING
     if waiting_on_reads or disk_busy or m.cpu.get("iowait", 0.0) > IOWAIT_BOUND_PERCENT:
         where = m.device
         if m.device_kind == "network":
@@ -147,7 +159,13 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
             *advice,
         ]
     if r.worker_busy_percent > BUSY_BOUND_PERCENT:
-        if r.workers < cores:
+        if runq_share > CPU_CONTENDED:
+            tip = (
+                f"they wait for a free core {100 * runq_share:.0f}% of the time they read: the cores "
+                "are oversubscribed (other processes, or more workers than cores), so more workers "
+                "will not help; give the loader cores of its own, or add cores"
+            )
+        elif r.workers < cores:
             tip = f"{cores - r.workers} core(s) are free: raise num_workers to {cores}"
         else:
             tip = "add cores, store smaller images, or decode on the GPU (NVIDIA DALI)"

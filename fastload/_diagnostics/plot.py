@@ -17,6 +17,7 @@ from typing import Any
 from fastload._errors import ConfigError
 
 STAGES = ("read", "decode", "wait_slot", "h2d")  # drawn bottom-up; unknown stages follow, sorted
+PARTS_OF_READ = ("read_cpu", "read_runq")  # inside "read": stacking them would count them twice
 CPU_PARTS = ("user", "system", "iowait")
 _PANEL_HEIGHT = 2.4  # inches
 _WIDTH = 10.0
@@ -118,7 +119,7 @@ def stage_names(history: list[dict[str, Any]], name: str) -> list[str]:
         loader = _loader(record, name)
         if loader is not None:
             seen.update(loader.get("ms_per_sample", {}))
-    return [s for s in STAGES if s in seen] + sorted(seen - set(STAGES))
+    return [s for s in STAGES if s in seen] + sorted(seen - set(STAGES) - set(PARTS_OF_READ))
 
 
 def _stage_getter(stage: str) -> Getter:

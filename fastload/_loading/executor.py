@@ -53,8 +53,11 @@ class Done:
     decode_ns: int
     bytes_read: int
     # CPU time of the read stage: near read_ns when reading computes (a Dataset decoding in
-    # __getitem__, a saturated CPU), far below it when the worker waits for storage.
+    # __getitem__), far below it when the worker waits, for storage or for a CPU.
     read_cpu_ns: int = 0
+    # Time the reading thread was runnable but waiting for a CPU (the kernel's run-queue delay;
+    # 0 where it is not reported): what separates the two waits on an oversubscribed machine.
+    read_runq_ns: int = 0
 
 
 @dataclass(frozen=True)

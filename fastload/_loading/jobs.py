@@ -26,6 +26,7 @@ from fastload._loading.layout import BatchLayout, LayoutMismatch
 from fastload._loading.plan import batch_seed, sample_rng
 from fastload._loading.shm import Segment
 from fastload._loading.sources import ImageFolderIndex
+from fastload._machine import run_delay_since, thread_run_delay_ns
 from fastload.transforms import TransformPlan, compile_transforms, from_config, to_config
 
 
@@ -136,6 +137,7 @@ class FolderJob:
         paths = [self.index.path(int(i)) for i in indices]
         blobs: list[bytes] = []
         cpu0 = time.process_time_ns()
+        runq0 = thread_run_delay_ns()
         t0 = time.perf_counter_ns()
         for i, path in zip(indices, paths, strict=True):
             try:
@@ -144,6 +146,7 @@ class FolderJob:
                 raise JobFailed(_failure(seq, e, int(i), path, "image")) from e
         t1 = time.perf_counter_ns()
         read_cpu = time.process_time_ns() - cpu0
+        read_runq = run_delay_since(runq0)
         rngs = [sample_rng(self.seed, epoch, int(i)) for i in indices]
         try:
             self._backend.decode_batch(blobs, rngs, images[:n])
@@ -153,7 +156,7 @@ class FolderJob:
             raise JobFailed(_failure(seq, cause, int(indices[pos]), paths[pos], "image")) from e
         labels[:n] = self.index.labels[indices]
         t2 = time.perf_counter_ns()
-        return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu)
+        return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq)
 
 
 class DatasetJob:
@@ -226,10 +229,12 @@ class DatasetJob:
     def run(self, task: Task, arrays: Sequence[np.ndarray], layout: BatchLayout, in_trainer: bool) -> Done:
         seq, indices = task.seq, task.indices
         cpu0 = time.process_time_ns()
+        runq0 = thread_run_delay_ns()
         t0 = time.perf_counter_ns()
         samples = self._fetch(seq, task.epoch, task.batch_index, indices, in_trainer)
         t1 = time.perf_counter_ns()
         read_cpu = time.process_time_ns() - cpu0
+        read_runq = run_delay_since(runq0)
         for row, (i, sample) in enumerate(zip(indices, samples, strict=True)):
             try:
                 layout.write(sample, arrays, row)
@@ -240,7 +245,7 @@ class DatasetJob:
                     "batches need fixed-shape samples unless you pass a collate_fn"
                 )
                 raise JobFailed(dataclasses.replace(failure, message=message)) from e
-        return Done(seq, len(indices), t1 - t0, time.perf_counter_ns() - t1, 0, read_cpu)
+        return Done(seq, len(indices), t1 - t0, time.perf_counter_ns() - t1, 0, read_cpu, read_runq)
 
     def run_opaque(self, task: Task, in_trainer: bool) -> Any:
         """Load and collate a batch that cannot live in a slot (the documented slow path)."""

@@ -50,6 +50,7 @@ class _Parts:
     decode_ns: int = 0
     bytes_read: int = 0
     read_cpu_ns: int = 0
+    read_runq_ns: int = 0
     failure: Failure | None = None
 
 
@@ -228,6 +229,7 @@ class Pipeline:
             parts.decode_ns += event.decode_ns
             parts.bytes_read += event.bytes_read
             parts.read_cpu_ns += event.read_cpu_ns
+            parts.read_runq_ns += event.read_runq_ns
         elif parts.failure is None:
             parts.failure = dataclasses.replace(event, seq=seq)
         if parts.left:
@@ -235,7 +237,15 @@ class Pipeline:
         del self._split[seq]
         if parts.failure is not None:
             return parts.failure
-        return Done(seq, parts.count, parts.read_ns, parts.decode_ns, parts.bytes_read, parts.read_cpu_ns)
+        return Done(
+            seq,
+            parts.count,
+            parts.read_ns,
+            parts.decode_ns,
+            parts.bytes_read,
+            parts.read_cpu_ns,
+            parts.read_runq_ns,
+        )
 
     def poll_once(self, deadline: float | None, wait_s: float = _POLL_S) -> None:
         """Wait up to `wait_s` for events and hand each to its epoch; LoaderTimeout past deadline."""
@@ -270,6 +280,7 @@ class Pipeline:
             stats.add("read_ns", event.read_ns)
             stats.add("decode_ns", event.decode_ns)
             stats.add("read_cpu_ns", event.read_cpu_ns)
+            stats.add("read_runq_ns", event.read_runq_ns)
         elif isinstance(event, Failure):
             self.stats.add("failures", 1)
         slot = self._slot_of.pop(event.seq, None)

@@ -9,10 +9,12 @@ Layout (little-endian): magic "FLSTATS1" | version | pid | created (unix ns) | w
 batch size | mode (0 local, 1 daemon) | device (0 cpu, 1 cuda) | counters[...] | dataset (256 B).
 
 What the stages mean: `read` is getting a sample's bytes (file read, or a Dataset's
-`__getitem__`); `decode` is decode + augment + the write into the batch slot (one fused pass in
-the native backend, so it is not split further); `slot_wait` is time the pipeline had a batch to
-start but no free slot; `h2d` is the host-to-device copy (+ normalize) measured by CUDA events;
-`trainer_wait` is time the trainer spent inside `next()`.
+`__getitem__`), of which `read_cpu` is time on a CPU and `read_runq` time runnable but waiting for
+a CPU (the rest is time blocked: storage, sleeps, locks); `decode` is decode + augment + the write
+into the batch slot (one fused pass in the native backend, so it is not split further);
+`slot_wait` is time the pipeline had a batch to start but no free slot; `h2d` is the
+host-to-device copy (+ normalize) measured by CUDA events; `trainer_wait` is time the trainer
+spent inside `next()`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from fastload._loading.shm import STATS_TAG, Segment, own_segments
 from fastload._machine import pid_alive
 
 MAGIC = b"FLSTATS1"
-VERSION = 1
+VERSION = 2  # 2: read_runq_ns
 _HEAD = struct.Struct("<8sqqqqqqq")
 COUNTERS = (
     "batches",
@@ -37,6 +39,7 @@ COUNTERS = (
     "read_ns",
     "decode_ns",
     "read_cpu_ns",  # workers' CPU time while reading: near read_ns when computing, low when waiting
+    "read_runq_ns",  # ...and time runnable but waiting for a CPU: the other share of read_ns not I/O
     "slot_wait_ns",
     "h2d_ns",
     "h2d_batches",
@@ -73,6 +76,7 @@ class LoaderStats:
     read_s: float
     decode_s: float
     read_cpu_s: float
+    read_runq_s: float  # reading threads runnable but waiting for a CPU (0 where not reported)
     slot_wait_s: float
     h2d_s: float
     h2d_batches: int
@@ -148,6 +152,7 @@ def _parse(buf: memoryview | bytes | bytearray | object) -> LoaderStats:
         read_s=v["read_ns"] / 1e9,
         decode_s=v["decode_ns"] / 1e9,
         read_cpu_s=v["read_cpu_ns"] / 1e9,
+        read_runq_s=v["read_runq_ns"] / 1e9,
         slot_wait_s=v["slot_wait_ns"] / 1e9,
         h2d_s=v["h2d_ns"] / 1e9,
         h2d_batches=v["h2d_batches"],
