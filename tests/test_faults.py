@@ -27,8 +27,9 @@ import torch
 from helpers import fastload_segments, pid_alive, wait_until
 from torch.utils.data import Dataset
 
-from fastload import FastLoader, LoaderTimeout, SampleError, WorkerError, _engine
+from fastload import FastLoader, LoaderTimeout, SampleError, WorkerError
 from fastload import transforms as T
+from fastload._loading import engine as _engine
 
 pytestmark = pytest.mark.timeout(120)  # a regression here tends to be a hang
 
