@@ -61,9 +61,8 @@ def _engine(folder: Path, daemon: DaemonProcess) -> Iterator[Setup]:
 def _inline(folder: Path, daemon: DaemonProcess) -> Iterator[Setup]:
     job = _job(folder)
     assert job.layout is not None
-    inline = InlineExecutor(job)
     ring = Ring(job.layout.slot_bytes, SLOTS)
-    inline.resolve_slot = ring.buffer
+    inline = InlineExecutor(job, ring.buffer)
     try:
         yield inline, ring, job.layout
     finally:

@@ -420,10 +420,10 @@ class Engine:
 class InlineExecutor:
     """Runs tasks in the caller's process (num_workers=0), one per `poll`, with the Engine's interface."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, slot_buffer: Callable[[str], Any]) -> None:
+        """`slot_buffer(name)`: the memory of the ring slot `name` (the trainer's own ring)."""
         self._job = job
-        # slot name -> its buffer; set by the pipeline once its ring exists
-        self.resolve_slot: Callable[[str], Any] | None = None
+        self._slot_buffer = slot_buffer
         self._layout: BatchLayout | None = job.layout
         self._queue: deque[Task] = deque()
 
@@ -445,11 +445,6 @@ class InlineExecutor:
         if not self._queue:
             return []
         return [run_task(self._job, self._queue.popleft(), self._layout, self._slot_buffer, in_trainer=True)]
-
-    def _slot_buffer(self, name: str) -> Any:
-        if self.resolve_slot is None:
-            raise RuntimeError("a slot task before the pipeline's ring exists")
-        return self.resolve_slot(name)
 
     def close(self) -> None:
         self._queue.clear()

@@ -54,6 +54,18 @@ class _Parts:
     failure: Failure | None = None
 
 
+class _RingSlots:
+    """A slot's memory by name, once the ring exists (for the inline executor). It holds the
+    ring, never the pipeline: see NOTE [no reference back]."""
+
+    ring: Ring | None = None
+
+    def buffer(self, name: str) -> Any:
+        if self.ring is None:
+            raise RuntimeError(f"slot {name} was named before the ring was made")
+        return self.ring.buffer(name)
+
+
 _Outcome = tuple[int, int] | Failure | Opaque  # (slot, count) | failure | opaque batch
 
 
@@ -78,6 +90,7 @@ class Pipeline:
         self._collect_at = 0  # ring size at which a starved ring next runs the garbage collector
         self._part_of: dict[int, int] = {}  # seq of a part of a split batch -> the batch's seq
         self._split: dict[int, _Parts] = {}  # batch seq -> its parts' joined outcome so far
+        self._slots = _RingSlots()  # how tasks run on this thread (inline) find a slot's memory
         self.workers = spec.num_workers if session is None else session.workers
         # Batches in flight: as the user said, else sized from the batch's bytes once they are known
         # (`default_prefetch`); until a Dataset's sample is probed, DataLoader's two per worker.
@@ -105,7 +118,7 @@ class Pipeline:
                 hang_timeout_s=spec.hang_timeout_s,
             )
         else:
-            self.executor = InlineExecutor(job)
+            self.executor = InlineExecutor(job, self._slots.buffer)
         self.stats = StatsWriter(
             spec.label, "daemon" if session is not None else "local", spec.device.type,
             self.workers, spec.slot_batch_size,
@@ -172,8 +185,7 @@ class Pipeline:
         assert self.layout is not None
         self.ring = ring
         self._resources.append(ring)
-        if isinstance(self.executor, InlineExecutor):  # it runs tasks here: it writes our slots
-            self.executor.resolve_slot = ring.buffer
+        self._slots.ring = ring
         self.delivery = make_delivery(
             ring, self.layout, self.spec.images, self.spec.device, self.spec.pin_memory,
             on_copied=self.stats.copied,
