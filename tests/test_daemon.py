@@ -257,6 +257,22 @@ def test_a_session_that_leaves_prefetch_unset_gets_the_daemons_default(
         assert len(pipeline.ring) == expected + EXTRA_SLOTS
 
 
+def test_a_state_with_another_seed_resumes_an_attached_loader_as_a_local_one(
+    shared_daemon: DaemonProcess, image_folder: Path
+) -> None:
+    kwargs: dict[str, Any] = {"batch_size": 4, "shuffle": True, "transform": RESIZE, "device": "cpu"}
+    with FastLoader(image_folder, num_workers=0, seed=7, **kwargs) as local:
+        it = iter(local)
+        next(it), next(it)
+        state = local.state_dict()
+        rest = [[t.clone() for t in b] for b in it]
+    with FastLoader(image_folder, num_workers=1, seed=1, daemon=shared_daemon.address, **kwargs) as attached:
+        next(iter(attached))
+        attached.load_state_dict(state)  # seed 7: a new session, the same plan as the local loader's
+        assert attached.seed == 7
+        assert_same_batches([[t.clone() for t in b] for b in attached], rest)
+
+
 # ---------------------------------------------------------------------------------------------
 # `fastload status`, no daemon, a second daemon
 

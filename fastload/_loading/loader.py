@@ -129,6 +129,7 @@ class FastLoader:
         self._job: Job | None = None
         self._index: ImageFolderIndex | None = None
         self._session: DaemonSession | None = None
+        self._num_samples = 0
         self._open_source()
         self._plan = self._make_plan()
         self._last_stats: LoaderStats | None = None
@@ -174,15 +175,17 @@ class FastLoader:
         spec = self._spec
         if spec.folder is None:
             self._job = DatasetJob(spec.dataset, spec.collate_fn, spec.seed, spec.slot_batch_size)
+            if spec.sampler is None and spec.batch_sampler is None:  # a sampler may stand for __len__
+                self._num_samples = len(spec.dataset)
             return
         if spec.daemon is not None:
             assert spec.transforms is not None  # compiled here: a chain the daemon cannot run fails first
             self._session = self._connect()
-            self.classes = self._session.welcome.classes
+            self.classes, self._num_samples = self._session.welcome.classes, self._session.welcome.num_samples
             return
         if self._index is None:
             self._index = ImageFolderIndex.scan(spec.folder)
-            self.classes = self._index.classes
+            self.classes, self._num_samples = self._index.classes, len(self._index)
         assert spec.transforms is not None
         job = FolderJob(self._index, spec.transforms, spec.backend, spec.seed, spec.slot_batch_size)
         assert job.layout is not None
@@ -197,13 +200,9 @@ class FastLoader:
         assert spec.batch_size is not None
         if spec.sampler is not None:
             return SamplerPlan(BatchSampler(spec.sampler, spec.batch_size, spec.drop_last))
-        if self._session is not None:
-            num_samples = self._session.welcome.num_samples
-        else:
-            num_samples = len(self._index) if self._index is not None else len(spec.dataset)
         return ShuffledPlan(
-            num_samples, spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last, seed=spec.seed,
-            rank=spec.rank, world_size=spec.world_size,
+            self._num_samples, spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last,
+            seed=spec.seed, rank=spec.rank, world_size=spec.world_size,
         )
 
     def __len__(self) -> int:

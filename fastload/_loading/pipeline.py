@@ -260,7 +260,8 @@ class Pipeline:
         )
 
     def poll_once(self, deadline: float | None, wait_s: float = _POLL_S) -> None:
-        """Wait up to `wait_s` for events and hand each to its epoch; LoaderTimeout past deadline."""
+        """Wait up to `wait_s` for events and queue each batch's outcome under its ticket; LoaderTimeout
+        past `deadline`."""
         if self.delivery is not None:
             self.delivery.poll()
         events = self.executor.poll(wait_s)
@@ -318,10 +319,15 @@ class Pipeline:
 
     def cancel(self, tickets: list[int]) -> None:
         """Nobody will take these batches (their epoch ended early): their slots come back."""
-        self._wanted.difference_update(tickets)
-        for seq, outcome in [item for item in self._outcomes if item[0] in set(tickets)]:
-            self._outcomes.remove((seq, outcome))
-            self.discard(outcome)
+        cancelled = set(tickets)
+        self._wanted -= cancelled
+        kept: deque[tuple[int, _Outcome]] = deque()
+        for seq, outcome in self._outcomes:
+            if seq in cancelled:
+                self.discard(outcome)
+            else:
+                kept.append((seq, outcome))
+        self._outcomes = kept
 
     def discard(self, outcome: _Outcome) -> None:
         """Return the slot of an outcome no epoch will deliver."""
