@@ -74,6 +74,7 @@ class LoaderSpec:
         return self.folder if self.folder is not None else type(self.dataset).__name__
 
     def with_seed(self, seed: int) -> LoaderSpec:
+        """This spec with another base seed (`load_state_dict` of a state saved with it)."""
         return dataclasses.replace(self, seed=seed)
 
     def hello(self) -> dict[str, Any]:
