@@ -7,12 +7,14 @@ work to a `Pipeline`; it keeps the position (epoch, batches yielded) that `state
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.context import BaseContext
 from typing import Any
 
+import numpy as np
 import torch
 
 from fastload._daemon.client import DaemonSession
@@ -237,27 +239,40 @@ class FastLoader:
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise ConfigError("this FastLoader is closed")
+        epoch, start = self._next_position()
+        carried = None
         if self._iterator is not None:
-            self._iterator.supersede()  # its next() now says why it ended, never a silent stop
+            # Its next() now says why it ended (never a silent stop); what it decoded ahead for
+            # this epoch is taken over (NOTE [no drain] in `pipeline`).
+            carried = self._iterator.hand_over(epoch, start)
         if self._pipeline is not None and self._pipeline.closed:
-            self._pipeline = None  # its ring could not be made: it closed itself; start afresh
+            self._pipeline, carried = None, None  # its ring could not be made: it closed itself
         if self._pipeline is not None and not self.persistent_workers:
             # DataLoader without persistent_workers starts fresh workers every epoch, so changes
             # made to the dataset in the trainer's process reach the next epoch's workers.
             self._pipeline.close()
-            self._pipeline = None
+            self._pipeline, carried = None, None
         if self._pipeline is None:
             session = None
             if self._spec.daemon is not None:
                 session, self._session = self._session or self._connect(), None
             self._pipeline = Pipeline(self._job, self._spec, session=session)
-        epoch, start = self._next_position()
         self._undrawn = (self._epoch, self._resume_at)  # an iteration uses up its epoch when drawn from
         self._position = (epoch, start)
         self._iterator = EpochIterator(
-            self._pipeline, self._plan.iter_batches(epoch, start), epoch, start, self._on_yield
+            self._pipeline, self._plan.iter_batches(epoch, start), epoch, start, self._on_yield,
+            following=self._following(epoch), carried=carried,
         )
         return self._iterator
+
+    def _following(self, epoch: int) -> tuple[int, Callable[[], Iterator[np.ndarray]]] | None:
+        """The epoch the iteration after this one will most likely run, and its batches: decoded
+        ahead while this epoch's tail is consumed. Only a plan of fastload's own (a user's sampler
+        may not be iterated ahead of time) with workers that outlive the epoch, in this process's
+        own pool: a daemon's pool is shared, and it refuses new tasks once it drains."""
+        if not isinstance(self._plan, ShuffledPlan) or not self.persistent_workers or self._spec.daemon:
+            return None
+        return epoch + 1, functools.partial(self._plan.iter_batches, epoch + 1, 0)
 
     def _next_position(self) -> tuple[int, int]:
         """(epoch, first batch) of the next iteration. A user's sampler that holds an epoch names

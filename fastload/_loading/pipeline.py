@@ -18,7 +18,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ _MIN_SPLIT_ROWS = 4
 
 @dataclass
 class _Parts:
-    """The joined outcome of a batch split across workers (see NOTE [cold start])."""
+    """The joined outcome of a batch split across workers (see NOTE [split batches])."""
 
     left: int
     count: int = 0
@@ -213,9 +213,11 @@ class Pipeline:
         if parts == 1:
             self.executor.submit(Task(seq, epoch, batch_index, indices, slot_name))
             return seq
-        # NOTE [cold start]: with nothing in flight (an epoch's first batch), one worker decoding
-        # a whole batch is the time to first batch; split it into row ranges of the same slot so
-        # every worker decodes a share. Per-sample seeds make the result identical.
+        # NOTE [split batches]: one worker decoding a whole batch makes a batch take batch-time
+        # (256 x 2 ms = 0.5 s) to exist, and batches complete in bursts, out of plan order; so
+        # every batch is split into row ranges of its slot, one per worker, and is ready in
+        # about batch-time / workers, in plan order (the first batch of an epoch too). Per-sample
+        # seeds make the result identical to one task's; parts report into the same slot.
         bounds = np.linspace(0, len(indices), parts + 1).astype(int)
         self._split[seq] = _Parts(left=parts)
         for row, end in itertools.pairwise(bounds):
@@ -225,8 +227,8 @@ class Pipeline:
         return seq
 
     def _split_count(self, n: int) -> int:
-        """How many tasks to make of a batch of `n`: one, unless the pool is idle (cold start)."""
-        if self.opaque or self.executor.in_flight:
+        """How many tasks to make of a batch of `n`: one per worker (see NOTE [split batches])."""
+        if self.opaque:
             return 1
         return max(1, min(self.workers, n // _MIN_SPLIT_ROWS))
 
@@ -392,31 +394,78 @@ def _deadline(timeout_s: float) -> float | None:
     return time.monotonic() + timeout_s if timeout_s > 0 else None
 
 
+@dataclass
+class Lookahead:
+    """The next epoch's first batches, submitted while this epoch's tail is consumed (see NOTE
+    [no drain]); handed to the next iteration if it runs that epoch from its start."""
+
+    epoch: int
+    batches: Iterator[np.ndarray]
+    next_batch_index: int = 0
+    batch_of_ticket: dict[int, int] = field(default_factory=dict)  # ticket -> batch index
+    ready: dict[int, _Outcome] = field(default_factory=dict)  # batch index -> outcome
+    exhausted: bool = False
+
+
+# NOTE [no drain]: a pipeline that stops submitting when an epoch's plan runs out idles its workers
+# while the trainer eats the last `prefetch` batches, and the next epoch then starts cold (its
+# first batch a whole batch-time away). An epoch's plan is known from (seed, epoch), so once this
+# epoch's batches are all submitted, free room in the window goes to the next epoch's first
+# batches (`following`: the epoch the loader will most likely run next). The next iteration takes
+# them over if it runs that epoch from batch 0 (`hand_over`), and otherwise they are cancelled
+# and their slots come back. The same keeps a training loader warm while a validation loader
+# runs between its epochs: its workers decode ahead, within the same window of slots.
+
+
 class EpochIterator(Iterator[Any]):
     """Yields one epoch's batches in plan order, starting at batch `start`."""
 
     def __init__(
-        self, pipeline: Pipeline, batches: Iterator[np.ndarray], epoch: int, start: int, on_yield: Any
+        self,
+        pipeline: Pipeline,
+        batches: Iterator[np.ndarray],
+        epoch: int,
+        start: int,
+        on_yield: Any,
+        following: tuple[int, Callable[[], Iterator[np.ndarray]]] | None = None,
+        carried: Lookahead | None = None,
     ) -> None:
+        """`following`: (the epoch the next iteration will most likely run, its batches from the
+        start), to decode ahead into; `carried`: what the previous iteration decoded ahead for
+        this epoch (its batches from `start`), taken over."""
         self._pipeline = pipeline
-        self._batches = batches
         self._epoch = epoch
-        self._next_batch_index = start
-        self._batch_of_ticket: dict[int, int] = {}  # ticket (seq) -> batch index, in flight
-        self._ready: dict[int, _Outcome] = {}  # batch index -> outcome
+        self._batch_of_ticket: dict[int, int]  # ticket (seq) -> batch index, in flight
+        self._ready: dict[int, _Outcome]  # batch index -> outcome
+        if carried is not None:
+            self._batches = carried.batches
+            self._next_batch_index = carried.next_batch_index
+            self._batch_of_ticket = carried.batch_of_ticket
+            self._ready = carried.ready
+            self._exhausted = carried.exhausted
+        else:
+            self._batches = batches
+            self._next_batch_index = start
+            self._batch_of_ticket, self._ready = {}, {}
+            self._exhausted = False
         self._next_yield = start
-        self._exhausted = False
+        self._following = following
+        self._ahead: Lookahead | None = None
         self._active = True
         self._superseded = False  # ended by a newer iter(loader) before it was exhausted
         self._on_yield = on_yield
 
+    def _in_window(self) -> int:
+        ahead = len(self._ahead.batch_of_ticket) + len(self._ahead.ready) if self._ahead else 0
+        return len(self._batch_of_ticket) + len(self._ready) + ahead
+
     def _fill(self) -> None:
         pipe = self._pipeline
-        while not self._exhausted and len(self._batch_of_ticket) + len(self._ready) < pipe.prefetch:
+        while not self._exhausted and self._in_window() < pipe.prefetch:
             indices = next(self._batches, None)
             if indices is None:
                 self._exhausted = True
-                return
+                break
             failed = pipe.ensure_layout(self._epoch, self._next_batch_index, int(indices[0]))
             if failed is not None:  # its first sample failed while probed: the batch fails, in order
                 self._ready[self._next_batch_index] = failed
@@ -428,10 +477,47 @@ class EpochIterator(Iterator[Any]):
                 return
             self._batch_of_ticket[ticket] = self._next_batch_index
             self._next_batch_index += 1
+        if self._exhausted and self._following is not None and pipe.ring is not None:
+            self._fill_ahead()
+
+    def _fill_ahead(self) -> None:
+        """Submit the following epoch's first batches into the room this epoch no longer needs."""
+        pipe = self._pipeline
+        if self._ahead is None:
+            assert self._following is not None
+            epoch, batches = self._following
+            self._ahead = Lookahead(epoch, batches())
+        ahead = self._ahead
+        while not ahead.exhausted and self._in_window() < pipe.prefetch:
+            indices = next(ahead.batches, None)
+            if indices is None:
+                ahead.exhausted = True
+                return
+            ticket = pipe.submit(ahead.epoch, ahead.next_batch_index, indices)
+            if ticket is None:
+                ahead.batches = itertools.chain([indices], ahead.batches)
+                return
+            ahead.batch_of_ticket[ticket] = ahead.next_batch_index
+            ahead.next_batch_index += 1
 
     def _take_outcomes(self) -> None:
         for ticket, outcome in self._pipeline.take_outcomes():
-            self._ready[self._batch_of_ticket.pop(ticket)] = outcome
+            if ticket in self._batch_of_ticket:
+                self._ready[self._batch_of_ticket.pop(ticket)] = outcome
+            else:
+                assert self._ahead is not None
+                self._ahead.ready[self._ahead.batch_of_ticket.pop(ticket)] = outcome
+
+    def hand_over(self, epoch: int, start: int) -> Lookahead | None:
+        """End this iteration for a newer one that runs `epoch` from batch `start`: what was
+        decoded ahead for it, if that is the epoch it ran ahead into, else None (then cancelled)."""
+        ahead, self._ahead = self._ahead, None
+        self.supersede()
+        if ahead is not None and ahead.epoch == epoch and start == 0:
+            return ahead
+        if ahead is not None:
+            self._drop(ahead.batch_of_ticket, ahead.ready)
+        return None
 
     def __next__(self) -> Any:
         if not self._active:
@@ -453,7 +539,7 @@ class EpochIterator(Iterator[Any]):
                 stats.add("trainer_wait_ns", int((time.perf_counter() - entered) * 1e9))
                 stats.add("next_calls", 1)
                 stats.set("ready_batches", len(self._ready))
-                stats.set("in_flight", len(self._batch_of_ticket))
+                stats.set("in_flight", self._in_window() - len(self._ready))
 
     def _next(self) -> Any:
         pipe = self._pipeline
@@ -466,7 +552,7 @@ class EpochIterator(Iterator[Any]):
         while self._next_yield not in self._ready:
             self._fill()
             if self._exhausted and not self._batch_of_ticket and self._next_yield not in self._ready:
-                self.stop()
+                self._active = False  # done; what it decoded ahead waits for the next iteration
                 raise StopIteration
             if pipe.grow_if_starved(len(self._ready)):
                 continue  # a slot is free again: submit into it rather than wait for nothing
@@ -485,12 +571,19 @@ class EpochIterator(Iterator[Any]):
         self.stop()
 
     def stop(self) -> None:
-        """End this epoch early: outcomes not yet delivered give their slots back."""
+        """End this epoch early: outcomes not yet delivered (and what was decoded ahead for the
+        next epoch) give their slots back."""
+        if self._ahead is not None:
+            self._drop(self._ahead.batch_of_ticket, self._ahead.ready)
+            self._ahead = None
         if not self._active:
             return
         self._active = False
-        self._pipeline.cancel(list(self._batch_of_ticket))
-        self._batch_of_ticket.clear()
-        for outcome in self._ready.values():
+        self._drop(self._batch_of_ticket, self._ready)
+
+    def _drop(self, batch_of_ticket: dict[int, int], ready: dict[int, _Outcome]) -> None:
+        self._pipeline.cancel(list(batch_of_ticket))
+        batch_of_ticket.clear()
+        for outcome in ready.values():
             self._pipeline.discard(outcome)
-        self._ready.clear()
+        ready.clear()
