@@ -22,9 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeGuard
-
-import numpy as np
+from typing import Any, Protocol, TypeGuard
 
 from fastload._errors import ConfigError
 
@@ -38,6 +36,15 @@ __all__ = [
     "Resize",
     "Transform",
 ]
+
+class RandomSource(Protocol):
+    """Where a sample's random choices come from: a numpy Generator, or (in workers) the
+    counter-based `SampleRandom` of `fastload._loading.sample_random`."""
+
+    def random(self) -> float: ...
+    def uniform(self, low: float, high: float) -> float: ...
+    def integers(self, low: int, high: int) -> Any: ...
+
 
 _INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos", "box", "hamming")
 
@@ -145,7 +152,7 @@ class RandomResizedCrop:
         _check_interpolation("RandomResizedCrop", self.interpolation)
         _check_bool("RandomResizedCrop", "antialias", self.antialias)
 
-    def sample_box(self, height: int, width: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
+    def sample_box(self, height: int, width: int, rng: RandomSource) -> tuple[int, int, int, int]:
         """Return (top, left, crop_height, crop_width), torchvision's `get_params` algorithm."""
         area = height * width
         log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
@@ -282,7 +289,7 @@ class TransformPlan:
     out_width: int
     interpolation: str
 
-    def sample(self, height: int, width: int, rng: np.random.Generator) -> SampleGeometry:
+    def sample(self, height: int, width: int, rng: RandomSource) -> SampleGeometry:
         """Return the geometry for a source image of `height` x `width`, drawing from `rng`."""
         left, top, box_w, box_h = 0.0, 0.0, float(width), float(height)
         cur_h, cur_w = height, width

@@ -210,7 +210,7 @@ def decode_rate(
 ) -> tuple[str, float, tuple[str, ...]]:
     """(backend name, images/s on this core, failures) decoding `blobs` round-robin for `seconds`."""
     from fastload._loading.backends import SampleFailure, make_backend
-    from fastload._loading.plan import sample_rng
+    from fastload._loading.sample_random import sample_randoms
     from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, compile_transforms
 
     backend = make_backend("native", compile_transforms([RandomResizedCrop(CROP), RandomHorizontalFlip()]))
@@ -220,7 +220,7 @@ def decode_rate(
 
     def decode(i: int) -> bool:
         try:
-            backend.decode_batch([blobs[i]], [sample_rng(0, 0, i)], out)
+            backend.decode_batch([blobs[i]], sample_randoms(0, 0, np.array([i])), out)
         except SampleFailure as e:
             failures.append(f"{paths[i]}: {e}")
             good.remove(i)

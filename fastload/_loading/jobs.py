@@ -23,7 +23,8 @@ from fastload._errors import exception_type_name
 from fastload._loading.backends import SampleFailure, make_backend
 from fastload._loading.executor import Done, Event, Failure, Opaque, Probed, Task
 from fastload._loading.layout import BatchLayout, LayoutMismatch
-from fastload._loading.plan import batch_seed, sample_rng
+from fastload._loading.plan import batch_seed
+from fastload._loading.sample_random import sample_randoms
 from fastload._loading.shm import Segment
 from fastload._loading.sources import ImageFolderIndex
 from fastload._machine import run_delay_since, thread_run_delay_ns
@@ -147,7 +148,7 @@ class FolderJob:
         t1 = time.perf_counter_ns()
         read_cpu = time.process_time_ns() - cpu0
         read_runq = run_delay_since(runq0)
-        rngs = [sample_rng(self.seed, epoch, int(i)) for i in indices]
+        rngs = sample_randoms(self.seed, epoch, indices)
         try:
             self._backend.decode_batch(blobs, rngs, images[:n])
         except SampleFailure as e:

@@ -1,9 +1,10 @@
 """The epoch plan: which samples form which batch, from (seed, epoch) alone.
 
 Batches are enumerated lazily (`iter_batches`) so a resumed epoch can start at any batch without
-replaying the ones before it. Seeds for a sample's augmentation and a batch's global random state
-are derived with numpy's SeedSequence from (seed, epoch, index): never from worker identity or
-timing, which is what makes every worker count give the same batches bit for bit.
+replaying the ones before it. A batch's global random state is seeded with numpy's SeedSequence
+from (seed, epoch, batch index), and a sample's augmentation from (seed, epoch, index)
+(`sample_random`): never from worker identity or timing, which is what makes every worker count
+give the same batches bit for bit.
 """
 
 from __future__ import annotations
@@ -15,13 +16,7 @@ from typing import Any
 import numpy as np
 
 _ORDER_STREAM = 0x0D
-_SAMPLE_STREAM = 0x5A
 _BATCH_STREAM = 0xBA
-
-
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The random generator for one sample's augmentation."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, index, _SAMPLE_STREAM])))
 
 
 def batch_seed(seed: int, epoch: int, batch_index: int) -> int:

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from fastload._errors import ConfigError
-from fastload.transforms import TransformPlan
+from fastload.transforms import RandomSource, TransformPlan
 
 BACKENDS = ("native", "pil")
 
@@ -33,7 +33,7 @@ class ImageBackend(Protocol):
     name: str
 
     def decode_batch(
-        self, blobs: Sequence[bytes], rngs: Sequence[np.random.Generator], out: np.ndarray
+        self, blobs: Sequence[bytes], rngs: Sequence[RandomSource], out: np.ndarray
     ) -> None:
         """Fill `out[i]` from `blobs[i]` with `rngs[i]`; raise SampleFailure naming the position."""
         ...

@@ -14,7 +14,7 @@ import numpy as np
 from bench_common import parse_args
 
 from fastload._loading.backends import make_backend
-from fastload._loading.plan import sample_rng
+from fastload._loading.sample_random import sample_randoms
 from fastload._loading.sources import ImageFolderIndex
 from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, compile_transforms
 
@@ -28,7 +28,7 @@ def _work(args: tuple[str, list[int], float]) -> tuple[int, float]:
         time.sleep(0.001)
     for i in indices:
         with open(index.path(i), "rb") as f:
-            backend.decode_batch([f.read()], [sample_rng(0, 0, i)], out)
+            backend.decode_batch([f.read()], sample_randoms(0, 0, np.array([i])), out)
     return len(indices), time.monotonic()
 
 
