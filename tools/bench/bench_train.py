@@ -257,6 +257,14 @@ def main() -> None:
     args = _parse()
     device = _device(args.step)
     names = [n for n in args.loaders.split(",") if n]
+    unknown = [n for n in names if n not in LOADERS]
+    if unknown:
+        sys.exit(f"unknown loaders {unknown}: choose from {sorted(LOADERS)}")
+    if "dataloader" in names:
+        try:
+            import torchvision  # noqa: F401
+        except ImportError:
+            sys.exit("--loaders dataloader needs torchvision (e.g. a $BENCH_VENVS/tv venv); drop it or install it")
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for round_index in range(args.rounds):
         for name in names[round_index % len(names) :] + names[: round_index % len(names)]:
