@@ -264,7 +264,7 @@ def main() -> None:
         try:
             import torchvision  # noqa: F401
         except ImportError:
-            sys.exit("--loaders dataloader needs torchvision (e.g. a $BENCH_VENVS/tv venv); drop it or install it")
+            sys.exit("--loaders dataloader needs torchvision (e.g. the $BENCH_VENVS/tv venv)")
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for round_index in range(args.rounds):
         for name in names[round_index % len(names) :] + names[: round_index % len(names)]:
