@@ -222,3 +222,54 @@ def test_stats_count_every_sample(folder: Path) -> None:
     assert stats is not None
     assert stats.batches >= batches and stats.samples >= batches * 8
     assert stats.read_s > 0 and stats.decode_s > 0 and stats.next_calls == batches + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Epoch starts (issue 11): a pipeline that drains at epoch ends makes the trainer wait there
+
+
+def test_waits_at_epoch_starts_are_named_in_the_advice() -> None:
+    drained = _one_second(
+        batches=10,
+        samples=80,
+        read_s=0.2,
+        read_cpu_s=0.18,
+        decode_s=0.4,
+        trainer_wait_s=0.5,
+        next_calls=10,
+        epochs=2,
+        epoch_start_wait_s=0.4,
+    )
+    _verdict, advice = classify(drained, IDLE, cores=2)
+    assert any("first batch of 2 epoch(s)" in line and "set_epoch" in line for line in advice), advice
+    steady = _one_second(
+        batches=10,
+        samples=80,
+        read_s=0.2,
+        read_cpu_s=0.18,
+        decode_s=0.4,
+        trainer_wait_s=0.5,
+        next_calls=10,
+        epochs=2,
+        epoch_start_wait_s=0.02,
+    )
+    assert not any("first batch" in line for line in classify(steady, IDLE, cores=2)[1])
+
+
+class _Slow(Dataset[int]):
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.002)
+        return i
+
+
+def test_a_loader_counts_its_epochs_and_the_waits_for_their_first_batches() -> None:
+    with FastLoader(_Slow(), batch_size=4, num_workers=2, persistent_workers=True) as loader:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            assert sum(len(b) for b in loader) == 24
+        stats = loader.stats()
+    assert stats is not None and stats.epochs == 3
+    assert 0.0 < stats.epoch_start_wait_s <= stats.trainer_wait_s

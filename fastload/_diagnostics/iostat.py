@@ -30,6 +30,7 @@ IOWAIT_BOUND_PERCENT = 20.0
 # (NOTE [storage wait or CPU wait] in `classify`).
 READ_WAITING = 0.3
 CPU_CONTENDED = 0.3  # reads queued for a CPU this share of their time: the cores are oversubscribed
+EPOCH_START_SHARE = 0.3  # the trainer's wait is mostly at epoch starts: the pipeline drains there
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class LoaderRates:
     ms_per_sample: dict[str, float]  # read (of which read_cpu, read_runq), decode, slot_wait, h2d
     worker_busy_percent: float
     trainer_wait_percent: float
+    epoch_start_wait_percent: float  # of the interval, waiting for epochs' first batches
+    epochs: int  # epochs started in the interval
     ready_batches: int
     in_flight: int
     verdict: str = ""
@@ -101,6 +104,8 @@ def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seco
         },
         worker_busy_percent=min(100.0, 100.0 * worker_time / (seconds * max(after.num_workers, 1))),
         trainer_wait_percent=min(100.0, 100.0 * delta("trainer_wait_s") / seconds),
+        epoch_start_wait_percent=min(100.0, 100.0 * delta("epoch_start_wait_s") / seconds),
+        epochs=int(delta("epochs")),
         ready_batches=after.ready_batches,
         in_flight=after.in_flight,
     )
@@ -120,6 +125,13 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
             "the loader has headroom",
             *advice,
         ]
+    if r.epochs and r.epoch_start_wait_percent > EPOCH_START_SHARE * r.trainer_wait_percent:
+        advice.append(
+            f"{r.epoch_start_wait_percent:.0f}% of the time goes to waiting for the first batch of "
+            f"{r.epochs} epoch(s): the pipeline restarts cold at epoch ends; keep one loader per phase "
+            "(train, validation) alive across epochs and name the next epoch with set_epoch(e + 1), "
+            "so that it is decoded ahead"
+        )
     ms = r.ms_per_sample
     h2d_busy = ms["h2d"] * r.samples_per_s / 10.0  # percent of wall time spent copying
     if r.device == "cuda" and h2d_busy > H2D_BOUND_PERCENT:

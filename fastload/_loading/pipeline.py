@@ -453,6 +453,7 @@ class EpochIterator(Iterator[Any]):
         self._ahead: Lookahead | None = None
         self._active = True
         self._superseded = False  # ended by a newer iter(loader) before it was exhausted
+        self._started = False  # it yielded a batch (its first wait is the epoch's start-up)
         self._on_yield = on_yield
 
     def _in_window(self) -> int:
@@ -536,7 +537,12 @@ class EpochIterator(Iterator[Any]):
                 self._active = False
             else:
                 stats = self._pipeline.stats
-                stats.add("trainer_wait_ns", int((time.perf_counter() - entered) * 1e9))
+                waited = int((time.perf_counter() - entered) * 1e9)
+                stats.add("trainer_wait_ns", waited)
+                if not self._started and self._active:  # this epoch's first batch (or its error)
+                    self._started = True
+                    stats.add("epochs", 1)
+                    stats.add("epoch_start_wait_ns", waited)
                 stats.add("next_calls", 1)
                 stats.set("ready_batches", len(self._ready))
                 stats.set("in_flight", self._in_window() - len(self._ready))

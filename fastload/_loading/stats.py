@@ -30,7 +30,7 @@ from fastload._loading.shm import STATS_TAG, Segment, own_segments
 from fastload._machine import pid_alive
 
 MAGIC = b"FLSTATS1"
-VERSION = 2  # 2: read_runq_ns
+VERSION = 3  # 2: read_runq_ns; 3: epochs, epoch_start_wait_ns
 _HEAD = struct.Struct("<8sqqqqqqq")
 COUNTERS = (
     "batches",
@@ -49,6 +49,8 @@ COUNTERS = (
     "in_flight",  # gauge: batches being decoded
     "failures",
     "updated_ns",  # monotonic-free wall clock (time.time_ns) of the last update
+    "epochs",  # iterations that yielded a batch
+    "epoch_start_wait_ns",  # of trainer_wait_ns, the waits for each epoch's first batch
 )
 _INDEX = {name: i for i, name in enumerate(COUNTERS)}
 _PATH_BYTES = 256
@@ -86,6 +88,8 @@ class LoaderStats:
     in_flight: int
     failures: int
     updated: float  # unix time of the last update
+    epochs: int = 0  # iterations that yielded a batch
+    epoch_start_wait_s: float = 0.0  # of trainer_wait_s, the waits for each epoch's first batch
 
 
 class StatsWriter:
@@ -162,6 +166,8 @@ def _parse(buf: memoryview | bytes | bytearray | object) -> LoaderStats:
         in_flight=v["in_flight"],
         failures=v["failures"],
         updated=v["updated_ns"] / 1e9,
+        epochs=v["epochs"],
+        epoch_start_wait_s=v["epoch_start_wait_ns"] / 1e9,
     )
 
 
