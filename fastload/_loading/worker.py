@@ -140,7 +140,7 @@ def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg
                 return
             continue
         frames = sock.recv_multipart()
-        kind = frames[0]
+        kind = frames[0][:1]
         if kind == proto.STOP:
             return
         if kind in (proto.JOB, proto.DROP, proto.LAYOUT):
@@ -158,7 +158,7 @@ def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg
             else:
                 layouts[job_id] = BatchLayout.from_json(frames[2])
             continue
-        task = proto.decode_task(frames)
+        task = proto.decode_task(frames[0])
         job = jobs.get(task.job_id)
         if job is None:
             error = KeyError(f"job {task.job_id} is unknown to this worker")

@@ -1,8 +1,9 @@
 """The engine<->worker wire format: ZeroMQ multipart messages of fixed structs, never pickles.
 
 Engine (ROUTER) -> worker (DEALER):
-    TASK    [b"T", TASK_HEAD(seq, batch_index, epoch, count, job, row), slot name, int64 indices]
-    PROBE   [b"P", TASK_HEAD(seq, batch_index, epoch, 1, job, 0), b"", int64 index]
+    TASK    [b"T" TASK_HEAD(seq, batch_index, epoch, count, job, row) SLOT_LEN slot-name int64-indices]
+    PROBE   [b"P" TASK_HEAD(seq, batch_index, epoch, 1, job, 0) SLOT_LEN(0) int64-index]
+            (one frame each: a task is one send)
     JOB     [b"J", JOB_HEAD(job), job JSON]        (a daemon's jobs; local mode forks job 0 in)
     DROP    [b"X", JOB_HEAD(job)]                  (forget a job)
     LAYOUT  [b"L", JOB_HEAD(job), layout JSON]
@@ -49,20 +50,27 @@ JOB_HEAD = struct.Struct("<q")
 READY_HEAD = struct.Struct("<q")
 DONE_HEAD = struct.Struct("<qqqqqqq")
 SEQ_HEAD = struct.Struct("<q")
+SLOT_LEN = struct.Struct("<H")
 
 
 def encode_task(task: Task, kind: bytes) -> list[bytes]:
-    """A TASK or PROBE message (the engine prepends the worker's identity)."""
+    """A TASK or PROBE message, one frame (the engine prepends the worker's identity): every
+    frame is a send call on the trainer's thread, and a batch is a task per worker."""
+    slot = task.slot_name.encode()
     head = TASK_HEAD.pack(task.seq, task.batch_index, task.epoch, len(task.indices), task.job_id, task.row)
-    return [kind, head, task.slot_name.encode(), task.indices.astype("<i8", copy=False).tobytes()]
+    indices = task.indices.astype("<i8", copy=False).tobytes()
+    return [b"".join((kind, head, SLOT_LEN.pack(len(slot)), slot, indices))]
 
 
-def decode_task(frames: list[bytes]) -> Task:
-    seq, batch_index, epoch, _, job_id, row = TASK_HEAD.unpack(frames[1])
-    return Task(
-        seq, epoch, batch_index, np.frombuffer(frames[3], dtype="<i8"), frames[2].decode(),
-        probe=frames[0] == PROBE, job_id=job_id, row=row,
-    )
+def decode_task(frame: bytes) -> Task:
+    """The task in a TASK or PROBE frame (`encode_task`)."""
+    seq, batch_index, epoch, count, job_id, row = TASK_HEAD.unpack_from(frame, 1)
+    at = 1 + TASK_HEAD.size
+    (length,) = SLOT_LEN.unpack_from(frame, at)
+    at += SLOT_LEN.size
+    slot = frame[at : at + length].decode()
+    indices = np.frombuffer(frame, dtype="<i8", count=count, offset=at + length).copy()  # aligned
+    return Task(seq, epoch, batch_index, indices, slot, probe=frame[:1] == PROBE, job_id=job_id, row=row)
 
 
 def encode_event(event: Event) -> list[Any]:
