@@ -62,7 +62,7 @@ def test_the_next_epoch_is_decoding_before_its_iteration_starts() -> None:
         assert len(ahead.batch_of_ticket) + len(ahead.ready) == loader._pipeline.prefetch  # type: ignore[union-attr]
         time.sleep(0.2)
         it = iter(loader)  # epoch 1, as the loader counts: it takes them over
-        assert it._batch_of_ticket or it._ready  # type: ignore[attr-defined]
+        assert it._lane.batch_of_ticket or it._lane.ready  # type: ignore[attr-defined]
         second = _take(it)
     assert sorted(first) == sorted(second) == list(range(40))
     assert second == _fresh(1, **KWARGS), "decoding ahead changed the next epoch's batches"

@@ -395,16 +395,17 @@ def _deadline(timeout_s: float) -> float | None:
 
 
 @dataclass
-class Lookahead:
-    """The next epoch's first batches, submitted while this epoch's tail is consumed (see NOTE
-    [no drain]); handed to the next iteration if it runs that epoch from its start."""
+class Lane:
+    """One epoch's batches on their way: the plan's remaining batches, the tickets in flight and
+    the outcomes not yet yielded. An iteration has its own epoch's lane and, once that is all
+    submitted, a lane for the next epoch (NOTE [no drain]), which the next iteration takes over."""
 
     epoch: int
     batches: Iterator[np.ndarray]
     next_batch_index: int = 0
     batch_of_ticket: dict[int, int] = field(default_factory=dict)  # ticket -> batch index
     ready: dict[int, _Outcome] = field(default_factory=dict)  # batch index -> outcome
-    exhausted: bool = False
+    exhausted: bool = False  # every batch of the plan submitted (or failed at its probe)
 
 
 # NOTE [no drain]: a pipeline that stops submitting when an epoch's plan runs out idles its workers
@@ -428,88 +429,61 @@ class EpochIterator(Iterator[Any]):
         start: int,
         on_yield: Any,
         following: tuple[int, Callable[[], Iterator[np.ndarray]]] | None = None,
-        carried: Lookahead | None = None,
+        carried: Lane | None = None,
     ) -> None:
         """`following`: (the epoch the next iteration will most likely run, its batches from the
-        start), to decode ahead into; `carried`: what the previous iteration decoded ahead for
-        this epoch (its batches from `start`), taken over."""
+        start), to decode ahead into; `carried`: the lane a previous iteration decoded ahead for
+        this epoch from `start`, taken over instead of `batches`."""
         self._pipeline = pipeline
         self._epoch = epoch
-        self._batch_of_ticket: dict[int, int]  # ticket (seq) -> batch index, in flight
-        self._ready: dict[int, _Outcome]  # batch index -> outcome
-        if carried is not None:
-            self._batches = carried.batches
-            self._next_batch_index = carried.next_batch_index
-            self._batch_of_ticket = carried.batch_of_ticket
-            self._ready = carried.ready
-            self._exhausted = carried.exhausted
-        else:
-            self._batches = batches
-            self._next_batch_index = start
-            self._batch_of_ticket, self._ready = {}, {}
-            self._exhausted = False
+        self._lane = carried if carried is not None else Lane(epoch, batches, start)
         self._next_yield = start
         self._following = following
-        self._ahead: Lookahead | None = None
+        self._ahead: Lane | None = None
         self._active = True
         self._superseded = False  # ended by a newer iter(loader) before it was exhausted
         self._started = False  # it yielded a batch (its first wait is the epoch's start-up)
         self._on_yield = on_yield
 
     def _in_window(self) -> int:
-        ahead = len(self._ahead.batch_of_ticket) + len(self._ahead.ready) if self._ahead else 0
-        return len(self._batch_of_ticket) + len(self._ready) + ahead
+        lanes = (self._lane, self._ahead) if self._ahead is not None else (self._lane,)
+        return sum(len(lane.batch_of_ticket) + len(lane.ready) for lane in lanes)
 
     def _fill(self) -> None:
-        pipe = self._pipeline
-        while not self._exhausted and self._in_window() < pipe.prefetch:
-            indices = next(self._batches, None)
-            if indices is None:
-                self._exhausted = True
-                break
-            failed = pipe.ensure_layout(self._epoch, self._next_batch_index, int(indices[0]))
-            if failed is not None:  # its first sample failed while probed: the batch fails, in order
-                self._ready[self._next_batch_index] = failed
-                self._next_batch_index += 1
-                continue
-            ticket = pipe.submit(self._epoch, self._next_batch_index, indices)
-            if ticket is None:
-                self._batches = itertools.chain([indices], self._batches)
-                return
-            self._batch_of_ticket[ticket] = self._next_batch_index
-            self._next_batch_index += 1
-        if self._exhausted and self._following is not None and pipe.ring is not None:
-            self._fill_ahead()
+        self._fill_lane(self._lane)
+        if self._lane.exhausted and self._following is not None and self._pipeline.ring is not None:
+            if self._ahead is None:
+                epoch, batches = self._following
+                self._ahead = Lane(epoch, batches())
+            self._fill_lane(self._ahead)
 
-    def _fill_ahead(self) -> None:
-        """Submit the following epoch's first batches into the room this epoch no longer needs."""
+    def _fill_lane(self, lane: Lane) -> None:
+        """Submit `lane`'s next batches while the window has room and a slot is free."""
         pipe = self._pipeline
-        if self._ahead is None:
-            assert self._following is not None
-            epoch, batches = self._following
-            self._ahead = Lookahead(epoch, batches())
-        ahead = self._ahead
-        while not ahead.exhausted and self._in_window() < pipe.prefetch:
-            indices = next(ahead.batches, None)
+        while not lane.exhausted and self._in_window() < pipe.prefetch:
+            indices = next(lane.batches, None)
             if indices is None:
-                ahead.exhausted = True
+                lane.exhausted = True
                 return
-            ticket = pipe.submit(ahead.epoch, ahead.next_batch_index, indices)
+            failed = pipe.ensure_layout(lane.epoch, lane.next_batch_index, int(indices[0]))
+            if failed is not None:  # its first sample failed while probed: the batch fails, in order
+                lane.ready[lane.next_batch_index] = failed
+                lane.next_batch_index += 1
+                continue
+            ticket = pipe.submit(lane.epoch, lane.next_batch_index, indices)
             if ticket is None:
-                ahead.batches = itertools.chain([indices], ahead.batches)
+                lane.batches = itertools.chain([indices], lane.batches)
                 return
-            ahead.batch_of_ticket[ticket] = ahead.next_batch_index
-            ahead.next_batch_index += 1
+            lane.batch_of_ticket[ticket] = lane.next_batch_index
+            lane.next_batch_index += 1
 
     def _take_outcomes(self) -> None:
         for ticket, outcome in self._pipeline.take_outcomes():
-            if ticket in self._batch_of_ticket:
-                self._ready[self._batch_of_ticket.pop(ticket)] = outcome
-            else:
-                assert self._ahead is not None
-                self._ahead.ready[self._ahead.batch_of_ticket.pop(ticket)] = outcome
+            lane = self._lane if ticket in self._lane.batch_of_ticket else self._ahead
+            assert lane is not None
+            lane.ready[lane.batch_of_ticket.pop(ticket)] = outcome
 
-    def hand_over(self, epoch: int, start: int) -> Lookahead | None:
+    def hand_over(self, epoch: int, start: int) -> Lane | None:
         """End this iteration for a newer one that runs `epoch` from batch `start`: what was
         decoded ahead for it, if that is the epoch it ran ahead into, else None (then cancelled)."""
         ahead, self._ahead = self._ahead, None
@@ -517,7 +491,7 @@ class EpochIterator(Iterator[Any]):
         if ahead is not None and ahead.epoch == epoch and start == 0:
             return ahead
         if ahead is not None:
-            self._drop(ahead.batch_of_ticket, ahead.ready)
+            self._drop(ahead)
         return None
 
     def __next__(self) -> Any:
@@ -544,27 +518,28 @@ class EpochIterator(Iterator[Any]):
                     stats.add("epochs", 1)
                     stats.add("epoch_start_wait_ns", waited)
                 stats.add("next_calls", 1)
-                stats.set("ready_batches", len(self._ready))
-                stats.set("in_flight", self._in_window() - len(self._ready))
+                stats.set("ready_batches", len(self._lane.ready))
+                stats.set("in_flight", self._in_window() - len(self._lane.ready))
 
     def _next(self) -> Any:
         pipe = self._pipeline
         deadline = _deadline(pipe.spec.timeout_s)
-        if self._next_yield in self._ready and not pipe.inline:
+        if self._next_yield in self._lane.ready and not pipe.inline:
             # Take in what finished meanwhile (without waiting): it frees slots and keeps the
             # ready-queue figure that iostat shows true even when the trainer never has to wait.
             pipe.poll_once(None, wait_s=0.0)
             self._take_outcomes()
-        while self._next_yield not in self._ready:
+        while self._next_yield not in self._lane.ready:
             self._fill()
-            if self._exhausted and not self._batch_of_ticket and self._next_yield not in self._ready:
+            lane = self._lane
+            if lane.exhausted and not lane.batch_of_ticket and self._next_yield not in lane.ready:
                 self._active = False  # done; what it decoded ahead waits for the next iteration
                 raise StopIteration
-            if pipe.grow_if_starved(len(self._ready)):
+            if pipe.grow_if_starved(len(self._lane.ready)):
                 continue  # a slot is free again: submit into it rather than wait for nothing
             pipe.poll_once(deadline)
             self._take_outcomes()
-        outcome = self._ready.pop(self._next_yield)
+        outcome = self._lane.ready.pop(self._next_yield)
         self._next_yield += 1
         self._on_yield(self._epoch, self._next_yield)
         self._fill()
@@ -580,16 +555,16 @@ class EpochIterator(Iterator[Any]):
         """End this epoch early: outcomes not yet delivered (and what was decoded ahead for the
         next epoch) give their slots back."""
         if self._ahead is not None:
-            self._drop(self._ahead.batch_of_ticket, self._ahead.ready)
+            self._drop(self._ahead)
             self._ahead = None
         if not self._active:
             return
         self._active = False
-        self._drop(self._batch_of_ticket, self._ready)
+        self._drop(self._lane)
 
-    def _drop(self, batch_of_ticket: dict[int, int], ready: dict[int, _Outcome]) -> None:
-        self._pipeline.cancel(list(batch_of_ticket))
-        batch_of_ticket.clear()
-        for outcome in ready.values():
+    def _drop(self, lane: Lane) -> None:
+        self._pipeline.cancel(list(lane.batch_of_ticket))
+        lane.batch_of_ticket.clear()
+        for outcome in lane.ready.values():
             self._pipeline.discard(outcome)
-        ready.clear()
+        lane.ready.clear()
