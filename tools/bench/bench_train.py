@@ -6,7 +6,9 @@
 
 reporting images/s of each, fed as a share of min(loader alone, consumer alone), the time the
 trainer spends waiting inside `next()` and how busy the loader's workers were (fastload's own
-counters). Several epochs are run back to back (`--epochs`), so what happens at epoch ends counts.
+counters: read + decode wall time over wall time x workers; above 100% when the workers' stages
+also wait for a CPU, e.g. a spinning step on the same cores). Several epochs are run back to
+back (`--epochs`), so what happens at epoch ends counts.
 
 The step: `--step sleep:MS` or `--step spin:MS` (runs anywhere; `sleep:auto` takes as long per
 batch as the loader alone delivers one, the hardest case for overlap), or `--step resnet18` /
