@@ -22,7 +22,7 @@ from fastload._errors import ConfigError
 from fastload._loading.jobs import DatasetJob, FolderJob, Job
 from fastload._loading.pipeline import EpochIterator, Pipeline
 from fastload._loading.plan import BatchSampler, SamplerPlan, ShuffledPlan
-from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
+from fastload._loading.ring import EXTRA_SLOTS
 from fastload._loading.shm import preflight
 from fastload._loading.sources import ImageFolderIndex
 from fastload._loading.spec import build_spec
@@ -191,8 +191,8 @@ class FastLoader:
         assert spec.transforms is not None
         job = FolderJob(self._index, spec.transforms, spec.backend, spec.seed, spec.slot_batch_size)
         assert job.layout is not None
-        prefetch = spec.prefetch or default_prefetch(spec.num_workers, job.layout.slot_bytes)
-        preflight(job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))
+        prefetch = spec.ring_prefetch(spec.num_workers, job.layout.slot_bytes)
+        preflight(job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))  # before any worker is forked
         self._job = job
 
     def _make_plan(self) -> ShuffledPlan | SamplerPlan:

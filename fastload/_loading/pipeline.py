@@ -29,7 +29,7 @@ from fastload._loading.engine import Engine, InlineExecutor, raise_failure
 from fastload._loading.executor import Done, Event, Executor, Failure, Opaque, Probed, RemoteExecutor, Task
 from fastload._loading.jobs import Job
 from fastload._loading.layout import BatchLayout
-from fastload._loading.ring import EXTRA_SLOTS, Ring, default_prefetch
+from fastload._loading.ring import EXTRA_SLOTS, Ring
 from fastload._loading.shm import install_signal_cleanup, preflight, reap_orphans
 from fastload._loading.spec import LoaderSpec
 from fastload._loading.stats import StatsWriter
@@ -93,10 +93,10 @@ class Pipeline:
         self._slots = _RingSlots()  # how tasks run on this thread (inline) find a slot's memory
         self.workers = spec.num_workers if session is None else session.workers
         # Batches in flight: as the user said, else sized from the batch's bytes once they are known
-        # (`default_prefetch`); until a Dataset's sample is probed, DataLoader's two per worker.
+        # (`spec.ring_prefetch`); until a Dataset's sample is probed, DataLoader's two per worker.
         self.prefetch = spec.prefetch or 2 * max(1, self.workers)
-        if self.layout is not None and spec.prefetch is None:
-            self.prefetch = default_prefetch(self.workers, self.layout.slot_bytes)
+        if self.layout is not None:
+            self.prefetch = spec.ring_prefetch(self.workers, self.layout.slot_bytes)
         install_signal_cleanup()
         reap_orphans()
         reap_engine_dirs()
@@ -162,8 +162,7 @@ class Pipeline:
                 self.opaque = True
                 return None
             self.executor.set_layout(self.layout)
-            if self.spec.prefetch is None:
-                self.prefetch = default_prefetch(self.workers, self.layout.slot_bytes)
+            self.prefetch = self.spec.ring_prefetch(self.workers, self.layout.slot_bytes)
         layout = self.layout
         self._build_ring_or_close(lambda: Ring(layout.slot_bytes, self.prefetch + EXTRA_SLOTS))
         return None

@@ -22,7 +22,7 @@ from fastload._daemon.client import resolve_address
 from fastload._errors import ConfigError
 from fastload._loading.delivery import ImageOutput
 from fastload._loading.ranks import process_position
-from fastload._loading.ring import MAX_PREFETCH
+from fastload._loading.ring import MAX_PREFETCH, default_prefetch
 from fastload._machine import usable_cores
 from fastload.transforms import Transform, TransformPlan, compile_transforms, to_config
 
@@ -72,6 +72,11 @@ class LoaderSpec:
     def label(self) -> str:
         """What `fastload iostat` calls this loader: the folder, or the Dataset's class."""
         return self.folder if self.folder is not None else type(self.dataset).__name__
+
+    def ring_prefetch(self, workers: int, slot_bytes: int) -> int:
+        """Batches in flight for batches of `slot_bytes`: `prefetch` as given, else sized from the
+        bytes (`ring.default_prefetch`)."""
+        return self.prefetch or default_prefetch(workers, slot_bytes)
 
     def with_seed(self, seed: int) -> LoaderSpec:
         """This spec with another base seed (`load_state_dict` of a state saved with it)."""
