@@ -19,8 +19,9 @@ import torch
 
 from fastload._daemon.client import DaemonSession
 from fastload._errors import ConfigError
+from fastload._loading.epoch import EpochIterator
 from fastload._loading.jobs import DatasetJob, FolderJob, Job
-from fastload._loading.pipeline import EpochIterator, Pipeline
+from fastload._loading.pipeline import Pipeline
 from fastload._loading.plan import BatchSampler, SamplerPlan, ShuffledPlan
 from fastload._loading.ring import EXTRA_SLOTS
 from fastload._loading.shm import preflight
@@ -243,7 +244,7 @@ class FastLoader:
         carried = None
         if self._iterator is not None:
             # Its next() now says why it ended (never a silent stop); what it decoded ahead for
-            # this epoch is taken over (NOTE [no drain] in `pipeline`).
+            # this epoch is taken over (NOTE [no drain] in `epoch`).
             carried = self._iterator.hand_over(epoch, start)
         if self._pipeline is not None and self._pipeline.closed:
             self._pipeline, carried = None, None  # its ring could not be made: it closed itself
