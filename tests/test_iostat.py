@@ -229,31 +229,15 @@ def test_stats_count_every_sample(folder: Path) -> None:
 
 
 def test_waits_at_epoch_starts_are_named_in_the_advice() -> None:
-    drained = _one_second(
-        batches=10,
-        samples=80,
-        read_s=0.2,
-        read_cpu_s=0.18,
-        decode_s=0.4,
-        trainer_wait_s=0.5,
-        next_calls=10,
-        epochs=2,
-        epoch_start_wait_s=0.4,
-    )
-    _verdict, advice = classify(drained, IDLE, cores=2)
+    def two_epochs(start_wait_s: float) -> LoaderRates:
+        return _one_second(
+            batches=10, samples=80, read_s=0.2, read_cpu_s=0.18, decode_s=0.4, trainer_wait_s=0.5,
+            next_calls=10, epochs=2, epoch_start_wait_s=start_wait_s,
+        )
+
+    _verdict, advice = classify(two_epochs(0.4), IDLE, cores=2)
     assert any("first batch of 2 epoch(s)" in line and "set_epoch" in line for line in advice), advice
-    steady = _one_second(
-        batches=10,
-        samples=80,
-        read_s=0.2,
-        read_cpu_s=0.18,
-        decode_s=0.4,
-        trainer_wait_s=0.5,
-        next_calls=10,
-        epochs=2,
-        epoch_start_wait_s=0.02,
-    )
-    assert not any("first batch" in line for line in classify(steady, IDLE, cores=2)[1])
+    assert not any("first batch" in line for line in classify(two_epochs(0.02), IDLE, cores=2)[1])
 
 
 class _Slow(Dataset[int]):
