@@ -9,8 +9,10 @@ import contextlib
 import os
 import random
 import signal
+import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -24,6 +26,30 @@ except ImportError:  # pragma: no cover - psutil is in the `test` extra; /proc i
     psutil = None
 
 SHM_DIR = "/dev/shm"
+
+
+def torchvision_or_skip() -> types.ModuleType:
+    """torchvision, the reference the transform tests compare against (a test-only package: the
+    test command installs it without its dependencies); the test is skipped, saying why, without it.
+
+    On a CPU-only torch the CUDA build of torchvision that matches it cannot load its compiled
+    operators (nms, roi_align: nothing the transforms use), and its import fails registering their
+    meta kernels; its transforms are plain torch code, so they are imported without those.
+    """
+    import pytest
+
+    try:
+        import torchvision
+    except ImportError:
+        pytest.skip("torchvision is not installed (a test-only reference: tools/_venv.sh installs it)")
+    except RuntimeError as e:  # its compiled operators do not match this torch build
+        if "torchvision::" not in str(e):
+            raise
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+        import torchvision
+    return torchvision
 
 # Processes and segments
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import write_image
+from helpers import torchvision_or_skip, write_image
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -555,7 +555,7 @@ def test_pillow_backend_with_draft_is_close_to_torchvision(sources: dict[str, Pa
 
 
 def test_against_torchvision_when_installed(sources: dict[str, Path]) -> None:
-    torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed (not a dependency)")
+    torchvision = torchvision_or_skip()
     import torch
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms import functional as F

@@ -21,6 +21,14 @@ if ! .venv/bin/python -c "import PIL" 2>/dev/null; then
         "${pip[@]}" install "pillow>=9.1"
     fi
 fi
+# torchvision: the transform tests' reference, test-only. Each release requires exactly one torch
+# (torchvision 0.N+15 for torch 2.N), so it goes in without dependencies, pulling neither another
+# torch nor Pillow over pillow-simd; where none matches, its tests skip and say why.
+if [ "${1:-}" = test ] && ! .venv/bin/python -m pip show -q torchvision >/dev/null 2>&1; then
+    torch_minor=$(.venv/bin/python -c "import torch; print(torch.__version__.split('.')[1])")
+    "${pip[@]}" install --no-deps "torchvision==0.$((torch_minor + 15)).*" \
+        || echo "no torchvision for this torch: the tests that compare against it will skip"
+fi
 spec="."
 [ -n "${1:-}" ] && spec=".[$1]"
 "${pip[@]}" install -e "$spec"

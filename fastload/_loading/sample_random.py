@@ -15,7 +15,16 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["DRAWS", "SampleRandom", "sample_randoms"]
+__all__ = [
+    "BATCH_STREAM",
+    "DRAWS",
+    "GEOMETRY_STREAM",
+    "PIXELS_STREAM",
+    "TENSOR_STREAM",
+    "SampleRandom",
+    "sample_randoms",
+    "sample_uniforms",
+]
 
 DRAWS = 48  # per sample: RandomResizedCrop's 10 attempts x 4 draws, a flip, and some room
 _STREAM = 0x5A5A_0000_0000_005A
@@ -32,19 +41,28 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return mixed
 
 
-def _key(seed: int, epoch: int) -> np.ndarray:
-    """(seed, epoch) hashed to one 64-bit key (a 1-element array: array arithmetic wraps quietly)."""
-    words = np.array([seed & (2**64 - 1), epoch & (2**64 - 1), _STREAM], dtype=np.uint64) + _GAMMA
+def _key(seed: int, epoch: int, stream: int) -> np.ndarray:
+    """(seed, epoch, stream) hashed to one 64-bit key (a 1-element array: array arithmetic wraps quietly)."""
+    words = np.array([seed & (2**64 - 1), epoch & (2**64 - 1), stream], dtype=np.uint64) + _GAMMA
     key = np.zeros(1, np.uint64)
     for k in range(len(words)):
         key = _mix(key ^ words[k : k + 1])
     return key
 
 
-def sample_uniforms(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
-    """(len(indices), DRAWS) uniform doubles in [0, 1): row i is sample `indices[i]`'s."""
-    counters = indices.astype(np.uint64)[:, None] * np.uint64(DRAWS) + np.arange(DRAWS, dtype=np.uint64)
-    bits = _mix(_key(seed, epoch) + (counters + np.uint64(1)) * _GAMMA)
+GEOMETRY_STREAM = _STREAM
+PIXELS_STREAM = _STREAM + 1  # the pixel stage's draws (fastload._augment), apart from the geometry's
+TENSOR_STREAM = _STREAM + 2  # RandomErasing's
+BATCH_STREAM = _STREAM + 3  # a batch's MixUp/CutMix draws, keyed by its first sample
+
+
+def sample_uniforms(
+    seed: int, epoch: int, indices: np.ndarray, draws: int = DRAWS, stream: int = GEOMETRY_STREAM
+) -> np.ndarray:
+    """(len(indices), draws) uniform doubles in [0, 1): row i is sample `indices[i]`'s, from `stream`
+    (one independent sequence per stage)."""
+    counters = indices.astype(np.uint64)[:, None] * np.uint64(draws) + np.arange(draws, dtype=np.uint64)
+    bits = _mix(_key(seed, epoch, stream) + (counters + np.uint64(1)) * _GAMMA)
     return (bits >> np.uint64(11)).astype(np.float64) * _U53
 
 

@@ -1,0 +1,67 @@
+"""Declarative image transforms with torchvision's names, parameters and semantics.
+
+Transforms are data, not callables: a chain of them is compiled once into a `TransformPlan`,
+which knows the output size up front (so batch buffers are sized before any image is decoded)
+and cuts the chain into stages that each run where they are cheapest (NOTE [transform stages]
+in `_plan`): crops, resizes and flips folded into the decode; colour operations and policies
+batched on the uint8 samples (in the workers, or on the GPU after the copy); RandomErasing after
+normalization; MixUp/CutMix across the batch, labels becoming soft targets.
+
+Every random choice is drawn from (seed, epoch, sample index), so results do not depend on which
+worker ran a sample, nor on how many workers there are. Every parameter is checked once, when a
+transform is built (by a user, or from a client's JSON): a bad value is a `ConfigError` naming the
+transform, the parameter, the value and what is accepted, instead of an error on every sample.
+"""
+
+from fastload.transforms._base import MAX_SIDE as MAX_SIDE
+from fastload.transforms._base import RandomSource as RandomSource
+from fastload.transforms._base import Transform
+from fastload.transforms._color import (
+    ColorJitter,
+    GaussianBlur,
+    RandomAutocontrast,
+    RandomEqualize,
+    RandomGrayscale,
+    RandomPosterize,
+    RandomSolarize,
+)
+from fastload.transforms._config import from_config as from_config
+from fastload.transforms._config import to_config as to_config
+from fastload.transforms._geometric import (
+    CenterCrop,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+)
+from fastload.transforms._geometric import SampleGeometry as SampleGeometry
+from fastload.transforms._mixing import CutMix, MixUp, RandomChoice, RandomErasing
+from fastload.transforms._plan import TransformPlan as TransformPlan
+from fastload.transforms._plan import compile_transforms as compile_transforms
+from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
+
+# The transforms. The loader's machinery re-exported above (`compile_transforms`, `TransformPlan`,
+# `SampleGeometry`, `RandomSource`, `to_config`, `from_config`, `MAX_SIDE`) is used inside
+# fastload and is not part of the public API.
+__all__ = [
+    "AugMix",
+    "AutoAugment",
+    "CenterCrop",
+    "ColorJitter",
+    "CutMix",
+    "GaussianBlur",
+    "MixUp",
+    "RandAugment",
+    "RandomAutocontrast",
+    "RandomChoice",
+    "RandomEqualize",
+    "RandomErasing",
+    "RandomGrayscale",
+    "RandomHorizontalFlip",
+    "RandomPosterize",
+    "RandomResizedCrop",
+    "RandomSolarize",
+    "Resize",
+    "Transform",
+    "TrivialAugmentWide",
+]
+

@@ -1,0 +1,110 @@
+"""Transforms as plain JSON-able data and back: how a chain crosses a socket to the daemon (data,
+never pickles). Every name, field and value read back is checked, then the transform's own checks run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from fastload._errors import ConfigError
+from fastload.transforms._base import Transform
+from fastload.transforms._color import (
+    ColorJitter,
+    GaussianBlur,
+    RandomAutocontrast,
+    RandomEqualize,
+    RandomGrayscale,
+    RandomPosterize,
+    RandomSolarize,
+)
+from fastload.transforms._geometric import CenterCrop, RandomHorizontalFlip, RandomResizedCrop, Resize
+from fastload.transforms._mixing import CutMix, MixUp, RandomChoice, RandomErasing
+from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
+
+BY_NAME: dict[str, type[Transform]] = {
+    cls.__name__: cls
+    for cls in (
+        RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip,
+        ColorJitter, RandomGrayscale, GaussianBlur, RandomSolarize, RandomPosterize,
+        RandomAutocontrast, RandomEqualize,
+        RandAugment, TrivialAugmentWide, AutoAugment, AugMix,
+        RandomErasing, MixUp, CutMix, RandomChoice,
+    )
+}
+_MAX_ENTRIES = 32
+_MAX_DEPTH = 2  # a RandomChoice holds transforms, which hold none
+
+
+def _entry_value(value: object) -> object:
+    if isinstance(value, tuple):
+        return [_entry_value(v) for v in value]
+    if isinstance(value, Transform):
+        return _entry(value)
+    return value
+
+
+def _entry(t: Transform) -> dict[str, object]:
+    entry: dict[str, object] = {"type": type(t).__name__}
+    for field in dataclasses.fields(t):  # type: ignore[arg-type]
+        entry[field.name] = _entry_value(getattr(t, field.name))
+    return entry
+
+
+def to_config(transforms: Sequence[Transform]) -> list[dict[str, object]]:
+    """The chain as plain JSON-able data: [{"type": name, field: value, ...}, ...]."""
+    return [_entry(t) for t in transforms]
+
+
+def _field_value(kind: str, name: str, value: object, depth: int) -> object:
+    """Check one field read from configuration: numbers, short strings, up to 4 numbers, None, or
+    (for RandomChoice) a list of transforms."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str) and len(value) <= 32:
+        return value
+    if isinstance(value, list) and 1 <= len(value) <= 4 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
+        return tuple(value)
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return _chain(value, depth + 1)
+    raise ConfigError(f"{kind}.{name}: {value!r} is not a valid value")
+
+
+def _chain(config: object, depth: int) -> tuple[Transform, ...]:
+    if depth > _MAX_DEPTH:
+        raise ConfigError("transforms nest too deep")
+    if not isinstance(config, list) or len(config) > _MAX_ENTRIES:
+        raise ConfigError(f"transforms must be a list of at most {_MAX_ENTRIES} entries")
+    chain: list[Transform] = []
+    for entry in config:
+        if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+            raise ConfigError(f"a transform entry must be an object with a 'type': {entry!r}"[:200])
+        kind = entry["type"]
+        cls = BY_NAME.get(kind)
+        if cls is None:
+            raise ConfigError(f"unknown transform {kind[:40]!r}; known: {', '.join(sorted(BY_NAME))}")
+        fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        kwargs = {}
+        for name, value in entry.items():
+            if name == "type":
+                continue
+            if name not in fields:
+                raise ConfigError(f"{kind} has no parameter {name[:40]!r}")
+            kwargs[name] = _field_value(kind, name, value, depth)
+        try:
+            chain.append(cls(**kwargs))
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{kind}: {e}") from e
+    return tuple(chain)
+
+
+def from_config(config: object) -> tuple[Transform, ...]:
+    """Rebuild a chain from `to_config` data, validating every name, field and value.
+
+    This is how transforms cross a socket (the daemon's clients): data, never pickles.
+    """
+    return _chain(config, 0)

@@ -1,0 +1,191 @@
+"""The geometric transforms (stage "geometry"): crops, resizes and flips, which the decoder folds
+into the decode, so that only the pixels a crop keeps are decoded. Randomness follows
+torchvision's algorithms exactly (e.g. `RandomResizedCrop`'s ten tries of a log-uniform aspect
+ratio, then the central fallback), drawn from a sample's own `RandomSource`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fastload._errors import ConfigError
+from fastload.transforms._base import (
+    MAX_RATIO,
+    MAX_SCALE,
+    MAX_SIDE,
+    RandomSource,
+    Stage,
+    Transform,
+    check_bool,
+    check_interpolation,
+    check_range,
+    is_int,
+    is_number,
+    pair,
+    reject,
+)
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop(Transform):
+    """Crop a random area and aspect ratio, then resize to `size` (torchvision semantics).
+
+    Args:
+        size: output (height, width), or an int for a square.
+        scale: range of the crop's area as a fraction of the image's area: finite, 0 < min <= max
+            (max may exceed 1, as in torchvision; both at most 1e6).
+        ratio: range of the crop's aspect ratio (width / height), sampled log-uniformly: finite,
+            1e-6 < min <= max <= 1e6.
+        interpolation: resampling filter; "bilinear" as torchvision's default.
+        antialias: filter when downscaling, as torchvision's default (True) and PIL always do.
+    """
+
+    stage: ClassVar[Stage] = "geometry"
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    interpolation: str = "bilinear"
+    antialias: bool = True
+
+    def __post_init__(self) -> None:
+        pair(self.size, "RandomResizedCrop")
+        check_range("RandomResizedCrop", "scale", self.scale, 0.0, MAX_SCALE)
+        check_range("RandomResizedCrop", "ratio", self.ratio, 1.0 / MAX_RATIO, MAX_RATIO)
+        check_interpolation("RandomResizedCrop", self.interpolation)
+        check_bool("RandomResizedCrop", "antialias", self.antialias)
+
+    def sample_box(self, height: int, width: int, rng: RandomSource) -> tuple[int, int, int, int]:
+        """Return (top, left, crop_height, crop_width), torchvision's `get_params` algorithm."""
+        area = height * width
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for _ in range(10):
+            target_area = area * rng.uniform(self.scale[0], self.scale[1])
+            aspect_ratio = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+            w = int(round(math.sqrt(target_area * aspect_ratio)))
+            h = int(round(math.sqrt(target_area / aspect_ratio)))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(rng.integers(0, height - h + 1))
+                left = int(rng.integers(0, width - w + 1))
+                return top, left, h, w
+        # Fallback to a central crop with the ratio clamped into range.
+        in_ratio = width / height
+        if in_ratio < min(self.ratio):
+            w = width
+            h = int(round(w / min(self.ratio)))
+        elif in_ratio > max(self.ratio):
+            h = height
+            w = int(round(h * max(self.ratio)))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+
+def shorter_edge(size: int | Sequence[int]) -> int | None:
+    """A Resize size's target for the shorter edge (an int or, as torchvision, a 1-sequence)."""
+    if isinstance(size, int):
+        return size
+    return int(size[0]) if len(size) == 1 else None
+
+
+@dataclass(frozen=True)
+class Resize(Transform):
+    """Resize to `size` (torchvision semantics).
+
+    An int (or a 1-sequence, as in torchvision) matches the shorter edge to it, keeping the aspect
+    ratio (the longer edge is `int(size * long / short)`, capped by `max_size`); a (height, width)
+    pair sets both.
+    """
+
+    stage: ClassVar[Stage] = "geometry"
+
+    size: int | tuple[int, int]
+    interpolation: str = "bilinear"
+    max_size: int | None = None
+    antialias: bool = True
+
+    def __post_init__(self) -> None:
+        pair(self.size, "Resize")  # checks an int, a 1-sequence (the shorter edge) and a pair alike
+        edge = shorter_edge(self.size)
+        check_interpolation("Resize", self.interpolation)
+        check_bool("Resize", "antialias", self.antialias)
+        if self.max_size is not None:
+            if edge is None:
+                raise ConfigError("Resize: max_size is only allowed when size is an int")
+            if not (is_int(self.max_size) and edge < self.max_size <= MAX_SIDE):
+                raise reject(
+                    "Resize",
+                    "max_size",
+                    self.max_size,
+                    f"None or an int larger than size ({edge}) and at most {MAX_SIDE}",
+                )
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        """Return the (height, width) an image of the given size is resized to."""
+        edge = shorter_edge(self.size)
+        if edge is None:
+            return pair(self.size, "Resize")
+        short, long = (height, width) if height <= width else (width, height)
+        new_short, new_long = edge, int(edge * long / short)
+        if self.max_size is not None and new_long > self.max_size:
+            new_short, new_long = int(self.max_size * new_short / new_long), self.max_size
+        return (new_short, new_long) if height <= width else (new_long, new_short)
+
+
+@dataclass(frozen=True)
+class CenterCrop(Transform):
+    """Crop the centre `size` (torchvision semantics; the crop must fit inside the image)."""
+
+    stage: ClassVar[Stage] = "geometry"
+
+    size: int | tuple[int, int]
+
+    def __post_init__(self) -> None:
+        pair(self.size, "CenterCrop")
+
+    def box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """Return (top, left, crop_height, crop_width) for an image of the given size."""
+        crop_h, crop_w = pair(self.size, "CenterCrop")
+        if crop_h > height or crop_w > width:
+            raise ConfigError(
+                f"CenterCrop({self.size}) is larger than the {height}x{width} image it gets; "
+                "padding is not supported: put a Resize before it"
+            )
+        return int(round((height - crop_h) / 2.0)), int(round((width - crop_w) / 2.0)), crop_h, crop_w
+
+
+@dataclass(frozen=True)
+class RandomHorizontalFlip(Transform):
+    """Flip left-right with probability `p` (torchvision semantics)."""
+
+    stage: ClassVar[Stage] = "geometry"
+
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (is_number(self.p) and 0.0 <= self.p <= 1.0):
+            raise reject("RandomHorizontalFlip", "p", self.p, "a number in [0, 1]")
+
+
+@dataclass(frozen=True)
+class SampleGeometry:
+    """What one sample's transform chain does to its source image.
+
+    `box` is (left, top, right, bottom) in source pixels, possibly fractional; the decoder resamples
+    that box to `out_height` x `out_width` with `interpolation`, then mirrors it when `flip`.
+    `clip` (same form; None for the whole image) bounds the source pixels the resampling filter
+    may read: what the chain's last resize resampled. torchvision crops before it resizes, so at
+    a RandomResizedCrop's edges the filter sees only the crop, not the image beyond it.
+    """
+
+    box: tuple[float, float, float, float]
+    out_height: int
+    out_width: int
+    flip: bool
+    interpolation: str
+    clip: tuple[float, float, float, float] | None = None
+
+

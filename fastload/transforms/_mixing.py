@@ -1,0 +1,111 @@
+"""Transforms after normalization (stage "tensor": `RandomErasing`) and across a batch (stage
+"batch": `MixUp`, `CutMix`, a `RandomChoice` between them), with torchvision v2's names,
+parameters and semantics; labels of a mixed batch become soft targets (N, num_classes).
+Declarations only: `fastload._augment` runs them in the trainer's process, on the batch's device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fastload.transforms._base import Stage, Transform, check_range, is_int, is_number, reject
+from fastload.transforms._color import check_probability
+
+
+@dataclass(frozen=True)
+class RandomErasing(Transform):
+    """Erase a random rectangle with probability `p` (torchvision semantics), after normalization:
+    `scale` is the range of its area as a fraction of the image's, `ratio` of its aspect ratio
+    (log-uniform); `value` fills it (in normalized units: 0 is the mean colour), one per channel,
+    or "random" for standard normal noise."""
+
+    stage: ClassVar[Stage] = "tensor"
+
+    p: float = 0.5
+    scale: tuple[float, float] = (0.02, 0.33)
+    ratio: tuple[float, float] = (0.3, 3.3)
+    value: float | tuple[float, ...] | str = 0.0
+
+    def __post_init__(self) -> None:
+        check_probability("RandomErasing", self.p)
+        check_range("RandomErasing", "scale", self.scale, 0.0, 1.0)
+        check_range("RandomErasing", "ratio", self.ratio, 0.0, 1e6)
+        value = self.value
+        if value == "random":
+            return
+        values = value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else (value,)
+        if len(values) not in (1, 3) or not all(is_number(v) for v in values):
+            raise reject("RandomErasing", "value", value, "a number, 3 numbers (one per channel) or 'random'")
+
+
+def _check_mix(kind: str, alpha: object, num_classes: object) -> None:
+    if not (is_number(alpha) and 0.0 < alpha <= 1e3):
+        raise reject(kind, "alpha", alpha, "a number > 0 (the Beta distribution's parameter)")
+    if not (is_int(num_classes) and 1 <= num_classes <= 1 << 20):
+        raise reject(kind, "num_classes", num_classes, "the number of classes, an int >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixUp(Transform):
+    """MixUp: each image blended with its neighbour in the batch (the batch rolled by one) with a
+    weight drawn once per batch from Beta(`alpha`, `alpha`), labels as the same blend of one-hot
+    targets over `num_classes`."""
+
+    stage: ClassVar[Stage] = "batch"
+
+    alpha: float = 1.0
+    num_classes: int
+
+    def __post_init__(self) -> None:
+        _check_mix("MixUp", self.alpha, self.num_classes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CutMix(Transform):
+    """CutMix: a box of each image replaced by its neighbour's (the batch rolled by one), the box's
+    area drawn once per batch from Beta(`alpha`, `alpha`), labels mixed by the area pasted."""
+
+    stage: ClassVar[Stage] = "batch"
+
+    alpha: float = 1.0
+    num_classes: int
+
+    def __post_init__(self) -> None:
+        _check_mix("CutMix", self.alpha, self.num_classes)
+
+
+@dataclass(frozen=True)
+class RandomChoice(Transform):
+    """One of `transforms`, chosen per batch with probabilities `p` (uniform when None); fastload
+    takes batch transforms here (MixUp, CutMix), as torchvision's recipes use it."""
+
+    stage: ClassVar[Stage] = "batch"
+
+    transforms: tuple[Transform, ...]
+    p: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        members = tuple(self.transforms) if isinstance(self.transforms, Sequence) else ()
+        if not members or not all(isinstance(t, (MixUp, CutMix)) for t in members):
+            raise reject(
+                "RandomChoice", "transforms", self.transforms,
+                "a non-empty list of MixUp / CutMix (other transforms: chain them directly)",
+            )
+        if len({t.num_classes for t in members}) != 1:  # type: ignore[attr-defined]
+            accepted = "transforms with the same num_classes"
+            raise reject("RandomChoice", "transforms", self.transforms, accepted)
+        object.__setattr__(self, "transforms", members)
+        if self.p is not None:
+            weights = tuple(self.p) if isinstance(self.p, Sequence) else ()
+            if len(weights) != len(members) or not all(is_number(w) and w >= 0 for w in weights) or not sum(
+                weights
+            ):
+                raise reject("RandomChoice", "p", self.p, f"None or {len(members)} weights >= 0, not all 0")
+            object.__setattr__(self, "p", tuple(float(w) for w in weights))
+
+    @property
+    def num_classes(self) -> int:
+        """The members' number of classes."""
+        return int(self.transforms[0].num_classes)  # type: ignore[attr-defined]

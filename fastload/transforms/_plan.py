@@ -1,0 +1,165 @@
+"""A transform chain compiled into its plan: the output size known before any image is decoded,
+the per-sample geometry the decoder folds into the decode (`SampleGeometry`), and the chain cut
+into the stages that run after it (NOTE [transform stages]).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fastload._errors import ConfigError
+from fastload.transforms._base import STAGES, RandomSource, Stage, Transform, pair
+from fastload.transforms._geometric import (
+    CenterCrop,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    SampleGeometry,
+    shorter_edge,
+)
+
+
+@dataclass(frozen=True)
+class TransformPlan:
+    """A compiled transform chain: a fixed output size, a per-sample geometry sampler, and the
+    chain cut into its stages (NOTE [transform stages])."""
+
+    transforms: tuple[Transform, ...]
+    out_height: int
+    out_width: int
+    interpolation: str
+
+    def _stage(self, stage: Stage) -> tuple[Transform, ...]:
+        return tuple(t for t in self.transforms if t.stage == stage)
+
+    @functools.cached_property
+    def geometry(self) -> tuple[Transform, ...]:
+        """Crops, resizes and flips: folded into the decode."""
+        return self._stage("geometry")
+
+    @functools.cached_property
+    def pixels(self) -> tuple[Transform, ...]:
+        """Per-sample uint8 pixel operations after the geometry (colour, policies)."""
+        return self._stage("pixels")
+
+    @functools.cached_property
+    def tensor(self) -> tuple[Transform, ...]:
+        """Per-sample operations on normalized images (RandomErasing)."""
+        return self._stage("tensor")
+
+    @functools.cached_property
+    def batch(self) -> Transform | None:
+        """The operation that mixes a batch's samples (MixUp, CutMix, RandomChoice of them), if any."""
+        mixing = self._stage("batch")
+        return mixing[0] if mixing else None
+
+    def for_workers(self, with_pixels: bool) -> TransformPlan:
+        """The part of the chain a worker runs: the geometry, and the pixel stage `with_pixels`
+        (batches that stay on the CPU); the rest runs in the trainer's process."""
+        chain = self.geometry + (self.pixels if with_pixels else ())
+        return TransformPlan(chain, self.out_height, self.out_width, self.interpolation)
+
+    def sample(self, height: int, width: int, rng: RandomSource) -> SampleGeometry:
+        """Return the geometry for a source image of `height` x `width`, drawing from `rng`."""
+        left, top, box_w, box_h = 0.0, 0.0, float(width), float(height)
+        cur_h, cur_w = height, width
+        flip = False
+        clip = (0.0, 0.0, float(width), float(height))
+        for t in self.geometry:
+            if isinstance(t, RandomHorizontalFlip):
+                # torchvision draws torch.rand(1) < p; the order of draws is part of determinism.
+                if rng.random() < t.p:
+                    flip = not flip
+                continue
+            if isinstance(t, Resize):
+                cur_h, cur_w = t.output_size(cur_h, cur_w)
+                clip = (left, top, left + box_w, top + box_h)  # the whole current image is resampled
+                continue
+            if isinstance(t, RandomResizedCrop):
+                ct, cl, ch, cw = t.sample_box(cur_h, cur_w, rng)
+                new_h, new_w = pair(t.size, "RandomResizedCrop")
+            elif isinstance(t, CenterCrop):
+                ct, cl, ch, cw = t.box(cur_h, cur_w)
+                new_h, new_w = ch, cw
+            else:
+                raise AssertionError(f"{t!r} is not a geometric transform")
+            # Map the crop (in current-image pixels) back to the source; a flip before a crop
+            # mirrors where the crop lands.
+            sx, sy = box_w / cur_w, box_h / cur_h
+            if flip:
+                cl = cur_w - cl - cw
+            left, top = left + cl * sx, top + ct * sy
+            box_w, box_h = cw * sx, ch * sy
+            cur_h, cur_w = new_h, new_w
+            if isinstance(t, RandomResizedCrop):
+                clip = (left, top, left + box_w, top + box_h)  # it resizes its crop, and only that
+        return SampleGeometry(
+            box=(left, top, left + box_w, top + box_h),
+            out_height=cur_h,
+            out_width=cur_w,
+            flip=flip,
+            interpolation=self.interpolation,
+            clip=clip,
+        )
+
+
+# NOTE [transform stages]: a chain runs in four stages, in this order, each where it is cheapest:
+# "geometry" (crops, resizes, flips) folded into the decode, so that only kept pixels are decoded;
+# "pixels" (colour, policies) on the uint8 sample after it, batched: in the workers, in place in
+# the slot, when batches stay on the CPU, and on the GPU after the copy (one kernel per operation
+# over the batch) when they go to CUDA; "tensor" (RandomErasing) on normalized images, and "batch"
+# (MixUp/CutMix) across the batch, both in the trainer's process on the batch's device, since the
+# first needs normalized values and the second the whole batch, where a worker has only its rows.
+# Every random choice comes from (seed, epoch, sample index) (`_loading.sample_random`), so a
+# batch is the same whichever worker, device or stage ran it (within float rounding on a GPU).
+# torchvision lets colour transforms come before a crop; here they come after the geometry, and
+# a chain in another order is refused (contrast, autocontrast and equalize read the whole image,
+# so moving them would silently change what they do).
+
+
+def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
+    """Check a transform chain and return its plan.
+
+    Raises:
+        ConfigError: an unknown transform, stages out of order (NOTE [transform stages]), more
+            than one batch transform, or a chain whose output size depends on the image (batches
+            need one size: end the geometry with a crop or a fixed-size Resize).
+    """
+    chain = tuple(transforms or ())
+    out: tuple[int, int] | None = None
+    interpolation = "bilinear"
+    latest: Transform | None = None
+    for t in chain:
+        if not isinstance(t, Transform) or getattr(t, "stage", None) not in STAGES:
+            raise ConfigError(
+                f"{t!r} is not a fastload transform: use fastload.transforms (or pass a torchvision "
+                "Compose of the transforms it supports, see fastload.transforms.from_torchvision)"
+            )
+        if latest is not None and STAGES.index(t.stage) < STAGES.index(latest.stage):
+            raise ConfigError(
+                f"{type(t).__name__} ({t.stage} stage) comes after {type(latest).__name__} ({latest.stage} "
+                f"stage): fastload runs a chain in the order {' -> '.join(STAGES)} (crops and flips, "
+                "then colour and policies, then RandomErasing, then MixUp/CutMix); reorder the chain"
+            )
+        if t.stage == "batch" and latest is not None and latest.stage == "batch":
+            raise ConfigError(
+                "only one batch transform per chain: use RandomChoice([MixUp(...), CutMix(...)]) "
+                "to pick one per batch"
+            )
+        latest = t
+        if isinstance(t, RandomResizedCrop):
+            out = pair(t.size, "RandomResizedCrop")
+            interpolation = t.interpolation
+        elif isinstance(t, CenterCrop):
+            out = pair(t.size, "CenterCrop")
+        elif isinstance(t, Resize):
+            out = None if shorter_edge(t.size) is not None else pair(t.size, "Resize")
+            interpolation = t.interpolation
+    if out is None:
+        raise ConfigError(
+            "the transform chain does not give every image the same size, but a batch needs one: "
+            "end its crops and resizes with RandomResizedCrop, CenterCrop or Resize((height, width))"
+        )
+    return TransformPlan(chain, out[0], out[1], interpolation)
