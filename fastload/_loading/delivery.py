@@ -7,7 +7,9 @@ side stream, converts/normalizes there, makes the user's stream wait on an event
 the slot when that event has completed; it never synchronises the host.
 
 Images travel NHWC uint8; `present_images` turns them into NCHW by a permute, which *is* the
-channels_last memory format, so no transpose runs unless contiguous NCHW is asked for.
+channels_last memory format, so no transpose runs unless contiguous NCHW is asked for. The chain's
+stages that the trainer's process owns (`TrainerStages`: the pixel stage when batches go to a GPU,
+RandomErasing and MixUp/CutMix after normalization) run there too, on the batch's device.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastload._augment.program import TrainerStages
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import Ring
 from fastload._loading.shm import Segment
@@ -45,19 +48,43 @@ class ImageOutput:
         return 1.0 / (255.0 * std), -mean / std
 
 
+SampleIds = tuple[int, np.ndarray]
+"""A batch's epoch and sample indices: what its trainer-side random draws are keyed by."""
+
+
 def present_images(
     nhwc: torch.Tensor, output: ImageOutput, affine: tuple[torch.Tensor, torch.Tensor] | None
 ) -> torch.Tensor:
     """NHWC uint8 -> NCHW (channels_last unless asked otherwise), normalized when configured."""
+    x, _ = present_batch(nhwc, None, output, affine, None, None)
+    return x
+
+
+def present_batch(
+    nhwc: torch.Tensor,
+    labels: torch.Tensor | None,
+    output: ImageOutput,
+    affine: tuple[torch.Tensor, torch.Tensor] | None,
+    stages: TrainerStages | None,
+    ids: SampleIds | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """NHWC uint8 images -> NCHW (channels_last unless asked otherwise): the trainer's pixel stage,
+    normalization, then RandomErasing and MixUp/CutMix (labels becoming soft targets)."""
     x = nhwc.permute(0, 3, 1, 2)
+    if stages is not None and ids is not None:
+        x = stages.before_normalize(x, *ids)
     if affine is not None:
         scale, bias = affine
         x = x.to(torch.float32).mul_(scale).add_(bias)
+        if stages is not None and ids is not None and labels is not None:
+            x, labels = stages.after_normalize(x, labels, *ids)
         if output.dtype != torch.float32:
             x = x.to(output.dtype)
     if output.memory_format == torch.contiguous_format:
         x = x.contiguous()
-    return x
+    elif x.dim() == 4 and not x.is_contiguous(memory_format=torch.channels_last):
+        x = x.contiguous(memory_format=torch.channels_last)  # a kernel gave back another layout
+    return x, labels
 
 
 def _slot_arrays(
@@ -73,23 +100,36 @@ def _slot_arrays(
 class CpuDelivery:
     """Batches as CPU tensors over the slot; `pin_memory` copies them to pinned memory instead."""
 
-    def __init__(self, ring: Ring, layout: BatchLayout, images: ImageOutput | None, pin_memory: bool) -> None:
+    def __init__(
+        self,
+        ring: Ring,
+        layout: BatchLayout,
+        images: ImageOutput | None,
+        pin_memory: bool,
+        stages: TrainerStages | None = None,
+    ) -> None:
         self._ring = ring
         self._layout = layout
         self._images = images
         self._affine = images.affine(torch.device("cpu")) if images else None
         self._pin = pin_memory
+        self._stages = stages if stages else None
 
     def on_new_slot(self, segment: Segment) -> None:
         """CPU batches need nothing per slot."""
 
-    def deliver(self, slot: int, count: int) -> Any:
+    def deliver(self, slot: int, count: int, ids: SampleIds | None = None) -> Any:
+        """The batch in `slot` (its first `count` rows); `ids` key the trainer-side random draws."""
         base, arrays = _slot_arrays(self._ring, slot, self._layout, count)
         weakref.finalize(base, self._ring.release, slot)
         tensors = [torch.from_numpy(a) for a in arrays]
         del base, arrays
         if self._images is not None:
-            tensors[0] = present_images(tensors[0], self._images, self._affine)
+            labels = tensors[1] if self._stages is not None else None
+            images, affine = self._images, self._affine
+            tensors[0], labels = present_batch(tensors[0], labels, images, affine, self._stages, ids)
+            if labels is not None:
+                tensors[1] = labels
         if self._pin:
             tensors = [t.pin_memory() for t in tensors]
         elif self._affine is not None:
@@ -119,8 +159,10 @@ class CudaDelivery:
         device: torch.device,
         cuda: Any = torch.cuda,
         on_copied: Callable[[float], None] | None = None,
+        stages: TrainerStages | None = None,
     ) -> None:
         self._ring = ring
+        self._stages = stages if stages else None
         self._layout = layout
         self._images = images
         self._device = device
@@ -147,7 +189,8 @@ class CudaDelivery:
         if int(err) == 0:
             self._registered.append(ptr)
 
-    def deliver(self, slot: int, count: int) -> Any:
+    def deliver(self, slot: int, count: int, ids: SampleIds | None = None) -> Any:
+        """The batch in `slot` copied to the device; `ids` key the trainer-side random draws."""
         _, arrays = _slot_arrays(self._ring, slot, self._layout, count)
         host = [torch.from_numpy(a) for a in arrays]
         user_stream = self._cuda.current_stream(self._device)
@@ -156,7 +199,12 @@ class CudaDelivery:
             started.record(self._stream)
             on_device = [t.to(self._device, non_blocking=True) for t in host]
             if self._images is not None:
-                on_device[0] = present_images(on_device[0], self._images, self._affine)
+                labels = on_device[1] if self._stages is not None else None
+                on_device[0], labels = present_batch(
+                    on_device[0], labels, self._images, self._affine, self._stages, ids
+                )
+                if labels is not None:
+                    on_device[1] = labels
             copied = self._cuda.Event(enable_timing=True)
             copied.record(self._stream)
         user_stream.wait_event(copied)
@@ -190,11 +238,13 @@ def make_delivery(
     device: torch.device,
     pin_memory: bool,
     on_copied: Callable[[float], None] | None = None,
+    stages: TrainerStages | None = None,
 ) -> CpuDelivery | CudaDelivery:
     """The delivery for `device`: CUDA when it is a CUDA device, CPU otherwise.
 
-    `on_copied(seconds)` hears each completed host-to-device copy's duration (CUDA only).
+    `on_copied(seconds)` hears each completed host-to-device copy's duration (CUDA only);
+    `stages` is what of the transform chain runs in the trainer's process.
     """
     if device.type == "cuda":
-        return CudaDelivery(ring, layout, images, device, on_copied=on_copied)
-    return CpuDelivery(ring, layout, images, pin_memory)
+        return CudaDelivery(ring, layout, images, device, on_copied=on_copied, stages=stages)
+    return CpuDelivery(ring, layout, images, pin_memory, stages)

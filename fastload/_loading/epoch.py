@@ -29,6 +29,7 @@ class Lane:
     next_batch_index: int = 0
     batch_of_ticket: dict[int, int] = field(default_factory=dict)  # ticket -> batch index
     ready: dict[int, Outcome] = field(default_factory=dict)  # batch index -> outcome
+    samples: dict[int, np.ndarray] = field(default_factory=dict)  # batch index -> its sample indices
     exhausted: bool = False  # every batch of the plan submitted (or failed at its probe)
 
 
@@ -98,6 +99,7 @@ class EpochIterator(Iterator[Any]):
                 lane.batches = itertools.chain([indices], lane.batches)
                 return
             lane.batch_of_ticket[ticket] = lane.next_batch_index
+            lane.samples[lane.next_batch_index] = indices
             lane.next_batch_index += 1
 
     def _take_outcomes(self) -> None:
@@ -163,10 +165,11 @@ class EpochIterator(Iterator[Any]):
             pipe.poll_once(deadline)
             self._take_outcomes()
         outcome = self._lane.ready.pop(self._next_yield)
+        samples = self._lane.samples.pop(self._next_yield, None)
         self._next_yield += 1
         self._on_yield(self._lane.epoch, self._next_yield)
         self._fill()
-        return pipe.deliver(outcome)
+        return pipe.deliver(outcome, self._lane.epoch, samples)
 
     def supersede(self) -> None:
         """End this epoch early because a newer iteration starts: a later `next()` says so."""
@@ -191,3 +194,4 @@ class EpochIterator(Iterator[Any]):
         for outcome in lane.ready.values():
             self._pipeline.discard(outcome)
         lane.ready.clear()
+        lane.samples.clear()

@@ -19,12 +19,13 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from fastload._augment.program import SampleProgram
 from fastload._errors import exception_type_name
 from fastload._loading.backends import SampleFailure, make_backend
 from fastload._loading.executor import Done, Event, Failure, Opaque, Probed, Task
 from fastload._loading.layout import BatchLayout, LayoutMismatch
 from fastload._loading.plan import batch_seed
-from fastload._loading.sample_random import sample_randoms
+from fastload._loading.sample_random import PIXELS_STREAM, sample_randoms
 from fastload._loading.shm import Segment
 from fastload._loading.sources import ImageFolderIndex
 from fastload._machine import run_delay_since, thread_run_delay_ns
@@ -71,7 +72,8 @@ def read_file(path: str) -> bytes:
 
 
 class FolderJob:
-    """Loads batches of an image folder: read files, decode+augment into NHWC uint8, labels."""
+    """Loads batches of an image folder: read files, decode + crop + flip into NHWC uint8, then the
+    pixel stage (colour, policies) in place when `plan` has one (NOTE [transform stages]), labels."""
 
     def __init__(
         self, index: ImageFolderIndex, plan: TransformPlan, backend: str, seed: int, batch_size: int
@@ -85,6 +87,7 @@ class FolderJob:
             [np.zeros((plan.out_height, plan.out_width, 3), np.uint8), 0], batch_size
         )
         self._backend = make_backend(backend, plan)
+        self._pixels = SampleProgram(plan.pixels, PIXELS_STREAM)
         self._index_segment: Segment | None = None
 
     def to_config(self, index_segment: str) -> dict[str, Any]:
@@ -155,6 +158,12 @@ class FolderJob:
             cause = e.__cause__ or e
             pos = e.position
             raise JobFailed(_failure(seq, cause, int(indices[pos]), paths[pos], "image")) from e
+        if self._pixels:
+            try:
+                self._pixels.run_in_slot(images[:n], self.seed, epoch, indices)
+            except Exception as e:  # a kernel's failure is the task's, naming its first sample
+                what = "the pixel transforms of the rows starting with image"
+                raise JobFailed(_failure(seq, e, int(indices[0]), paths[0], what)) from e
         labels[:n] = self.index.labels[indices]
         t2 = time.perf_counter_ns()
         return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq)

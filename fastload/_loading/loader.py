@@ -189,8 +189,8 @@ class FastLoader:
         if self._index is None:
             self._index = ImageFolderIndex.scan(spec.folder)
             self.classes, self._num_samples = self._index.classes, len(self._index)
-        assert spec.transforms is not None
-        job = FolderJob(self._index, spec.transforms, spec.backend, spec.seed, spec.slot_batch_size)
+        assert spec.worker_transforms is not None
+        job = FolderJob(self._index, spec.worker_transforms, spec.backend, spec.seed, spec.slot_batch_size)
         assert job.layout is not None
         prefetch = spec.ring_prefetch(spec.num_workers, job.layout.slot_bytes)
         preflight(job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))  # before any worker is forked

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload._augment.program import TrainerStages
 from fastload._errors import LoaderTimeout
 from fastload._loading.delivery import CpuDelivery, CudaDelivery, make_delivery
 from fastload._loading.engine import Engine, InlineExecutor, raise_failure
@@ -184,9 +185,11 @@ class Pipeline:
         self.ring = ring
         self._resources.append(ring)
         self._slots.ring = ring
+        plan, spec = self.spec.transforms, self.spec
+        stages = TrainerStages(plan, spec.seed, not spec.pixels_in_workers) if plan is not None else None
         self.delivery = make_delivery(
-            ring, self.layout, self.spec.images, self.spec.device, self.spec.pin_memory,
-            on_copied=self.stats.copied,
+            ring, self.layout, spec.images, spec.device, spec.pin_memory,
+            on_copied=self.stats.copied, stages=stages,
         )
         self._resources.append(self.delivery)
 
@@ -334,14 +337,16 @@ class Pipeline:
         if isinstance(outcome, tuple) and self.ring is not None:
             self.ring.release(outcome[0])
 
-    def deliver(self, outcome: Outcome) -> Any:
+    def deliver(self, outcome: Outcome, epoch: int, indices: np.ndarray | None) -> Any:
+        """The user's batch from an outcome (`indices`: its samples, which key the random draws of
+        the transforms that run in this process), or the batch's error raised."""
         if isinstance(outcome, Failure):
             raise_failure(outcome)
         if isinstance(outcome, Opaque):
             return outcome.batch
         assert self.delivery is not None
         slot, count = outcome
-        return self.delivery.deliver(slot, count)
+        return self.delivery.deliver(slot, count, (epoch, indices) if indices is not None else None)
 
     def grow_if_starved(self, ready_count: int) -> bool:
         """Add a slot when every slot is held by the user (e.g. `list(loader)`), never otherwise.

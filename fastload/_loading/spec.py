@@ -64,9 +64,32 @@ class LoaderSpec:
 
     @functools.cached_property
     def transforms(self) -> TransformPlan | None:
-        """The folder's transform chain, compiled (ConfigError when it cannot give a fixed size).
-        The loader compiles it right after indexing the folder, so a bad path is reported first."""
-        return compile_transforms(self.transform) if self.folder is not None else None
+        """The folder's transform chain, compiled (ConfigError when it cannot give a fixed size, or
+        when it needs normalized images and has none). The loader compiles it right after indexing
+        the folder, so a bad path is reported first."""
+        if self.folder is None:
+            return None
+        plan = compile_transforms(self.transform)
+        if (plan.tensor or plan.batch is not None) and (self.images is None or self.images.mean is None):
+            late = ", ".join(type(t).__name__ for t in (*plan.tensor, plan.batch) if t is not None)
+            raise ConfigError(
+                f"{late} run on normalized float images, as in torchvision's recipes (after ToTensor "
+                "and Normalize): pass normalize=(mean, std) (normalize=((0, 0, 0), (1, 1, 1)) for "
+                "pixels scaled to [0, 1])"
+            )
+        return plan
+
+    @property
+    def pixels_in_workers(self) -> bool:
+        """Whether the workers run the pixel stage (NOTE [transform stages]): yes when batches stay
+        on the CPU; batches going to a GPU get it there, batched, after the copy."""
+        return self.device.type == "cpu"
+
+    @functools.cached_property
+    def worker_transforms(self) -> TransformPlan | None:
+        """The part of the chain the workers (local, or a daemon's) run."""
+        plan = self.transforms
+        return plan.for_workers(self.pixels_in_workers) if plan is not None else None
 
     @property
     def label(self) -> str:
@@ -87,7 +110,7 @@ class LoaderSpec:
         assert self.folder is not None and self.transforms is not None and self.batch_size is not None
         return {
             "dataset": self.folder,
-            "transforms": to_config(self.transforms.transforms),
+            "transforms": to_config(self.worker_transforms.transforms),  # type: ignore[union-attr]
             "backend": self.backend,
             "seed": self.seed,
             "batch_size": self.batch_size,
