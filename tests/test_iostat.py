@@ -85,6 +85,22 @@ def test_workers_computing_on_oversubscribed_cores_are_decode_bound_not_storage_
     assert "raise num_workers" not in advice[0]
 
 
+def test_workers_busy_in_the_pixel_transforms_are_augment_bound() -> None:
+    # 2 workers 95% busy, most of it in RandAugment + ColorJitter (the pixel stage), batches on
+    # the CPU: the advice names the cost and where it would be cheaper.
+    r = _one_second(
+        batches=10, samples=80, read_s=0.10, read_cpu_s=0.08, decode_s=0.60, augment_s=1.20,
+        trainer_wait_s=0.9, next_calls=10,
+    )
+    assert r.ms_per_sample["augment"] == pytest.approx(1200 / 80)
+    assert r.worker_busy_percent == pytest.approx(95.0)
+    verdict, advice = classify(r, IDLE, cores=2)
+    assert verdict == "augment-bound", advice
+    assert "15.00 ms/sample" in advice[0] and "device='cuda'" in advice[0], advice
+    report = format_report([dataclasses.replace(r, verdict=verdict, advice=advice)], IDLE, True)
+    assert "augment" in report and "15.000" in report
+
+
 @pytest.mark.parametrize(
     ("machine", "runq_s"),
     [(IDLE, 0.01), (BUSY, 0.30), (IDLE, 0.0)],

@@ -83,6 +83,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "bytes": _INT,
         "read_cpu_ns": _INT,
         "read_runq_ns": _INT,
+        "augment_ns": _INT,
     },
     "failed": {
         "seq": _INT,
@@ -167,6 +168,7 @@ def event_message(event: Done | Failure, seq: int) -> tuple[str, dict[str, Any]]
         return "done", {
             "seq": seq, "count": event.count, "read_ns": event.read_ns, "decode_ns": event.decode_ns,
             "bytes": event.bytes_read, "read_cpu_ns": event.read_cpu_ns, "read_runq_ns": event.read_runq_ns,
+            "augment_ns": event.augment_ns,
         }
     return "failed", {
         "seq": seq, "message": event.message, "path": event.path, "index": event.index,
@@ -179,7 +181,8 @@ def event_from_message(op: str, fields: dict[str, Any]) -> Done | Failure:
     if op == "done":
         return Done(
             fields["seq"], fields["count"], fields["read_ns"], fields["decode_ns"], fields["bytes"],
-            fields["read_cpu_ns"], fields.get("read_runq_ns", 0),  # an older daemon does not send it
+            fields["read_cpu_ns"], fields.get("read_runq_ns", 0),  # an older daemon does not send them
+            fields.get("augment_ns", 0),
         )
     return Failure(
         fields["seq"], fields["message"], fields["path"], fields["index"], fields["exc_type"],

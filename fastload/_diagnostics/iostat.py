@@ -4,7 +4,8 @@ Every INTERVAL seconds it reads the statistics block of every live loader of thi
 configuration: they are found in /dev/shm by name), subtracts the previous reading, adds the
 machine's figures (the dataset's block device from /proc/diskstats, CPU from /proc/stat, page
 cache, /dev/shm, GPU utilisation when there is one) and classifies each loader:
-storage-bound, decode-bound, transport-bound, host-to-device-bound, or not the bottleneck.
+storage-bound, decode-bound, augment-bound, transport-bound, host-to-device-bound, or not the
+bottleneck.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seco
     per_sample = 1000.0 / samples if samples else 0.0
     batches = delta("batches")
     sample_per_batch = samples / batches if batches else 0.0
-    worker_time = delta("read_s") + delta("decode_s")
+    worker_time = delta("read_s") + delta("decode_s") + delta("augment_s")
     return LoaderRates(
         name=name,
         pid=after.pid,
@@ -95,6 +96,7 @@ def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seco
         ms_per_sample={
             "read": delta("read_s") * per_sample,
             "decode": delta("decode_s") * per_sample,
+            "augment": delta("augment_s") * per_sample,
             "read_cpu": delta("read_cpu_s") * per_sample,
             "read_runq": delta("read_runq_s") * per_sample,
             "slot_wait": delta("slot_wait_s") * per_sample,
@@ -140,7 +142,7 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
             "(normalize=..., dtype=torch.float16), and check the PCIe link width (nvidia-smi -q)",
             *advice,
         ]
-    work = ms["read"] + ms["decode"]
+    work = ms["read"] + ms["decode"] + ms["augment"]
     read_share = ms["read"] / work if work else 0.0
     # NOTE [storage wait or CPU wait]: a reading thread's wall time is time on a CPU (read_cpu)
     # + time runnable but waiting for a CPU (read_runq: the kernel's run-queue delay) + time
@@ -168,6 +170,19 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
         return "storage-bound", [
             f"storage-bound on {where}: {ms['read']:.2f} ms/sample reading vs "
             f"{ms['decode']:.2f} decoding; {tip}",
+            *advice,
+        ]
+    if r.worker_busy_percent > BUSY_BOUND_PERCENT and ms["augment"] > ms["decode"]:
+        gpu = (
+            "they run in the workers because batches stay on the CPU: with device='cuda' they run "
+            "batched on the GPU after the copy"
+            if r.device == "cpu"
+            else "fewer or cheaper ones (a hue shift costs the most), or more workers"
+        )
+        return "augment-bound", [
+            f"augment-bound: the pixel transforms (colour, policies) take {ms['augment']:.2f} ms/sample "
+            f"against {ms['decode']:.2f} decoding, with {r.workers} workers {r.worker_busy_percent:.0f}% "
+            f"busy; {gpu}",
             *advice,
         ]
     if r.worker_busy_percent > BUSY_BOUND_PERCENT:
@@ -269,7 +284,7 @@ def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: b
         return "\n".join(lines) + "\n"
     head = f"{'pid':>7} {'mode':<6} {'samples/s':>10} {'rMB/s':>7} {'busy%':>6} {'queue':>5} {'wait%':>6}"
     if extended:
-        head += f" {'read':>7} {'decode':>7} {'slot':>7} {'h2d':>7}  (ms/sample)"
+        head += f" {'read':>7} {'decode':>7} {'augment':>7} {'slot':>7} {'h2d':>7}  (ms/sample)"
     lines.append(head + "  verdict")
     for r in loaders:
         row = (
@@ -278,7 +293,8 @@ def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: b
         )
         if extended:
             ms = r.ms_per_sample
-            row += f" {ms['read']:>7.3f} {ms['decode']:>7.3f} {ms['slot_wait']:>7.3f} {ms['h2d']:>7.3f}"
+            row += f" {ms['read']:>7.3f} {ms['decode']:>7.3f} {ms['augment']:>7.3f}"
+            row += f" {ms['slot_wait']:>7.3f} {ms['h2d']:>7.3f}"
         lines.append(f"{row}  {r.verdict}")
         lines.extend(f"{'':>9}- {a}" for a in r.advice)
     return "\n".join(lines) + "\n"

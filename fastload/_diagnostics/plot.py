@@ -16,7 +16,7 @@ from typing import Any
 
 from fastload._errors import ConfigError
 
-STAGES = ("read", "decode", "wait_slot", "h2d")  # drawn bottom-up; unknown stages follow, sorted
+STAGES = ("read", "decode", "augment", "wait_slot", "h2d")  # drawn bottom-up; unknown stages follow, sorted
 PARTS_OF_READ = ("read_cpu", "read_runq")  # inside "read": stacking them would count them twice
 CPU_PARTS = ("user", "system", "iowait")
 _PANEL_HEIGHT = 2.4  # inches

@@ -58,6 +58,8 @@ class Done:
     # Time the reading thread was runnable but waiting for a CPU (the kernel's run-queue delay;
     # 0 where it is not reported): what separates the two waits on an oversubscribed machine.
     read_runq_ns: int = 0
+    # The pixel stage's time (colour, policies: NOTE [transform stages]), apart from decode_ns.
+    augment_ns: int = 0
 
 
 @dataclass(frozen=True)

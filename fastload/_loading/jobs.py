@@ -158,6 +158,7 @@ class FolderJob:
             cause = e.__cause__ or e
             pos = e.position
             raise JobFailed(_failure(seq, cause, int(indices[pos]), paths[pos], "image")) from e
+        t2 = time.perf_counter_ns()
         if self._pixels:
             try:
                 self._pixels.run_in_slot(images[:n], self.seed, epoch, indices)
@@ -165,8 +166,8 @@ class FolderJob:
                 what = "the pixel transforms of the rows starting with image"
                 raise JobFailed(_failure(seq, e, int(indices[0]), paths[0], what)) from e
         labels[:n] = self.index.labels[indices]
-        t2 = time.perf_counter_ns()
-        return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq)
+        t3 = time.perf_counter_ns()
+        return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq, t3 - t2)
 
 
 class DatasetJob:

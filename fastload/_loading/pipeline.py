@@ -51,6 +51,7 @@ class _Parts:
     bytes_read: int = 0
     read_cpu_ns: int = 0
     read_runq_ns: int = 0
+    augment_ns: int = 0
     failure: Failure | None = None
 
 
@@ -245,6 +246,7 @@ class Pipeline:
             parts.bytes_read += event.bytes_read
             parts.read_cpu_ns += event.read_cpu_ns
             parts.read_runq_ns += event.read_runq_ns
+            parts.augment_ns += event.augment_ns
         elif parts.failure is None:
             parts.failure = dataclasses.replace(event, seq=seq)
         if parts.left:
@@ -260,6 +262,7 @@ class Pipeline:
             parts.bytes_read,
             parts.read_cpu_ns,
             parts.read_runq_ns,
+            parts.augment_ns,
         )
 
     def poll_once(self, deadline: float | None, wait_s: float = _POLL_S) -> None:
@@ -297,6 +300,7 @@ class Pipeline:
             stats.add("decode_ns", event.decode_ns)
             stats.add("read_cpu_ns", event.read_cpu_ns)
             stats.add("read_runq_ns", event.read_runq_ns)
+            stats.add("augment_ns", event.augment_ns)
         elif isinstance(event, Failure):
             self.stats.add("failures", 1)
         slot = self._slot_of.pop(event.seq, None)

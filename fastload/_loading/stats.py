@@ -30,7 +30,7 @@ from fastload._loading.shm import STATS_TAG, Segment, own_segments
 from fastload._machine import pid_alive
 
 MAGIC = b"FLSTATS1"
-VERSION = 3  # 2: read_runq_ns; 3: epochs, epoch_start_wait_ns
+VERSION = 4  # 2: read_runq_ns; 3: epochs, epoch_start_wait_ns; 4: augment_ns
 _HEAD = struct.Struct("<8sqqqqqqq")
 COUNTERS = (
     "batches",
@@ -51,6 +51,7 @@ COUNTERS = (
     "updated_ns",  # monotonic-free wall clock (time.time_ns) of the last update
     "epochs",  # iterations that yielded a batch
     "epoch_start_wait_ns",  # of trainer_wait_ns, the waits for each epoch's first batch
+    "augment_ns",  # workers' time in the pixel stage (colour, policies), apart from decode_ns
 )
 _INDEX = {name: i for i, name in enumerate(COUNTERS)}
 _PATH_BYTES = 256
@@ -90,6 +91,7 @@ class LoaderStats:
     updated: float  # unix time of the last update
     epochs: int = 0  # iterations that yielded a batch
     epoch_start_wait_s: float = 0.0  # of trainer_wait_s, the waits for each epoch's first batch
+    augment_s: float = 0.0  # workers' time in the pixel stage (colour, policies)
 
 
 class StatsWriter:
@@ -168,6 +170,7 @@ def _parse(buf: memoryview | bytes | bytearray | object) -> LoaderStats:
         updated=v["updated_ns"] / 1e9,
         epochs=v["epochs"],
         epoch_start_wait_s=v["epoch_start_wait_ns"] / 1e9,
+        augment_s=v["augment_ns"] / 1e9,
     )
 
 

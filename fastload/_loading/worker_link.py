@@ -10,7 +10,8 @@ Engine (ROUTER) -> worker (DEALER):
     STOP    [b"S"]
 Worker -> engine:
     READY   [b"R", READY_HEAD(pid)]
-    DONE    [b"D", DONE_HEAD(seq, count, read_ns, decode_ns, bytes_read, read_cpu_ns, read_runq_ns)]
+    DONE    [b"D", DONE_HEAD(seq, count, read_ns, decode_ns, bytes_read, read_cpu_ns, read_runq_ns,
+                                augment_ns)]
     FAILED  [b"E", SEQ_HEAD(seq), error JSON {message, path, index, exc_type, exc_class, traceback}]
     PROBED  [b"P", SEQ_HEAD(seq), layout JSON or b""]
     OPAQUE  [b"B", SEQ_HEAD(seq), pickle-5 stream, *out-of-band buffers]
@@ -48,7 +49,7 @@ OPAQUE = b"B"
 TASK_HEAD = struct.Struct("<qqqqqq")
 JOB_HEAD = struct.Struct("<q")
 READY_HEAD = struct.Struct("<q")
-DONE_HEAD = struct.Struct("<qqqqqqq")
+DONE_HEAD = struct.Struct("<qqqqqqqq")
 SEQ_HEAD = struct.Struct("<q")
 SLOT_LEN = struct.Struct("<H")
 
@@ -78,7 +79,7 @@ def encode_event(event: Event) -> list[Any]:
     if isinstance(event, Done):
         fields = (
             event.seq, event.count, event.read_ns, event.decode_ns, event.bytes_read, event.read_cpu_ns,
-            event.read_runq_ns,
+            event.read_runq_ns, event.augment_ns,
         )
         return [DONE, DONE_HEAD.pack(*fields)]
     if isinstance(event, Failure):
