@@ -602,3 +602,10 @@ def test_center_crop_alone_copies_pixels(sources: dict[str, Path]) -> None:
     out = np.zeros((32, 32, 3), np.uint8)
     decode_into(sources["rgb"].read_bytes(), plan, np.random.default_rng(0), out, draft=False)
     np.testing.assert_array_equal(out, np.asarray(_load_rgb(sources["rgb"]).crop((64, 44, 96, 76))))
+
+
+def test_torchvisions_interpolation_mode_is_taken_as_its_name() -> None:
+    mode = torchvision_or_skip().transforms.InterpolationMode
+    assert T.Resize(10, interpolation=mode.BICUBIC).interpolation == "bicubic"
+    assert T.RandomResizedCrop(8, interpolation=mode.NEAREST) == T.RandomResizedCrop(8, interpolation="nearest")
+    assert json.loads(json.dumps(T.to_config([T.Resize(10, interpolation=mode.BOX)])))[0]["interpolation"] == "box"

@@ -117,6 +117,20 @@ def check_bool(kind: str, param: str, value: object) -> None:
         raise reject(kind, param, value, "True or False")
 
 
+def interpolation_name(value: object) -> object:
+    """torchvision's `InterpolationMode` (an Enum whose values are fastload's names) as its name;
+    anything else as it is, for `check_interpolation` to judge."""
+    name = getattr(value, "value", None)
+    if type(value).__name__ == "InterpolationMode" and isinstance(name, str):
+        return name
+    return value
+
+
+def take_interpolation(transform: Any) -> None:
+    """Store a frozen transform's `interpolation` as fastload's name (torchvision's enum accepted)."""
+    object.__setattr__(transform, "interpolation", interpolation_name(transform.interpolation))
+
+
 def check_interpolation(name: str, interpolation: object) -> None:
     if not isinstance(interpolation, str) or interpolation not in INTERPOLATIONS:
         raise reject(name, "interpolation", interpolation, f"one of {', '.join(INTERPOLATIONS)}")

@@ -26,6 +26,7 @@ from fastload.transforms._base import (
     is_number,
     pair,
     reject,
+    take_interpolation,
 )
 
 
@@ -55,6 +56,7 @@ class RandomResizedCrop(Transform):
         pair(self.size, "RandomResizedCrop")
         check_range("RandomResizedCrop", "scale", self.scale, 0.0, MAX_SCALE)
         check_range("RandomResizedCrop", "ratio", self.ratio, 1.0 / MAX_RATIO, MAX_RATIO)
+        take_interpolation(self)
         check_interpolation("RandomResizedCrop", self.interpolation)
         check_bool("RandomResizedCrop", "antialias", self.antialias)
 
@@ -110,6 +112,7 @@ class Resize(Transform):
     def __post_init__(self) -> None:
         pair(self.size, "Resize")  # checks an int, a 1-sequence (the shorter edge) and a pair alike
         edge = shorter_edge(self.size)
+        take_interpolation(self)
         check_interpolation("Resize", self.interpolation)
         check_bool("Resize", "antialias", self.antialias)
         if self.max_size is not None:
