@@ -95,6 +95,14 @@ SYSTEMS: dict[str, System] = {
     "torchvision-val": System(TV_PYTHON, SYSTEMS_DIR / "dataloader_torchvision.py", ("--val",)),
     "ffcv-val": System(FFCV_PYTHON, SYSTEMS_DIR / "ffcv_loader.py", ("--val",), prepare=True),
     "dali-cpu-val": System(DALI_PYTHON, SYSTEMS_DIR / "dali_cpu_loader.py", ("--val",)),
+    # Train recipes, float32 normalized out (bench_systems/recipe_common.py): "basic" is
+    # RandomResizedCrop(224) + flip; "deit" adds RandAugment(2, 9), ColorJitter(0.4, 0.4, 0.4),
+    # RandomErasing(0.25) and per-batch MixUp/CutMix (soft labels). basic vs deit on one system:
+    # what the augmentations themselves cost.
+    "torchvision-basic": System(TV_PYTHON, SYSTEMS_DIR / "dataloader_recipe.py", ("--recipe", "basic")),
+    "torchvision-deit": System(TV_PYTHON, SYSTEMS_DIR / "dataloader_recipe.py", ("--recipe", "deit")),
+    "fastload-basic": System(MAIN_PYTHON, SYSTEMS_DIR / "fastload_recipe.py", ("--recipe", "basic")),
+    "fastload-deit": System(MAIN_PYTHON, SYSTEMS_DIR / "fastload_recipe.py", ("--recipe", "deit")),
     "ceiling": System(MAIN_PYTHON, SYSTEMS_DIR / "decode_ceiling.py"),
     "transport-fastload": System(
         MAIN_PYTHON,
