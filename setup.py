@@ -13,8 +13,10 @@ setup(
     ext_modules=[
         Extension(
             "fastload._jpeg",
-            sources=[f"{NATIVE}/fl_binding.c", f"{NATIVE}/fl_jpeg.c", f"{NATIVE}/fl_resample.c"],
-            depends=[f"{NATIVE}/fl_jpeg.h", f"{NATIVE}/fl_resample.h"],
+            sources=[
+                f"{NATIVE}/fl_binding.c", f"{NATIVE}/fl_jpeg.c", f"{NATIVE}/fl_resample.c", f"{NATIVE}/fl_pixels.c",
+            ],
+            depends=[f"{NATIVE}/fl_jpeg.h", f"{NATIVE}/fl_resample.h", f"{NATIVE}/fl_pixels.h"],
             include_dirs=[NATIVE],
             libraries=["jpeg"],
             # Portable: no -march=native. -O3 lets the vertical pass auto-vectorise (SSE2).

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "fl_jpeg.h"
+#include "fl_pixels.h"
 #include "fl_resample.h"
 
 static PyObject *raise_status(int status, const char *msg, const char *corrupt_prefix) {
@@ -174,6 +175,53 @@ static PyObject *py_entropy_decode_only(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(normalize_doc,
+             "normalize_u8(src, dst, scale, bias) -> None\n\n"
+             "dst = src * scale + bias per channel: `src` a C-contiguous uint8 buffer of interleaved RGB\n"
+             "(NHWC), `dst` a writable C-contiguous float32 buffer of as many items, `scale` and `bias`\n"
+             "3 floats each. Rounds as torch's x.float().mul_(scale).add_(bias). The GIL is released.");
+
+static PyObject *py_normalize_u8(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *dst_obj;
+    float scale[3], bias[3];
+    Py_buffer src, dst;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO(fff)(fff):normalize_u8", &src_obj, &dst_obj, &scale[0], &scale[1],
+                          &scale[2], &bias[0], &bias[1], &bias[2])) {
+        return NULL;
+    }
+    if (get_data(src_obj, &src) != 0) return NULL;
+    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyBuffer_Release(&src);
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "dst must be a writable C-contiguous float32 buffer, not %.100s",
+                     Py_TYPE(dst_obj)->tp_name);
+        return NULL;
+    }
+    if (dst.itemsize != 4 || (dst.format != NULL && strcmp(dst.format, "f") != 0 &&
+                              strcmp(dst.format, "<f") != 0 && strcmp(dst.format, "=f") != 0)) {
+        PyErr_Format(PyExc_TypeError, "dst must hold float32 items, not format '%s'",
+                     dst.format ? dst.format : "?");
+        goto fail;
+    }
+    if (src.len % 3 != 0 || dst.len != 4 * src.len) {
+        PyErr_Format(PyExc_ValueError, "src has %zd bytes (a multiple of 3 needed) and dst %zd; dst must "
+                     "hold one float32 per source byte", src.len, dst.len);
+        goto fail;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    fl_normalize_u8((const unsigned char *)src.buf, (float *)dst.buf, (size_t)src.len / 3, scale, bias);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    Py_RETURN_NONE;
+
+fail:
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    return NULL;
+}
+
 static PyObject *py_set_simd(PyObject *self, PyObject *arg) {
     int enable;
     (void)self;
@@ -195,6 +243,7 @@ static PyMethodDef methods[] = {
     {"decode_crop_resize", (PyCFunction)(void (*)(void))py_decode_crop_resize,
      METH_VARARGS | METH_KEYWORDS, decode_doc},
     {"entropy_decode_only", py_entropy_decode_only, METH_O, entropy_doc},
+    {"normalize_u8", py_normalize_u8, METH_VARARGS, normalize_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fastload._augment.program import TrainerStages
+from fastload._loading.host_normalize import HostNormalizer
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import Ring
 from fastload._loading.shm import Segment
@@ -67,15 +68,20 @@ def present_batch(
     affine: tuple[torch.Tensor, torch.Tensor] | None,
     stages: TrainerStages | None,
     ids: SampleIds | None,
+    host_normalize: HostNormalizer | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """NHWC uint8 images -> NCHW (channels_last unless asked otherwise): the trainer's pixel stage,
-    normalization, then RandomErasing and MixUp/CutMix (labels becoming soft targets)."""
+    normalization (by `host_normalize` for CPU batches), then RandomErasing and MixUp/CutMix
+    (labels becoming soft targets)."""
     x = nhwc.permute(0, 3, 1, 2)
     if stages is not None and ids is not None:
         x = stages.before_normalize(x, *ids)
     if affine is not None:
         scale, bias = affine
-        x = x.to(torch.float32).mul_(scale).add_(bias)
+        if host_normalize is not None:
+            x = host_normalize(x.permute(0, 2, 3, 1))
+        else:
+            x = x.to(torch.float32).mul_(scale).add_(bias)
         if stages is not None and ids is not None and labels is not None:
             x, labels = stages.after_normalize(x, labels, *ids)
         if output.dtype != torch.float32:
@@ -112,6 +118,7 @@ class CpuDelivery:
         self._layout = layout
         self._images = images
         self._affine = images.affine(torch.device("cpu")) if images else None
+        self._normalize = HostNormalizer(*self._affine) if self._affine is not None else None
         self._pin = pin_memory
         self._stages = stages if stages else None
 
@@ -127,7 +134,9 @@ class CpuDelivery:
         if self._images is not None:
             labels = tensors[1] if self._stages is not None else None
             images, affine = self._images, self._affine
-            tensors[0], labels = present_batch(tensors[0], labels, images, affine, self._stages, ids)
+            tensors[0], labels = present_batch(
+                tensors[0], labels, images, affine, self._stages, ids, self._normalize
+            )
             if labels is not None:
                 tensors[1] = labels
         if self._pin:
