@@ -5,7 +5,8 @@ which knows the output size up front (so batch buffers are sized before any imag
 and cuts the chain into stages that each run where they are cheapest (NOTE [transform stages]
 in `_plan`): crops, resizes and flips folded into the decode; colour operations and policies
 batched on the uint8 samples (in the workers, or on the GPU after the copy); RandomErasing after
-normalization; MixUp/CutMix across the batch, labels becoming soft targets.
+normalization; MixUp/CutMix across the batch, labels becoming soft targets. `from_torchvision`
+converts a torchvision pipeline (v1 or v2) of the transforms fastload has into these.
 
 Every random choice is drawn from (seed, epoch, sample index), so results do not depend on which
 worker ran a sample, nor on how many workers there are. Every parameter is checked once, when a
@@ -38,10 +39,12 @@ from fastload.transforms._mixing import CutMix, MixUp, RandomChoice, RandomErasi
 from fastload.transforms._plan import TransformPlan as TransformPlan
 from fastload.transforms._plan import compile_transforms as compile_transforms
 from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
+from fastload.transforms._torchvision import from_torchvision
 
-# The transforms. The loader's machinery re-exported above (`compile_transforms`, `TransformPlan`,
-# `SampleGeometry`, `RandomSource`, `to_config`, `from_config`, `MAX_SIDE`) is used inside
-# fastload and is not part of the public API.
+# The transforms, and `from_torchvision` (a torchvision pipeline as fastload's). The loader's
+# machinery re-exported above (`compile_transforms`, `TransformPlan`, `SampleGeometry`,
+# `RandomSource`, `to_config`, `from_config`, `MAX_SIDE`) is used inside fastload and is not part
+# of the public API.
 __all__ = [
     "AugMix",
     "AutoAugment",
@@ -63,5 +66,6 @@ __all__ = [
     "Resize",
     "Transform",
     "TrivialAugmentWide",
+    "from_torchvision",
 ]
 

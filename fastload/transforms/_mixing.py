@@ -16,10 +16,20 @@ from fastload.transforms._color import check_probability
 
 @dataclass(frozen=True)
 class RandomErasing(Transform):
-    """Erase a random rectangle with probability `p` (torchvision semantics), after normalization:
-    `scale` is the range of its area as a fraction of the image's, `ratio` of its aspect ratio
-    (log-uniform); `value` fills it (in normalized units: 0 is the mean colour), one per channel,
-    or "random" for standard normal noise."""
+    """Erase a random rectangle with probability `p` (torchvision semantics), after normalization.
+
+    Args:
+        p: probability of erasing a sample.
+        scale: range of the rectangle's area as a fraction of the image's: 0 <= min <= max <= 1.
+        ratio: range of its aspect ratio, drawn log-uniformly; as in torchvision's RandomErasing
+            (unlike RandomResizedCrop) it is height / width: 0 < min <= max.
+        value: what fills it, in normalized units (0 is the mean colour): a number, one number per
+            channel, or "random" for standard normal noise (read from a fixed bank of noise at an
+            offset drawn per sample: deterministic, the same on a CPU and a GPU; see NOTE
+            [erasing noise] in `fastload._augment.mixing`).
+
+    If none of torchvision's 10 tries fits inside the image, the sample is left as it is.
+    """
 
     stage: ClassVar[Stage] = "tensor"
 
@@ -30,14 +40,21 @@ class RandomErasing(Transform):
 
     def __post_init__(self) -> None:
         check_probability("RandomErasing", self.p)
-        check_range("RandomErasing", "scale", self.scale, 0.0, 1.0)
+        scale = self.scale  # torchvision accepts a min of 0 (check_range would not)
+        pair = tuple(scale) if isinstance(scale, Sequence) and not isinstance(scale, (str, bytes)) else ()
+        if not (len(pair) == 2 and all(is_number(s) for s in pair) and 0.0 <= pair[0] <= pair[1] <= 1.0):
+            raise reject("RandomErasing", "scale", scale, "a (min, max) pair with 0 <= min <= max <= 1")
         check_range("RandomErasing", "ratio", self.ratio, 0.0, 1e6)
+        object.__setattr__(self, "scale", tuple(scale))  # lists (as torchvision takes) as tuples
+        object.__setattr__(self, "ratio", tuple(self.ratio))
         value = self.value
         if value == "random":
             return
         values = value if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else (value,)
         if len(values) not in (1, 3) or not all(is_number(v) for v in values):
             raise reject("RandomErasing", "value", value, "a number, 3 numbers (one per channel) or 'random'")
+        if values is value:  # a list from a user or from configuration: a tuple, as a frozen field
+            object.__setattr__(self, "value", tuple(float(v) for v in values))
 
 
 def _check_mix(kind: str, alpha: object, num_classes: object) -> None:
