@@ -441,3 +441,25 @@ def test_converted_pipelines_survive_to_config_and_from_config(version: str) -> 
 def test_fastload_transforms_do_not_import_torchvision() -> None:
     code = "import sys, fastload.transforms; sys.exit('torchvision' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_fastloader_takes_a_torchvision_pipeline(version: str, image_folder: Any) -> None:
+    from fastload import FastLoader
+
+    t = api(version)
+    to_float = [t.ToTensor()] if version == "v1" else [t.ToImage(), t.ToDtype(torch.float32, scale=True)]
+    pipeline = t.Compose(
+        [t.RandomResizedCrop(24), t.RandomHorizontalFlip(), *to_float, t.Normalize(*IMAGENET)]
+    )
+    common: dict[str, Any] = {"batch_size": 8, "shuffle": True, "seed": 2, "num_workers": 0, "device": "cpu"}
+    with FastLoader(image_folder, transform=pipeline, **common) as converted, FastLoader(
+        image_folder, transform=[T.RandomResizedCrop(24), T.RandomHorizontalFlip()], normalize=IMAGENET,
+        **common,
+    ) as native:
+        for (xa, ya), (xb, yb) in zip(converted, native, strict=True):
+            assert xa.dtype == torch.float32 and torch.equal(xa, xb) and torch.equal(ya, yb)
+    with pytest.raises(ConfigError, match="normalization once"):
+        FastLoader(image_folder, transform=pipeline, normalize=((0.5,) * 3, (0.5,) * 3), **common)
+    with pytest.raises(ConfigError, match=r"RandomRotation.*Dataset"):
+        FastLoader(image_folder, transform=t.Compose([t.RandomRotation(10), t.CenterCrop(8)]), **common)

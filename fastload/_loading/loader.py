@@ -43,7 +43,11 @@ class FastLoader:
 
     Folder mode yields `[images, labels]`: images (B, 3, H, W) on `device`, uint8 unless
     `normalize=(mean, std)` (torchvision units, [0, 1]) is given, then `dtype`; channels_last
-    memory format unless `memory_format=torch.contiguous_format`; labels int64 (B,).
+    memory format unless `memory_format=torch.contiguous_format`; labels int64 (B,), or with
+    MixUp/CutMix soft targets float (B, num_classes). `transform` is a list of
+    `fastload.transforms` (crops, colour, policies, RandomErasing, MixUp/CutMix: each runs where it
+    is cheapest, NOTE [transform stages]) or a torchvision pipeline of the ones fastload has
+    (`transforms.from_torchvision`), whose Normalize becomes `normalize`.
     Dataset mode yields what `default_collate` would. Samples whose leaves are fixed-shape arrays,
     tensors or numbers are written straight into shared memory; anything else (strings, ragged
     shapes, or any `collate_fn`) is collated in the worker and pickled over the local socket,
@@ -105,7 +109,7 @@ class FastLoader:
         in_order: bool = True,
         seed: int | None = None,
         prefetch: int | None = None,
-        transform: Sequence[Transform] | None = None,
+        transform: Sequence[Transform] | Callable[..., Any] | None = None,
         device: str | torch.device | None = None,
         normalize: tuple[Sequence[float], Sequence[float]] | None = None,
         dtype: torch.dtype = torch.float32,

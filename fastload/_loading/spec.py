@@ -24,7 +24,13 @@ from fastload._loading.delivery import ImageOutput
 from fastload._loading.ranks import process_position
 from fastload._loading.ring import MAX_PREFETCH, default_prefetch
 from fastload._machine import usable_cores
-from fastload.transforms import Transform, TransformPlan, compile_transforms, to_config
+from fastload.transforms import (
+    Transform,
+    TransformPlan,
+    compile_transforms,
+    from_torchvision,
+    to_config,
+)
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,7 @@ def build_spec(
     persistent_workers: bool,
     seed: int | None,
     prefetch: int | None,
-    transform: Sequence[Transform] | None,
+    transform: Sequence[Transform] | Callable[..., Any] | None,
     device: str | torch.device | None,
     normalize: tuple[Sequence[float], Sequence[float]] | None,
     dtype: torch.dtype,
@@ -170,6 +176,8 @@ def build_spec(
         raise ConfigError(
             "transform and normalize apply to image folders; a Dataset transforms its own samples"
         )
+    if transform is not None:
+        transform, normalize = _fastload_transforms(transform, normalize)
     resolved_device = (
         torch.device(device)
         if device is not None
@@ -299,6 +307,22 @@ def _check_mp_context(context: str | BaseContext | None, num_workers: int) -> No
     methods = mp.get_all_start_methods()
     if not isinstance(context, str) or context not in methods:
         raise ConfigError(f"multiprocessing_context must be one of {methods} (or a context), got {context!r}")
+
+
+def _fastload_transforms(
+    transform: Any, normalize: tuple[Sequence[float], Sequence[float]] | None
+) -> tuple[tuple[Transform, ...], tuple[Sequence[float], Sequence[float]] | None]:
+    """`transform` as fastload transforms: as given, or converted from a torchvision pipeline
+    (`transforms.from_torchvision`), whose Normalize becomes `normalize`."""
+    if isinstance(transform, Sequence) and all(isinstance(t, Transform) for t in transform):
+        return tuple(transform), normalize
+    converted, found = from_torchvision(transform)
+    if found is not None and normalize is not None and _normalize_values(normalize) != found:
+        raise ConfigError(
+            f"the torchvision pipeline normalizes with (mean, std) = {found} and normalize= says "
+            f"{tuple(tuple(v) for v in normalize)}: give the normalization once"
+        )
+    return converted, normalize if normalize is not None else found
 
 
 def _image_output(
