@@ -6,8 +6,8 @@ Rules for every operation:
   never a Python loop over samples or pixels.
 - Its random parameters come only from the uniforms it is given (drawn from (seed, epoch, sample
   index)), computed on the host in `params` with vectorized numpy; `apply` makes no random draw
-  of its own, so a batch is the same on any worker count and, within float rounding, on a GPU.
-  (RandomErasing's "random" noise is the one exception, documented there.)
+  of its own, so a batch is the same on any worker count and, within float rounding, on a GPU
+  (RandomErasing's "random" noise reads a fixed bank at a drawn offset: NOTE [erasing noise]).
 - `apply` never synchronises the host with a GPU: no `.item()`, no boolean-mask indexing, no
   `nonzero`; which samples a sub-operation applies to is an index array computed in `params`.
 - Images are (N, 3, H, W) views whose memory may be channels_last (NHWC); uint8 in the pixel
