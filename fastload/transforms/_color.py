@@ -96,8 +96,9 @@ class RandomGrayscale(Transform):
 
 @dataclass(frozen=True)
 class GaussianBlur(Transform):
-    """Blur with a Gaussian kernel of `kernel_size` (odd, positive; an int or (height, width))
-    and a sigma drawn per sample from `sigma` (a number, or a (min, max) pair, > 0)."""
+    """Blur with a Gaussian kernel of `kernel_size` (odd, positive; an int, or torchvision's (kx, ky):
+    the size along the width, then along the height) and a sigma drawn per sample from `sigma` (a
+    number, or a (min, max) pair, > 0), the same along both axes."""
 
     stage: ClassVar[Stage] = "pixels"
 
@@ -109,7 +110,8 @@ class GaussianBlur(Transform):
         self.sigma_range()
 
     def kernel(self) -> tuple[int, int]:
-        """(height, width) of the kernel, checked: odd and positive, at most 255."""
+        """(along the width, along the height) sizes of the kernel, torchvision's (kx, ky) order,
+        checked: odd and positive, at most 255."""
         size = self.kernel_size
         sizes = (size, size) if is_int(size) else tuple(size) if isinstance(size, Sequence) else ()
         if len(sizes) == 1:
@@ -119,12 +121,12 @@ class GaussianBlur(Transform):
         return int(sizes[0]), int(sizes[1])
 
     def sigma_range(self) -> tuple[float, float]:
-        """(min, max) of the per-sample sigma, checked: 0 < min <= max."""
+        """(min, max) of the per-sample sigma, checked: 0 < min <= max (a number s or (s,): (s, s))."""
         sigma = self.sigma
         if is_number(sigma):
             low = high = float(sigma)
-        elif isinstance(sigma, Sequence) and len(sigma) == 2 and all(is_number(s) for s in sigma):
-            low, high = float(sigma[0]), float(sigma[1])
+        elif isinstance(sigma, Sequence) and len(sigma) in (1, 2) and all(is_number(s) for s in sigma):
+            low, high = float(sigma[0]), float(sigma[-1])  # torchvision takes (s,) as (s, s)
         else:
             low = high = -1.0
         if not 0.0 < low <= high <= 1e4:

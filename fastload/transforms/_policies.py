@@ -127,8 +127,9 @@ class AugMix(Transform):
             raise reject("AugMix", "severity", self.severity, "an int in 1..10")
         if not (is_int(self.mixture_width) and 1 <= self.mixture_width <= 8):
             raise reject("AugMix", "mixture_width", self.mixture_width, "an int in 1..8")
-        if not (is_int(self.chain_depth) and (self.chain_depth == -1 or 1 <= self.chain_depth <= 8)):
-            raise reject("AugMix", "chain_depth", self.chain_depth, "-1 (1 to 3 at random) or an int in 1..8")
+        if not (is_int(self.chain_depth) and self.chain_depth <= 8):  # torchvision: <= 0 draws 1..3
+            accepted = "an int <= 0 (1 to 3 at random) or in 1..8"
+            raise reject("AugMix", "chain_depth", self.chain_depth, accepted)
         if not (is_number(self.alpha) and 0.0 < self.alpha <= 1e3):
             raise reject("AugMix", "alpha", self.alpha, "a number > 0")
         if not isinstance(self.all_ops, bool):
