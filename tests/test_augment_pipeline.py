@@ -95,7 +95,7 @@ def test_pixel_stage_same_in_workers_and_in_the_trainer(image_folder: Path) -> N
     mean = torch.tensor(NORMALIZE[0]).view(1, 3, 1, 1)
     std = torch.tensor(NORMALIZE[1]).view(1, 3, 1, 1)
     for x_plain, (x_workers, _), indices in zip(batches, with_pixels[0], plan.iter_batches(0), strict=True):
-        x = stages.before_normalize(x_plain, 0, indices)
+        x = stages.before_normalize(x_plain.clone(), 0, indices)
         assert not torch.equal(x, x_plain)  # the pixel stage did run
         expected = (x.float() / 255 - mean) / std
         assert torch.allclose(expected, x_workers, atol=1e-5)
