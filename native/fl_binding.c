@@ -222,6 +222,54 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(color_jitter_doc,
+             "color_jitter(images, count, order, factors) -> None\n\n"
+             "ColorJitter's brightness (0), contrast (1) and saturation (2), in place, as torchvision v2's\n"
+             "uint8 kernels: `images` a writable C-contiguous uint8 buffer of `count` interleaved-RGB\n"
+             "images of equal size, `order` int64 (count, 4) (the operation at each position; other\n"
+             "values: none), `factors` float32 (count, 3). The GIL is released.");
+
+static PyObject *py_color_jitter(PyObject *self, PyObject *args) {
+    PyObject *images_obj, *order_obj, *factors_obj;
+    Py_ssize_t count;
+    Py_buffer images, order, factors;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OnOO:color_jitter", &images_obj, &count, &order_obj, &factors_obj)) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(images_obj, &images, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "images must be a writable C-contiguous uint8 buffer");
+        return NULL;
+    }
+    if (get_data(order_obj, &order) != 0) {
+        PyBuffer_Release(&images);
+        return NULL;
+    }
+    if (get_data(factors_obj, &factors) != 0) {
+        PyBuffer_Release(&order);
+        PyBuffer_Release(&images);
+        return NULL;
+    }
+    if (count <= 0 || images.len % (3 * count) != 0 || order.len != 32 * count || factors.len != 12 * count) {
+        PyErr_Format(PyExc_ValueError, "color_jitter: %zd images need %zd-byte order (int64 x 4) and "
+                     "%zd-byte factors (float32 x 3), and images of 3 * count * pixels bytes; got %zd, "
+                     "%zd and %zd", count, 32 * count, 12 * count, order.len, factors.len, images.len);
+        PyBuffer_Release(&factors);
+        PyBuffer_Release(&order);
+        PyBuffer_Release(&images);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    fl_color_jitter((unsigned char *)images.buf, (size_t)count, (size_t)(images.len / (3 * count)),
+                    (const long long *)order.buf, (const float *)factors.buf);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&factors);
+    PyBuffer_Release(&order);
+    PyBuffer_Release(&images);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_simd(PyObject *self, PyObject *arg) {
     int enable;
     (void)self;
@@ -244,6 +292,7 @@ static PyMethodDef methods[] = {
      METH_VARARGS | METH_KEYWORDS, decode_doc},
     {"entropy_decode_only", py_entropy_decode_only, METH_O, entropy_doc},
     {"normalize_u8", py_normalize_u8, METH_VARARGS, normalize_doc},
+    {"color_jitter", py_color_jitter, METH_VARARGS, color_jitter_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,3 +12,11 @@ void fl_normalize_u8(const unsigned char *src, float *dst, size_t pixels, const 
                      const float bias[3]);
 
 #endif
+
+/* ColorJitter's brightness, contrast and saturation on `count` interleaved-RGB uint8 images of
+ * `pixels` pixels each, in place, as torchvision v2's uint8 tensor kernels compute them (float32,
+ * fused multiply-adds as torch's vectorized CPU kernels use them, clamped, truncated). Image i
+ * runs the operations order[4 * i + k] (0 brightness, 1 contrast, 2 saturation; any other value:
+ * nothing) in turn with its factors[3 * i + op]. */
+void fl_color_jitter(unsigned char *images, size_t count, size_t pixels, const long long *order,
+                     const float *factors);

@@ -417,3 +417,27 @@ def test_empty_batches_and_images() -> None:
         for kernel in (color.adjust_saturation, color.adjust_sharpness, color.adjust_hue):
             assert kernel(x, per_sample).shape == x.shape
         assert color.equalize(x).shape == x.shape and color.autocontrast(x).shape == x.shape
+
+
+@pytest.mark.parametrize(
+    "jitter",
+    [
+        ColorJitter(0.4, 0.4, 0.4),
+        ColorJitter(brightness=(0.1, 3.0)),
+        ColorJitter(contrast=0.9, saturation=2.0),
+    ],
+)
+def test_color_jitter_native_pass_equals_the_kernels(jitter: ColorJitter) -> None:
+    # CPU batches without hue take one native pass per sample; it must give the kernels' bits.
+    op = color.ColorJitterOp(jitter)
+    if op._native is None:
+        pytest.skip("the native extension is not built")
+    nhwc = torch.from_numpy(np.concatenate([_image_set(seed=1), _image_set(seed=2)]))
+    u = np.random.default_rng(7).random((nhwc.shape[0], op.draws))
+    params = to_device(op.params(u), torch.device("cpu"))
+    native = nhwc.clone()
+    op.apply(native.permute(0, 3, 1, 2), params)
+    kernels = nhwc.clone().permute(0, 3, 1, 2).contiguous()  # not a slot's layout: the kernels run
+    op.apply(kernels, params)
+    assert not torch.equal(native, nhwc)
+    assert torch.equal(native.permute(0, 3, 1, 2), kernels)
