@@ -270,6 +270,38 @@ static PyObject *py_color_jitter(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(mixup_doc,
+             "mixup(images, count, lam, one_minus_lam) -> None\n\n"
+             "MixUp in place: `images` a writable C-contiguous float32 buffer of `count` equal images;\n"
+             "image i becomes image_i * lam + image_{i-1} * one_minus_lam (image_{-1}: the last), with\n"
+             "torch's roundings. The GIL is released.");
+
+static PyObject *py_mixup(PyObject *self, PyObject *args) {
+    PyObject *images_obj;
+    Py_ssize_t count;
+    float lam, one_minus_lam;
+    Py_buffer images;
+    int status;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Onff:mixup", &images_obj, &count, &lam, &one_minus_lam)) return NULL;
+    if (PyObject_GetBuffer(images_obj, &images, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "images must be a writable C-contiguous float32 buffer");
+        return NULL;
+    }
+    if (count <= 0 || images.len % (4 * count) != 0) {
+        PyErr_Format(PyExc_ValueError, "mixup: %zd bytes are not %zd equal float32 images", images.len, count);
+        PyBuffer_Release(&images);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    status = fl_mixup((float *)images.buf, (size_t)count, (size_t)(images.len / (4 * count)), lam, one_minus_lam);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&images);
+    if (status != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_simd(PyObject *self, PyObject *arg) {
     int enable;
     (void)self;
@@ -293,6 +325,7 @@ static PyMethodDef methods[] = {
     {"entropy_decode_only", py_entropy_decode_only, METH_O, entropy_doc},
     {"normalize_u8", py_normalize_u8, METH_VARARGS, normalize_doc},
     {"color_jitter", py_color_jitter, METH_VARARGS, color_jitter_doc},
+    {"mixup", py_mixup, METH_VARARGS, mixup_doc},
     {NULL, NULL, 0, NULL},
 };
 

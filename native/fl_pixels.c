@@ -96,3 +96,27 @@ void fl_color_jitter(unsigned char *images, size_t count, size_t pixels, const l
         jitter_plain(images, count, pixels, order, factors);
     }
 }
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Compiled for the baseline target, which has no fused multiply-add to contract into: each
+ * product and the sum are rounded apart, as torch's mul and add_ round them. */
+int fl_mixup(float *images, size_t count, size_t values, float lam, float one_minus_lam) {
+    if (count == 0) return 0;
+    float *last = malloc(values * sizeof(float));
+    if (last == NULL) return -1;
+    memcpy(last, images + (count - 1) * values, values * sizeof(float));
+    for (size_t i = count - 1; i > 0; i--) { /* from the end: image i-1 is still the original */
+        float *x = images + i * values;
+        const float *prev = x - values;
+        for (size_t k = 0; k < values; k++) {
+            x[k] = x[k] * lam + prev[k] * one_minus_lam;
+        }
+    }
+    for (size_t k = 0; k < values; k++) {
+        images[k] = images[k] * lam + last[k] * one_minus_lam;
+    }
+    free(last);
+    return 0;
+}

@@ -20,3 +20,9 @@ void fl_normalize_u8(const unsigned char *src, float *dst, size_t pixels, const 
  * nothing) in turn with its factors[3 * i + op]. */
 void fl_color_jitter(unsigned char *images, size_t count, size_t pixels, const long long *order,
                      const float *factors);
+
+/* MixUp in place over `count` float32 images of `values` values each: image i becomes
+ * image_i * lam + image_{i-1} * (1 - lam) (image_{-1} being the last), the batch rolled by one as
+ * torchvision's `rolled * (1 - lam) + x * lam` with its roundings (two products, a sum). Returns
+ * 0, or -1 when it could not allocate the one image it keeps aside. */
+int fl_mixup(float *images, size_t count, size_t values, float lam, float one_minus_lam);

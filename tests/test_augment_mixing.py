@@ -432,8 +432,11 @@ def test_batch_ops_never_read_device_values(t: T.Transform) -> None:
 
 
 def test_kernels_source_has_no_synchronising_calls() -> None:
-    # Erasing.erase_by_slices reads boxes back: it runs on CPU batches only, and must equal the masks.
-    source = inspect.getsource(mixing).replace(inspect.getsource(mixing.Erasing.erase_by_slices), "")
+    # Erasing.erase_by_slices reads boxes back and MixUpOp.mix_natively hands memory to C: both run
+    # on CPU batches only, and are checked against the device paths below.
+    source = inspect.getsource(mixing)
+    for cpu_only in (mixing.Erasing.erase_by_slices, mixing.MixUpOp.mix_natively):
+        source = source.replace(inspect.getsource(cpu_only), "")
     for pattern in (r"\.item\(", r"\.nonzero\(", r"torch\.nonzero", r"\.tolist\(", r"\.cpu\(", r"\.numpy\("):
         assert not re.search(pattern, source), pattern
 
@@ -509,3 +512,18 @@ def test_erasing_by_slices_on_the_cpu_equals_the_masks(value: Any) -> None:
     by_slices = op.erase_by_slices(x.clone(), p, boxes)
     assert not torch.equal(by_masks, x)
     assert torch.equal(by_masks, by_slices)
+
+
+def test_mixup_native_pass_on_the_cpu_equals_torchs_arithmetic() -> None:
+    op = mixing.MixUpOp(T.MixUp(alpha=0.8, num_classes=4))
+    if op._native is None:
+        pytest.skip("the native extension is not built")
+    nhwc = torch.randn(7, 9, 11, 3)
+    labels = torch.tensor([0, 1, 2, 3, 0, 1, 2])
+    u = np.array([0.37])
+    native, _ = op.apply(nhwc.clone().permute(0, 3, 1, 2), labels, u)  # a normalized slot: NHWC memory
+    by_torch, _ = op.apply(nhwc.clone().permute(0, 3, 1, 2).contiguous(), labels, u)
+    lam = op.lam(u)
+    x = nhwc.permute(0, 3, 1, 2)
+    expected = x.roll(1, 0).mul(1.0 - lam).add_(x.mul(lam))  # torchvision's sum
+    assert torch.equal(native, expected) and torch.equal(by_torch, expected)

@@ -18,6 +18,7 @@ import torch
 
 from fastload._augment.ops import BatchOp, DeviceParams, Params, SampleOp
 from fastload._errors import ConfigError
+from fastload._loading.native import native_jpeg
 from fastload.transforms import CutMix, MixUp, RandomChoice, RandomErasing
 
 _TRIES = 10  # torchvision's RandomErasing.get_params tries this many boxes before giving up
@@ -231,6 +232,8 @@ class MixUpOp:
     def __init__(self, t: MixUp) -> None:
         self.alpha = float(t.alpha)
         self.num_classes = int(t.num_classes)
+        native = native_jpeg()
+        self._native = native if hasattr(native, "mixup") else None
 
     def lam(self, u: np.ndarray) -> float:
         """The batch's weight of its own images."""
@@ -247,6 +250,8 @@ class MixUpOp:
                 "so that the images it mixes are float"
             )
         lam = self.lam(u)
+        if self.mix_natively(x, lam):
+            return x, _mix_labels(labels, self.num_classes, lam, x.dtype)
         # In place, from the last image down, each blended with the one before it (the batch
         # rolled by one), so no copy of the whole batch is made: image 0 takes the last image's
         # original, kept aside. The same two products and sum as torchvision's
@@ -256,6 +261,17 @@ class MixUpOp:
             x[i].mul_(lam).add_(x[i - 1].mul(1.0 - lam))
         x[0].mul_(lam).add_(last)
         return x, _mix_labels(labels, self.num_classes, lam, x.dtype)
+
+
+    def mix_natively(self, x: torch.Tensor, lam: float) -> bool:
+        """Mix a normalized CPU batch (float32, NHWC memory) in one native pass with the same bits;
+        False, doing nothing, for any other batch."""
+        nhwc = x.permute(0, 2, 3, 1)
+        on_cpu = x.device.type == "cpu" and x.dtype == torch.float32
+        if self._native is None or not on_cpu or not nhwc.is_contiguous():
+            return False
+        self._native.mixup(nhwc.numpy(), x.shape[0], lam, 1.0 - lam)
+        return True
 
 
 class CutMixOp:
