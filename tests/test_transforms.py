@@ -611,3 +611,9 @@ def test_torchvisions_interpolation_mode_is_taken_as_its_name() -> None:
     assert nearest == T.RandomResizedCrop(8, interpolation="nearest")
     config = json.loads(json.dumps(T.to_config([T.Resize(10, interpolation=mode.BOX)])))
     assert config[0]["interpolation"] == "box"
+
+
+def test_policies_take_torchvisions_interpolation_mode_too() -> None:
+    mode = torchvision_or_skip().transforms.InterpolationMode
+    assert T.RandAugment(interpolation=mode.BILINEAR).interpolation == "bilinear"
+    assert T.TrivialAugmentWide(interpolation=mode.NEAREST) == T.TrivialAugmentWide(interpolation="nearest")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fastload.transforms._base import Stage, Transform, is_int, is_number, reject
+from fastload.transforms._base import Stage, Transform, is_int, is_number, reject, take_interpolation
 
 POLICY_INTERPOLATIONS = ("nearest", "bilinear")  # what torchvision's tensor affine supports
 AUTOAUGMENT_POLICIES = ("imagenet", "cifar10", "svhn")
@@ -69,6 +69,7 @@ class RandAugment(Transform):
             raise reject(
                 "RandAugment", "magnitude", self.magnitude, f"an int in 0..{self.num_magnitude_bins - 1}"
             )
+        take_interpolation(self)
         _check_interpolation("RandAugment", self.interpolation)
         check_fill("RandAugment", self.fill)
 
@@ -85,6 +86,7 @@ class TrivialAugmentWide(Transform):
 
     def __post_init__(self) -> None:
         _check_bins("TrivialAugmentWide", self.num_magnitude_bins)
+        take_interpolation(self)
         _check_interpolation("TrivialAugmentWide", self.interpolation)
         check_fill("TrivialAugmentWide", self.fill)
 
@@ -103,6 +105,7 @@ class AutoAugment(Transform):
     def __post_init__(self) -> None:
         if self.policy not in AUTOAUGMENT_POLICIES:
             raise reject("AutoAugment", "policy", self.policy, " or ".join(AUTOAUGMENT_POLICIES))
+        take_interpolation(self)
         _check_interpolation("AutoAugment", self.interpolation)
         check_fill("AutoAugment", self.fill)
 
@@ -134,5 +137,6 @@ class AugMix(Transform):
             raise reject("AugMix", "alpha", self.alpha, "a number > 0")
         if not isinstance(self.all_ops, bool):
             raise reject("AugMix", "all_ops", self.all_ops, "True or False")
+        take_interpolation(self)
         _check_interpolation("AugMix", self.interpolation)
         check_fill("AugMix", self.fill)
