@@ -2,8 +2,11 @@
 transform (pixel or tensor stage), `BatchOp` for one that mixes a batch, and the rules they keep.
 
 Rules for every operation:
-- Batched: one call handles the whole batch (or each group of samples that share a sub-operation),
-  never a Python loop over samples or pixels.
+- Batched: on a GPU one call handles the whole batch (or each group of samples that share a
+  sub-operation); never a Python loop over pixels. On a CPU, where a whole-batch temporary costs
+  more than the arithmetic (fresh memory faulted in), a kernel may walk the batch a few samples
+  at a time, or go native per sample; such CPU-only paths give the batched path's bits, and the
+  tests compare them.
 - Its random parameters come only from the uniforms it is given (drawn from (seed, epoch, sample
   index)), computed on the host in `params` with vectorized numpy; `apply` makes no random draw
   of its own, so a batch is the same on any worker count and, within float rounding, on a GPU
