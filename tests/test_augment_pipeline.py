@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from daemon_helpers import DaemonProcess
@@ -130,3 +131,22 @@ def test_one_batch_transform_per_chain(image_folder: Path) -> None:
         T.compile_transforms(
             [T.RandomResizedCrop(8), T.MixUp(num_classes=3), T.CutMix(num_classes=3)]
         )
+
+
+PER_SAMPLE = [
+    T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.5), T.GaussianBlur(5), T.RandomSolarize(100),
+    T.RandomPosterize(3), T.RandomAutocontrast(), T.RandomEqualize(), T.RandAugment(), T.TrivialAugmentWide(),
+    T.AutoAugment(), T.AugMix(),
+]
+
+
+@pytest.mark.parametrize("transform", PER_SAMPLE, ids=lambda t: type(t).__name__)
+def test_the_device_path_never_makes_the_host_wait(transform: T.Transform) -> None:
+    # On the `meta` device a tensor has no values: .item(), nonzero() and boolean-mask indexing
+    # raise there, so a kernel that would synchronise a GPU with the host fails here (the CPU-only
+    # native and chunked paths are not taken off the CPU).
+    plan = T.compile_transforms([T.RandomResizedCrop(32), transform])
+    stages = TrainerStages(plan, seed=1, pixels_here=True)
+    x = torch.empty((8, 3, 32, 32), dtype=torch.uint8, device="meta")
+    out = stages.before_normalize(x, 0, np.arange(8))
+    assert out.shape == (8, 3, 32, 32) and out.device.type == "meta"
