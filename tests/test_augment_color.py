@@ -1,5 +1,6 @@
-"""The batched photometric kernels and the colour transforms' operations (`fastload._augment.color`)
-against torchvision v2's functional kernels, sample by sample.
+"""The batched photometric kernels and the colour transforms' operations (`fastload._augment.color`,
+`color_ops`; `batching.apply_kernel`, `groups.apply_to`) against torchvision v2's functional
+kernels, sample by sample.
 
 Exactness (max abs difference 0, on photo-like, random, gray, low-range and constant images, NHWC
 and NCHW batches, several parameters per batch): brightness, contrast, saturation, hue, sharpness,
@@ -21,7 +22,7 @@ from helpers import photo_like, torchvision_or_skip
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastload._augment import color
+from fastload._augment import batching, color, color_ops, groups
 from fastload._augment.ops import to_device
 from fastload._augment.program import SampleProgram, sample_op
 from fastload._loading.sample_random import PIXELS_STREAM
@@ -181,7 +182,7 @@ def test_chunks_do_not_change_results(layout: str, monkeypatch: pytest.MonkeyPat
         lambda: color.gaussian_blur(x, (5, 5), factors + 0.1),
     ]
     whole = [run() for run in runs]
-    monkeypatch.setattr(color, "CPU_CHUNK_BYTES", 1)
+    monkeypatch.setattr(batching, "CPU_CHUNK_BYTES", 1)
     for run, expected in zip(runs, whole, strict=True):
         assert torch.equal(run(), expected)
 
@@ -198,13 +199,13 @@ def test_apply_to_and_apply_kernel_transform_only_the_group(layout: str, size: t
     factors = torch.tensor([0.3, 1.7, 0.8])
     expected = x.clone()
     expected[index] = color.adjust_saturation(x[index], factors)
-    via_apply_to = color.apply_to(x.clone(), index, lambda s: color.adjust_saturation(s, factors))
-    via_apply_kernel = color.apply_kernel(x.clone(), index, color.adjust_saturation, factors)
+    via_apply_to = groups.apply_to(x.clone(), index, lambda s: color.adjust_saturation(s, factors))
+    via_apply_kernel = batching.apply_kernel(x.clone(), index, color.adjust_saturation, factors)
     assert torch.equal(via_apply_to, expected) and torch.equal(via_apply_kernel, expected)
     assert via_apply_kernel.stride() == x.stride()
     blurred = x.clone()
     blurred[index] = color.gaussian_blur(x[index], (3, 3), factors)
-    via_constants = color.apply_kernel(x.clone(), index, color.gaussian_blur, factors, kernel_size=(3, 3))
+    via_constants = batching.apply_kernel(x.clone(), index, color.gaussian_blur, factors, kernel_size=(3, 3))
     assert torch.equal(via_constants, blurred)
 
 
@@ -212,16 +213,16 @@ def test_apply_to_edge_groups() -> None:
     """No sample, every sample, and a batch that is not dense (the fallback path)."""
     x = _batch(_image_set(), "channels_last")
     none, every = torch.zeros(0, dtype=torch.int64), torch.arange(x.shape[0])
-    assert torch.equal(color.apply_to(x.clone(), none, color.invert), x)
-    assert torch.equal(color.apply_kernel(x.clone(), none, color.invert), x)
-    assert torch.equal(color.apply_to(x.clone(), every, color.invert), color.invert(x))
-    assert torch.equal(color.apply_kernel(x.clone(), every, color.invert), color.invert(x))
+    assert torch.equal(groups.apply_to(x.clone(), none, color.invert), x)
+    assert torch.equal(batching.apply_kernel(x.clone(), none, color.invert), x)
+    assert torch.equal(groups.apply_to(x.clone(), every, color.invert), color.invert(x))
+    assert torch.equal(batching.apply_kernel(x.clone(), every, color.invert), color.invert(x))
     strided = torch.from_numpy(_image_set()).permute(0, 3, 1, 2)[:, :, ::2]  # not dense: the fallback
     expected = strided.clone()
     expected[1:3] = color.invert(strided[1:3])
     index = torch.tensor([1, 2])
-    assert torch.equal(color.apply_kernel(strided.clone(), index, color.invert), expected)
-    assert torch.equal(color.apply_to(strided.clone(), index, color.invert), expected)
+    assert torch.equal(batching.apply_kernel(strided.clone(), index, color.invert), expected)
+    assert torch.equal(groups.apply_to(strided.clone(), index, color.invert), expected)
 
 
 # The transforms' operations
@@ -429,7 +430,7 @@ def test_empty_batches_and_images() -> None:
 )
 def test_color_jitter_native_pass_equals_the_kernels(jitter: ColorJitter) -> None:
     # CPU batches without hue take one native pass per sample; it must give the kernels' bits.
-    op = color.ColorJitterOp(jitter)
+    op = color_ops.ColorJitterOp(jitter)
     if op._native is None:
         pytest.skip("the native extension is not built")
     nhwc = torch.from_numpy(np.concatenate([_image_set(seed=1), _image_set(seed=2)]))

@@ -331,7 +331,7 @@ def rot90_(x: torch.Tensor, index: torch.Tensor, turns: int) -> None:
     """Rotate the samples `index` of x by `turns` quarter turns in place (`torch.rot90` on (H, W),
     torchvision's fast path for 90, 180 and 270 degrees); 90 and 270 need a square image."""
     if turns % 4:
-        groups.apply_group(x, index, lambda group: torch.rot90(group, k=turns, dims=(-2, -1)))
+        groups.apply_to(x, index, lambda group: torch.rot90(group, k=turns, dims=(-2, -1)))
 
 
 def shifted(x: torch.Tensor, dx: int, dy: int, fill: Fill) -> torch.Tensor:
@@ -387,7 +387,7 @@ def policy_op_(
         dx = int(magnitude) if op == "TranslateX" else 0
         dy = int(magnitude) if op == "TranslateY" else 0
         if dx or dy:
-            groups.apply_group(x, index, lambda group: shifted(group, dx, dy, fill))
+            groups.apply_to(x, index, lambda group: shifted(group, dx, dy, fill))
         return
     if op in ("ShearX", "ShearY") and magnitude == 0:
         # torchvision's grid is then the pixel centres within float32 rounding (~1e-5 px): nearest

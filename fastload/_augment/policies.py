@@ -61,7 +61,7 @@ _COLOR_KERNELS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def _bound(kernel: Callable[..., torch.Tensor], value: torch.Tensor | None) -> color.Kernel:
+def _bound(kernel: Callable[..., torch.Tensor], value: torch.Tensor | None) -> groups.Kernel:
     """`kernel` with its per-sample parameter (if it takes one) bound after the batch."""
     if value is None:
         return kernel
@@ -157,7 +157,7 @@ class PolicyOp:
                     magnitude *= -1
                 policy_op_(x, index, name, magnitude, self.interpolation, self.fill)
                 continue
-            color.apply_to(x, index, _bound(_COLOR_KERNELS[name], p.get(f"{key}|value")))
+            groups.apply_to(x, index, _bound(_COLOR_KERNELS[name], p.get(f"{key}|value")))
         return x
 
     def apply(self, x: torch.Tensor, p: DeviceParams) -> torch.Tensor:

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload._augment import color, mixing, policies
+from fastload._augment import color_ops, mixing, policies
 from fastload._augment.ops import BatchOp, Params, SampleOp, to_device
 from fastload._errors import ConfigError
 from fastload._loading.sample_random import BATCH_STREAM, PIXELS_STREAM, TENSOR_STREAM, sample_uniforms
 from fastload.transforms import Transform, TransformPlan
 
-_SAMPLE_OPS: dict[type, Callable[[Any], SampleOp]] = {**color.OPS, **policies.OPS, **mixing.OPS}
+_SAMPLE_OPS: dict[type, Callable[[Any], SampleOp]] = {**color_ops.OPS, **policies.OPS, **mixing.OPS}
 _BATCH_OPS: dict[type, Callable[[Any], BatchOp]] = mixing.BATCH_OPS
 
 
