@@ -264,3 +264,18 @@ def build_folder(root: Path, classes: int = 3, per_class: int = 8, seed: int = 0
             write_image(root / f"n{c:02d}" / name, height, width, seed=seed * 1000 + k, mode=mode)
             k += 1
     return root
+
+
+def write_gpu_folder(root: Path, classes: int, seed: int) -> Path:
+    """`classes` class folders of 24 smooth JPEGs each, 160..183 x 120 pixels, drawn from `seed`
+    (the GPU tests' folders)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for c in range(classes):
+        (root / f"c{c}").mkdir()
+        for i in range(24):
+            base = rng.integers(0, 255, (6, 8, 3), dtype=np.uint8)
+            img = Image.fromarray(base).resize((160 + i, 120), Image.Resampling.BICUBIC)
+            img.save(root / f"c{c}" / f"{i}.jpg", quality=90)
+    return root

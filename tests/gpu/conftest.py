@@ -11,3 +11,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/gpu/" in str(item.path):
             item.add_marker(skip)
+

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from helpers import write_gpu_folder
 
 from fastload import FastLoader
 from fastload import transforms as T
@@ -17,15 +17,7 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("gpu_folder")
-    rng = np.random.default_rng(0)
-    for c in range(2):
-        (root / f"c{c}").mkdir()
-        for i in range(24):
-            base = rng.integers(0, 255, (6, 8, 3), dtype=np.uint8)
-            img = Image.fromarray(base).resize((160 + i, 120), Image.Resampling.BICUBIC)
-            img.save(root / f"c{c}" / f"{i}.jpg", quality=90)
-    return root
+    return write_gpu_folder(tmp_path_factory.mktemp("gpu_folder"), classes=2, seed=0)
 
 
 def _loader(folder: Path, device: str, **kw: object) -> FastLoader:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
+from helpers import write_gpu_folder
 
 from fastload import FastLoader
 from fastload import transforms as T
@@ -25,15 +24,7 @@ RECIPE = [
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("gpu_augment_folder")
-    rng = np.random.default_rng(1)
-    for c in range(CLASSES):
-        (root / f"c{c}").mkdir()
-        for i in range(24):
-            base = rng.integers(0, 255, (6, 8, 3), dtype=np.uint8)
-            img = Image.fromarray(base).resize((160 + i, 120), Image.Resampling.BICUBIC)
-            img.save(root / f"c{c}" / f"{i}.jpg", quality=90)
-    return root
+    return write_gpu_folder(tmp_path_factory.mktemp("gpu_augment_folder"), classes=CLASSES, seed=1)
 
 
 def _loader(folder: Path, device: str, transform: list[T.Transform]) -> FastLoader:
