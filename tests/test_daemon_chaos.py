@@ -57,9 +57,14 @@ def test_daemon_survives_worker_sigkills_with_several_trainers_attached(
     ]
     loaders = [FastLoader(folder, num_workers=1, prefetch=3, daemon=daemon.address, **c) for c in configs]
     killer = Killer(daemon.pid, every_s=0.15, seed=8, max_kills=16)
+    got: list[list[Batches]] = [[] for _ in loaders]
     try:
         killer.start()
-        got = _train_together(loaders, epochs=2)
+        # Epochs until enough kills have landed (how many fit in one epoch depends on the machine's
+        # speed: tiny batches can finish between a kill and the bulk replacement that follows it).
+        while len(got[0]) < 2 or (len(killer.sent) < 8 and len(got[0]) < 10):
+            for mine, epoch in zip(got, _train_together(loaders, epochs=1), strict=True):
+                mine.extend(epoch)
     finally:
         killer.stop()
         for loader in loaders:
