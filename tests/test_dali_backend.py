@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import gc
 import math
+import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,10 +114,38 @@ def test_bit_identical_for_any_worker_count_and_epoch(image_folder: Path) -> Non
     assert not torch.equal(runs[0][0][0][0], runs[0][1][0][0]), "epochs 0 and 1 gave the same batch"
 
 
-def test_spawned_workers_get_the_backend_by_pickle_and_the_same_batches(image_folder: Path) -> None:
-    local = epoch(image_folder, "dali", 0, CHAINS["rrc-flip"])
-    spawned = epoch(image_folder, "dali", 1, CHAINS["rrc-flip"], multiprocessing_context="spawn")
-    assert_same_batches(spawned, local)
+def test_spawned_workers_get_the_backend_by_pickle_and_the_same_batches(
+    image_folder: Path, tmp_path: Path
+) -> None:
+    # spawn starts multiprocessing's resource tracker, which lives as long as its process: run
+    # it in a process of its own (as test_dropin does).
+    script = tmp_path / "spawned.py"
+    script.write_text(_SPAWNED.format(tests=str(Path(__file__).parent), folder=str(image_folder)))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["spawn", "same"]
+
+
+_SPAWNED = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    import torch
+    from daemon_helpers import assert_same_batches, take
+    from fastload import FastLoader
+    from test_dali_backend import CHAINS, KWARGS
+
+    if __name__ == "__main__":
+        kwargs = dict(transform=CHAINS["rrc-flip"], backend="dali", **KWARGS)
+        with FastLoader({folder!r}, num_workers=0, **kwargs) as loader:
+            local = take(loader)
+        with FastLoader({folder!r}, num_workers=1, multiprocessing_context="spawn", **kwargs) as loader:
+            spawned = take(loader)
+            print(loader._pipeline.executor._mp.get_start_method())
+        assert_same_batches(spawned, local)
+        print("same")
+    """
+)
 
 
 def test_state_dict_resume_mid_epoch_gives_the_rest_of_the_epoch(image_folder: Path) -> None:
