@@ -1,5 +1,5 @@
 # Sourced by tools/test.sh and tools/demo.sh: make (or reuse) ./.venv and install fastload into it.
-# Usage: . tools/_venv.sh EXTRAS   (EXTRAS: "" or "test")
+# Usage: . tools/_venv.sh EXTRAS   (EXTRAS: "", or a comma list of extras: "test", "test,dali")
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -24,7 +24,7 @@ fi
 # torchvision: the transform tests' reference, test-only. Each release requires exactly one torch
 # (torchvision 0.N+15 for torch 2.N), so it goes in without dependencies, pulling neither another
 # torch nor Pillow over pillow-simd; where none matches, its tests skip and say why.
-if [ "${1:-}" = test ] && ! .venv/bin/python -m pip show -q torchvision >/dev/null 2>&1; then
+if [[ ",${1:-}," == *,test,* ]] && ! .venv/bin/python -m pip show -q torchvision >/dev/null 2>&1; then
     torch_minor=$(.venv/bin/python -c "import torch; print(torch.__version__.split('.')[1])")
     "${pip[@]}" install --no-deps "torchvision==0.$((torch_minor + 15)).*" \
         || echo "no torchvision for this torch: the tests that compare against it will skip"

@@ -64,7 +64,11 @@ class FastLoader:
     Lightning finds them to set their epoch. A sampler with an integer `epoch` attribute
     (DistributedSampler's) also names the epoch whose random seeds the batches get.
 
-    Folder-only options: `daemon="default"` (or "ipc://PATH") attaches to a running
+    Folder-only options: `backend` picks the decoder: "native" (libjpeg-turbo, the default; Pillow
+    where the extension is not built), "pil", or "dali" (NVIDIA DALI's CPU operators, in the same
+    workers with the same plan, geometry and randomness: `pip install fastload[dali]`; refused at
+    construction without it; with `device="cuda"` it still decodes on the CPU, for now).
+    `daemon="default"` (or "ipc://PATH") attaches to a running
     `fastload serve` instead of starting workers (same batches, bit for bit). `rank` and
     `world_size` give this process its shard, DistributedSampler's: every rank the same number of
     samples, the epoch's order padded by repeating its start, or with `drop_last` truncated to a

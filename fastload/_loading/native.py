@@ -34,3 +34,9 @@ def native_jpeg() -> ModuleType | None:
             _import_error,
         )
     return _jpeg
+
+
+def built_native_jpeg() -> ModuleType | None:
+    """The native JPEG module, or None when it is not built, without the notice: for callers that
+    only read JPEG headers with it (the DALI backend), whose decoding does not fall back."""
+    return _jpeg

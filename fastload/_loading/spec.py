@@ -20,6 +20,7 @@ import torch
 
 from fastload._daemon.client import resolve_address
 from fastload._errors import ConfigError
+from fastload._loading.backends import BACKENDS
 from fastload._loading.delivery import ImageOutput
 from fastload._loading.ranks import process_position
 from fastload._loading.ring import MAX_PREFETCH, default_prefetch
@@ -176,6 +177,8 @@ def build_spec(
         raise ConfigError(
             "transform and normalize apply to image folders; a Dataset transforms its own samples"
         )
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     if transform is not None:
         transform, normalize = _fastload_transforms(transform, normalize)
     resolved_device = (

@@ -89,9 +89,14 @@ SYSTEMS: dict[str, System] = {
     "ffcv": System(FFCV_PYTHON, SYSTEMS_DIR / "ffcv_loader.py", prepare=True),
     "fastload": System(MAIN_PYTHON, SYSTEMS_DIR / "fastload_loader.py"),
     "fastload-pil": System(MAIN_PYTHON, SYSTEMS_DIR / "fastload_loader.py", ("--backend", "pil")),
+    # fastload's workers, plan and ring with DALI's CPU operators decoding (needs fastload[dali]).
+    "fastload-dali": System(MAIN_PYTHON, SYSTEMS_DIR / "fastload_loader.py", ("--backend", "dali")),
     "dali-cpu": System(DALI_PYTHON, SYSTEMS_DIR / "dali_cpu_loader.py"),
     # Validation pipelines: Resize(256) + CenterCrop(224) (or the system's equivalent), in order.
     "fastload-val": System(MAIN_PYTHON, SYSTEMS_DIR / "fastload_loader.py", ("--val",)),
+    "fastload-dali-val": System(
+        MAIN_PYTHON, SYSTEMS_DIR / "fastload_loader.py", ("--val", "--backend", "dali")
+    ),
     "torchvision-val": System(TV_PYTHON, SYSTEMS_DIR / "dataloader_torchvision.py", ("--val",)),
     "ffcv-val": System(FFCV_PYTHON, SYSTEMS_DIR / "ffcv_loader.py", ("--val",), prepare=True),
     "dali-cpu-val": System(DALI_PYTHON, SYSTEMS_DIR / "dali_cpu_loader.py", ("--val",)),

@@ -3,7 +3,8 @@
 A backend turns a batch of encoded images into uint8 NHWC pixels written straight into the
 batch's place in a ring slot, following a compiled `TransformPlan`. `native` (the default) is the
 libjpeg-turbo extension built from native/, falling back to `pil` (Pillow, JPEG draft mode) where
-the extension is not built; `dali` arrives through the same seam.
+the extension is not built; `dali` (NVIDIA DALI's CPU operators, an optional extra) does the
+same geometry, drawn by the same plan, in a DALI pipeline.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from fastload._errors import ConfigError
 from fastload.transforms import RandomSource, TransformPlan
 
-BACKENDS = ("native", "pil")
+BACKENDS = ("native", "pil", "dali")
 
 
 class SampleFailure(Exception):
@@ -60,4 +61,16 @@ def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
             ) from e
 
         return PilBackend(plan)
+    if name == "dali":
+        try:
+            from fastload._loading.backends.dali import DaliBackend
+        except ImportError as e:
+            raise ConfigError(
+                f"backend='dali' needs NVIDIA DALI, which could not be imported ({e}): "
+                "`pip install fastload[dali]` (or `pip install nvidia-dali-cuda120`), or use "
+                "backend='native'"
+            ) from e
+        from fastload._loading.native import built_native_jpeg
+
+        return DaliBackend(plan, built_native_jpeg())
     raise ConfigError(f"backend {name!r} is not one of {', '.join(BACKENDS)}")

@@ -1,7 +1,8 @@
 """Benchmark system: FastLoader over the image folder, RandomResizedCrop(224) + flip, uint8 out.
 
 Run with .venv/bin/python (from the repo root); prints the bench_common JSON line. fastload's own
-options, taken out before the common parser runs: `--backend NAME` (native, pil); `--val` for the
+options, taken out before the common parser runs: `--backend NAME` (native, pil, dali: DALI's
+CPU operators in fastload's workers, needs `pip install fastload[dali]`); `--val` for the
 validation transform Resize(256) + CenterCrop(224), in order (shuffle off); `--daemon ADDRESS`
 to attach to a running `fastload serve` instead of starting workers; `--seed N`.
 """

@@ -1,0 +1,230 @@
+"""The DALI backend: NVIDIA DALI's CPU operators decode, crop, resize and flip each batch.
+
+fastload's plan draws each sample's geometry from its own randomness, as for the native
+backend; a DALI pipeline then does the pixels. The pipeline is built on first use in the process
+that runs it (a worker, a daemon's worker, or the trainer itself with `num_workers=0`), so the
+parent that forks workers holds none unless it also decodes inline, and a forked child never
+frees one it inherited (NOTE [DALI pipelines and fork]). It runs DALI's CPU operators
+(`device_id=None`, one thread: each worker is one process), synchronously:
+
+    external_source(bytes, slice, roi, size)
+      -> decoders.image_slice   the clip box rounded outwards to whole pixels (RGB, EXIF ignored)
+      -> resize                 the exact fractional box, antialiased; reversed in x for a flip
+
+and each output is copied once into its row of the slot. Image sizes for the geometry come from
+the header (the native extension's `jpeg_size`, else Pillow). A decode failure drops the pipeline
+(DALI invalidates it) and is reported as `SampleFailure` at the sample DALI names (or, if it
+names none, the first that fails alone). GPU (`mixed`) decoding is not done here yet.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import re
+import weakref
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from nvidia.dali import fn, types
+from nvidia.dali.pipeline import Pipeline
+
+from fastload._errors import ConfigError
+from fastload._loading.backends import SampleFailure
+from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_INTERP = {
+    "nearest": types.DALIInterpType.INTERP_NN,
+    "bilinear": types.DALIInterpType.INTERP_LINEAR,
+    "bicubic": types.DALIInterpType.INTERP_CUBIC,
+    "lanczos": types.DALIInterpType.INTERP_LANCZOS3,
+}
+# DALI names the failing sample of a batch: "Failed to decode sample #3 : ...".
+_FAILED_SAMPLE = re.compile(r"sample #(\d+)")
+_EPS = 1e-6  # as the Pillow backend: a clip edge within this of a whole pixel is that pixel
+
+# NOTE [DALI pipelines and fork]: a pipeline's C++ side owns threads. A forked child has the
+# parent's pipeline objects but none of their threads, so freeing one there (the child's garbage
+# collector finding a parent's loader in a dead reference cycle) joins threads that do not exist:
+# a hang, then a segfault. So a child takes a strong reference to every pipeline its parent
+# built, for good: never used, never freed. Its own pipelines it builds and frees as usual.
+_BUILT: weakref.WeakSet[Pipeline] = weakref.WeakSet()  # the live pipelines this process built
+_INHERITED: list[Pipeline] = []  # in a forked child: its parent's
+_fork_hook: list[bool] = []  # non-empty once the hook is registered
+
+
+def _keep_inherited_pipelines() -> None:
+    """After fork, in the child (NOTE [DALI pipelines and fork])."""
+    _INHERITED.extend(_BUILT)
+    _BUILT.clear()
+
+
+class DaliBackend:
+    """Decode + crop + resize + flip with a DALI CPU pipeline, one per process."""
+
+    name = "dali"
+
+    def __init__(self, plan: TransformPlan, jpeg: ModuleType | None) -> None:
+        if plan.interpolation not in _INTERP:
+            raise ConfigError(
+                f"the DALI backend has no {plan.interpolation!r} filter (it has "
+                f"{', '.join(_INTERP)}): pick one of those, or backend='native'"
+            )
+        self.plan = plan
+        self._jpeg = jpeg  # fastload's extension, for JPEG header sizes; None: Pillow reads them
+        self._pipe: Any = None
+        self._capacity = 0  # the pipeline's batch size: the largest task seen
+        self._pid = 0  # the process that built the pipeline
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A spawned worker gets the configuration, never a pipeline (it builds its own)."""
+        state = self.__dict__.copy()
+        state.update(_pipe=None, _capacity=0, _pid=0, _jpeg=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from fastload._loading.native import built_native_jpeg
+
+        self.__dict__.update(state)
+        self._jpeg = built_native_jpeg()
+
+    def decode_batch(
+        self, blobs: Sequence[bytes], rngs: Sequence[RandomSource], out: np.ndarray
+    ) -> None:
+        n = len(blobs)
+        if n == 0:
+            return
+        inputs = np.empty((n, 4, 2), np.float32)  # per sample: slice anchor, shape; roi start, end
+        for i, (blob, rng) in enumerate(zip(blobs, rngs, strict=True)):
+            try:
+                height, width = self._size(blob)
+                inputs[i] = _slice_and_roi(self.plan.sample(height, width, rng), height, width)
+            except Exception as e:  # a header that cannot be read is reported against its sample
+                raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+        arrays = [np.frombuffer(b, np.uint8) for b in blobs]
+        try:
+            images = self._run(arrays, inputs)
+        except RuntimeError as e:
+            self._pipe = None  # DALI: "Current pipeline object is no longer valid"
+            position = _failed_position(str(e), n)
+            if position is None:
+                position = self._first_failing(arrays, inputs)
+            try:
+                raise ValueError(f"DALI could not decode the image: {_reason(str(e))}") from e
+            except ValueError as cause:
+                raise SampleFailure(position, f"ValueError: {cause}") from cause
+        for i in range(n):  # DALI's output, viewed, copied once into the slot
+            out[i] = np.asarray(images[i])
+
+    def _size(self, blob: bytes) -> tuple[int, int]:
+        """(height, width) from the image's header."""
+        if self._jpeg is not None and blob[:3] == _JPEG_MAGIC:
+            width, height = self._jpeg.jpeg_size(blob)
+            return int(height), int(width)
+        try:
+            from PIL import Image
+        except ImportError as e:
+            raise RuntimeError(
+                "reading this image's size needs Pillow (it is not a JPEG, or fastload's native "
+                "extension is not built): `pip install pillow`"
+            ) from e
+        with Image.open(io.BytesIO(blob)) as img:
+            width, height = img.size
+        return int(height), int(width)
+
+    def _run(self, arrays: list[np.ndarray], inputs: np.ndarray) -> Any:
+        """The batch's pixels, a DALI TensorListCPU of n (H, W, 3) uint8 images."""
+        n = len(arrays)
+        if self._pid != os.getpid():
+            self._pipe = None  # none built yet, or the parent's (NOTE [DALI pipelines and fork])
+        if self._pipe is None or self._capacity < n:
+            self._pipe = None  # a larger task: a larger pipeline (the first task is usually the largest)
+            self._capacity = max(n, self._capacity)
+            self._pipe, self._pid = self._build(self._capacity), os.getpid()
+        pipe = self._pipe
+        pipe.feed_input("encoded", arrays)
+        pipe.feed_input("anchor", inputs[:, 0].astype(np.int32))
+        pipe.feed_input("shape", inputs[:, 1].astype(np.int32))
+        pipe.feed_input("roi_start", np.ascontiguousarray(inputs[:, 2]))
+        pipe.feed_input("roi_end", np.ascontiguousarray(inputs[:, 3]))
+        size = np.array([self.plan.out_height, self.plan.out_width], np.float32)
+        pipe.feed_input("size", np.tile(size, (n, 1)))
+        (images,) = pipe.run()
+        return images
+
+    def _build(self, capacity: int) -> Pipeline:
+        """A pipeline for batches of up to `capacity` images (see the module's docstring)."""
+        pipe = Pipeline(
+            batch_size=capacity,
+            num_threads=1,
+            device_id=None,  # CPU operators only: no CUDA context in the workers
+            exec_async=False,  # synchronous: feed_input, then run, in the caller's thread
+            exec_pipelined=False,
+            prefetch_queue_depth=1,
+        )
+        u8, f32, i32 = types.DALIDataType.UINT8, types.DALIDataType.FLOAT, types.DALIDataType.INT32
+        with pipe:
+            encoded = fn.external_source(name="encoded", dtype=u8, ndim=1)
+            anchor = fn.external_source(name="anchor", dtype=i32, ndim=1)
+            shape = fn.external_source(name="shape", dtype=i32, ndim=1)
+            roi_start = fn.external_source(name="roi_start", dtype=f32, ndim=1)
+            roi_end = fn.external_source(name="roi_end", dtype=f32, ndim=1)
+            size = fn.external_source(name="size", dtype=f32, ndim=1)
+            image = fn.decoders.image_slice(
+                encoded, anchor, shape, axis_names="HW", device="cpu",
+                output_type=types.DALIImageType.RGB,
+                adjust_orientation=False,  # as the other backends: the header's size is the image's
+            )
+            resized = fn.resize(
+                image, roi_start=roi_start, roi_end=roi_end, roi_relative=False, size=size,
+                interp_type=_INTERP[self.plan.interpolation], antialias=True,
+            )
+            pipe.set_outputs(resized)
+        pipe.build()
+        if not _fork_hook:
+            os.register_at_fork(after_in_child=_keep_inherited_pipelines)
+            _fork_hook.append(True)
+        _BUILT.add(pipe)
+        return pipe
+
+    def _first_failing(self, arrays: list[np.ndarray], inputs: np.ndarray) -> int:
+        """The first sample that fails on its own (DALI's error named none); 0 if none does."""
+        for i in range(len(arrays)):
+            try:
+                self._run(arrays[i : i + 1], inputs[i : i + 1])
+            except RuntimeError:
+                self._pipe = None
+                return i
+        return 0
+
+
+def _slice_and_roi(g: SampleGeometry, height: int, width: int) -> np.ndarray:
+    """[anchor, shape, roi_start, roi_end], each (y, x): the pixels to decode (the clip box rounded
+    outwards, as the filter must not read past it), and the box within them (x reversed: a flip)."""
+    left, top, right, bottom = g.box
+    clip = g.clip or (0.0, 0.0, float(width), float(height))
+    x0, y0 = max(0, math.floor(clip[0] + _EPS)), max(0, math.floor(clip[1] + _EPS))
+    x1, y1 = min(width, math.ceil(clip[2] - _EPS)), min(height, math.ceil(clip[3] - _EPS))
+    x_start, x_end = (right, left) if g.flip else (left, right)
+    return np.array(
+        [[y0, x0], [y1 - y0, x1 - x0], [top - y0, x_start - x0], [bottom - y0, x_end - x0]], np.float32
+    )
+
+
+def _failed_position(message: str, n: int) -> int | None:
+    match = _FAILED_SAMPLE.search(message)
+    if match is None or not 0 <= int(match.group(1)) < n:
+        return None
+    return int(match.group(1))
+
+
+def _reason(message: str) -> str:
+    """DALI's words about the failure, without its pipeline-definition traceback."""
+    _, _, rest = message.partition("encountered:")
+    text = (rest or message).split("Current pipeline object")[0]
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " ".join(lines) or "unknown error"
