@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from fastload._loading.sample_random import _GAMMA, _mix
+from fastload._loading.sample_random import SPLITMIX_GAMMA, splitmix64
 
 _U53 = 2.0**-53
 _TRIES = 1 << 10  # rounds before giving up on a variate: never reached (rejection < 5% a round)
@@ -25,12 +25,12 @@ _TRIES = 1 << 10  # rounds before giving up on a variate: never reached (rejecti
 
 def _keys(u: np.ndarray) -> np.ndarray:
     """A 64-bit stream key per uniform of `u` (N,) in [0, 1)."""
-    return _mix((u * 2.0**53).astype(np.uint64) + np.uint64(0x2545F4914F6CDD1D))
+    return splitmix64((u * 2.0**53).astype(np.uint64) + np.uint64(0x2545F4914F6CDD1D))
 
 
 def _stream(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
     """Uniforms in (0, 1] (never 0, for logarithms): the counters' draws of each key (broadcast)."""
-    bits = _mix(keys + (counters.astype(np.uint64) + np.uint64(1)) * _GAMMA)
+    bits = splitmix64(keys + (counters.astype(np.uint64) + np.uint64(1)) * SPLITMIX_GAMMA)
     return ((bits >> np.uint64(11)).astype(np.float64) + 1.0) * _U53
 
 

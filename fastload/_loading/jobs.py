@@ -52,7 +52,9 @@ def _clip(text: str, limit: int) -> str:
     return f"{text[:half]}\n[... {len(text) - limit} characters left out ...]\n{text[-half:]}"
 
 
-def _failure(seq: int, exc: BaseException, index: int, path: str, what: str) -> Failure:
+def failure_of(seq: int, exc: BaseException, index: int, path: str, what: str) -> Failure:
+    """The `Failure` event of task `seq` for `exc`, naming the sample (its index, its file's `path`
+    if any) and `what` was being loaded, with the traceback; every text bounded in size."""
     where = f"{what} {path}" if path else f"{what} at index {index}"
     return Failure(
         seq=seq,
@@ -147,7 +149,7 @@ class FolderJob:
             try:
                 blobs.append(read_file(path))
             except OSError as e:
-                raise JobFailed(_failure(seq, e, int(i), path, "image")) from e
+                raise JobFailed(failure_of(seq, e, int(i), path, "image")) from e
         t1 = time.perf_counter_ns()
         read_cpu = time.process_time_ns() - cpu0
         read_runq = run_delay_since(runq0)
@@ -157,14 +159,14 @@ class FolderJob:
         except SampleFailure as e:
             cause = e.__cause__ or e
             pos = e.position
-            raise JobFailed(_failure(seq, cause, int(indices[pos]), paths[pos], "image")) from e
+            raise JobFailed(failure_of(seq, cause, int(indices[pos]), paths[pos], "image")) from e
         t2 = time.perf_counter_ns()
         if self._pixels:
             try:
                 self._pixels.run_in_slot(images[:n], self.seed, epoch, indices)
             except Exception as e:  # a kernel's failure is the task's, naming its first sample
                 what = "the pixel transforms of the rows starting with image"
-                raise JobFailed(_failure(seq, e, int(indices[0]), paths[0], what)) from e
+                raise JobFailed(failure_of(seq, e, int(indices[0]), paths[0], what)) from e
         labels[:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
         return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq, t3 - t2)
@@ -216,13 +218,13 @@ class DatasetJob:
                 try:
                     return list(getitems([int(i) for i in indices]))
                 except Exception as e:
-                    raise JobFailed(_failure(seq, e, int(indices[0]), "", "samples starting")) from e
+                    raise JobFailed(failure_of(seq, e, int(indices[0]), "", "samples starting")) from e
             samples = []
             for i in indices:
                 try:
                     samples.append(self.dataset[int(i)])
                 except Exception as e:
-                    raise JobFailed(_failure(seq, e, int(i), self._path_of(int(i)), "sample")) from e
+                    raise JobFailed(failure_of(seq, e, int(i), self._path_of(int(i)), "sample")) from e
             return samples
         finally:
             if states is not None:
@@ -250,7 +252,7 @@ class DatasetJob:
             try:
                 layout.write(sample, arrays, row)
             except LayoutMismatch as e:
-                failure = _failure(seq, e, int(i), self._path_of(int(i)), "sample")
+                failure = failure_of(seq, e, int(i), self._path_of(int(i)), "sample")
                 message = (
                     f"sample {int(i)} does not match the first sample's structure ({e}); "
                     "batches need fixed-shape samples unless you pass a collate_fn"
@@ -265,7 +267,7 @@ class DatasetJob:
         try:
             return collate(samples)
         except Exception as e:
-            raise JobFailed(_failure(task.seq, e, int(task.indices[0]), "", "the batch starting")) from e
+            raise JobFailed(failure_of(task.seq, e, int(task.indices[0]), "", "the batch starting")) from e
 
 
 class Job(Protocol):
@@ -319,4 +321,4 @@ def run_task(
     except JobFailed as e:
         return e.failure
     except Exception as e:  # an unexpected error is still reported, never a silent death
-        return _failure(task.seq, e, int(task.indices[0]) if len(task.indices) else -1, "", "batch")
+        return failure_of(task.seq, e, int(task.indices[0]) if len(task.indices) else -1, "", "batch")

@@ -20,20 +20,22 @@ __all__ = [
     "DRAWS",
     "GEOMETRY_STREAM",
     "PIXELS_STREAM",
+    "SPLITMIX_GAMMA",
     "TENSOR_STREAM",
     "SampleRandom",
     "sample_randoms",
     "sample_uniforms",
+    "splitmix64",
 ]
 
 DRAWS = 48  # per sample: RandomResizedCrop's 10 attempts x 4 draws, a flip, and some room
 _STREAM = 0x5A5A_0000_0000_005A
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+SPLITMIX_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _U53 = 2.0**-53
 
 
-def _mix(z: np.ndarray) -> np.ndarray:
+def splitmix64(z: np.ndarray) -> np.ndarray:
     """SplitMix64's finalizer, element-wise (uint64 arithmetic wraps, as it must)."""
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
@@ -43,10 +45,10 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 def _key(seed: int, epoch: int, stream: int) -> np.ndarray:
     """(seed, epoch, stream) hashed to one 64-bit key (a 1-element array: array arithmetic wraps quietly)."""
-    words = np.array([seed & (2**64 - 1), epoch & (2**64 - 1), stream], dtype=np.uint64) + _GAMMA
+    words = np.array([seed & (2**64 - 1), epoch & (2**64 - 1), stream], dtype=np.uint64) + SPLITMIX_GAMMA
     key = np.zeros(1, np.uint64)
     for k in range(len(words)):
-        key = _mix(key ^ words[k : k + 1])
+        key = splitmix64(key ^ words[k : k + 1])
     return key
 
 
@@ -62,7 +64,7 @@ def sample_uniforms(
     """(len(indices), draws) uniform doubles in [0, 1): row i is sample `indices[i]`'s, from `stream`
     (one independent sequence per stage)."""
     counters = indices.astype(np.uint64)[:, None] * np.uint64(draws) + np.arange(draws, dtype=np.uint64)
-    bits = _mix(_key(seed, epoch, stream) + (counters + np.uint64(1)) * _GAMMA)
+    bits = splitmix64(_key(seed, epoch, stream) + (counters + np.uint64(1)) * SPLITMIX_GAMMA)
     return (bits >> np.uint64(11)).astype(np.float64) * _U53
 
 

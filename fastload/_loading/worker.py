@@ -25,7 +25,7 @@ import zmq
 
 from fastload._loading import worker_link as proto
 from fastload._loading.executor import Event
-from fastload._loading.jobs import FolderJob, Job, _failure, run_task
+from fastload._loading.jobs import FolderJob, Job, failure_of, run_task
 from fastload._loading.layout import BatchLayout
 from fastload._loading.shm import Segment
 
@@ -110,7 +110,7 @@ def worker_main(spec: WorkerSpec) -> None:
             try:
                 spec.worker_init_fn(spec.worker_id)
             except Exception as e:
-                sock.send_multipart(proto.encode_event(_failure(-1, e, -1, "", "worker_init_fn")))
+                sock.send_multipart(proto.encode_event(failure_of(-1, e, -1, "", "worker_init_fn")))
                 return
         sock.send_multipart([proto.READY, proto.READY_HEAD.pack(os.getpid())])
         _serve(sock, spec)
@@ -162,7 +162,7 @@ def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg
         job = jobs.get(task.job_id)
         if job is None:
             error = KeyError(f"job {task.job_id} is unknown to this worker")
-            event: Event = _failure(task.seq, error, -1, "", "batch")
+            event: Event = failure_of(task.seq, error, -1, "", "batch")
         else:
             event = run_task(job, task, layouts.get(task.job_id), slot_buffer(task.job_id), in_trainer=False)
         sock.send_multipart(proto.encode_event(event), copy=False)
