@@ -9,8 +9,9 @@ construction with a message that says what to do.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from fastload import ConfigError, FastLoader
 from fastload import transforms as T
 from fastload._augment.program import TrainerStages
 from fastload._loading.plan import ShuffledPlan
+from fastload.transforms._base import Stage
 
 NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 CLASSES = 3  # the session's image_folder
@@ -150,3 +152,12 @@ def test_the_device_path_never_makes_the_host_wait(transform: T.Transform) -> No
     x = torch.empty((8, 3, 32, 32), dtype=torch.uint8, device="meta")
     out = stages.before_normalize(x, 0, np.arange(8))
     assert out.shape == (8, 3, 32, 32) and out.device.type == "meta"
+
+
+def test_a_transform_of_ones_own_is_pointed_to_the_dataset_path() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Sepia(T.Transform):
+        stage: ClassVar[Stage] = "pixels"
+
+    with pytest.raises(ConfigError, match=r"Sepia\(\) is not a fastload transform.*Dataset path"):
+        T.compile_transforms([T.RandomResizedCrop(8), Sepia()])

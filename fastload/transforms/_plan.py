@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from fastload._errors import ConfigError
 from fastload.transforms._base import STAGES, RandomSource, Stage, Transform, pair
+from fastload.transforms._config import BY_NAME
 from fastload.transforms._geometric import (
     CenterCrop,
     RandomHorizontalFlip,
@@ -119,6 +120,9 @@ class TransformPlan:
 # so moving them would silently change what they do).
 
 
+KNOWN = frozenset(BY_NAME.values())  # fastload's transforms: a subclass of its own has no kernel
+
+
 def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
     """Check a transform chain and return its plan.
 
@@ -132,10 +136,12 @@ def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
     interpolation = "bilinear"
     latest: Transform | None = None
     for t in chain:
-        if not isinstance(t, Transform) or getattr(t, "stage", None) not in STAGES:
+        if type(t) not in KNOWN or getattr(t, "stage", None) not in STAGES:
             raise ConfigError(
                 f"{t!r} is not a fastload transform: use fastload.transforms (or pass a torchvision "
-                "Compose of the transforms it supports, see fastload.transforms.from_torchvision)"
+                "Compose of the transforms it supports, see fastload.transforms.from_torchvision); "
+                "a transform of your own runs through the Dataset path (a torch Dataset that applies "
+                "it, given to FastLoader)"
             )
         if latest is not None and STAGES.index(t.stage) < STAGES.index(latest.stage):
             raise ConfigError(
