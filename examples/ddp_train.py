@@ -7,7 +7,8 @@ Without --data it trains on the demo dataset `fastload demo` makes (rank 0 write
 ~/.cache/fastload). The loader is made after `init_process_group`, so it takes its rank and world
 size from torch.distributed: each rank reads DistributedSampler's shard of the folder, with the
 same number of batches on every rank. `loader.set_epoch(epoch)` gives every epoch a new order,
-the same on all ranks, as DistributedSampler.set_epoch does.
+the same on all ranks, as DistributedSampler.set_epoch does. `--recipe deit` adds the
+augmentations of DeiT's recipe (RandAugment, ColorJitter, RandomErasing, MixUp/CutMix).
 """
 
 from __future__ import annotations
@@ -36,7 +37,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--workers", type=int, default=2, help="loader worker processes per rank")
     parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument(
+        "--recipe", choices=("basic", "deit"), default="basic",
+        help="basic: crop + flip; deit: + RandAugment, ColorJitter, RandomErasing, MixUp/CutMix",
+    )
     return parser.parse_args()
+
+
+def recipe(name: str, size: int, classes: int) -> list[T.Transform]:
+    """The training transforms: crop + flip, and for "deit" the augmentations of DeiT's recipe,
+    whose MixUp/CutMix make the labels soft targets (cross_entropy takes those as they are)."""
+    chain: list[T.Transform] = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
+    if name == "deit":
+        mixing = [T.MixUp(alpha=0.8, num_classes=classes), T.CutMix(alpha=1.0, num_classes=classes)]
+        chain += [T.RandAugment(2, 9), T.ColorJitter(0.4, 0.4, 0.4), T.RandomErasing(0.25)]
+        chain.append(T.RandomChoice(mixing))
+    return chain
 
 
 def demo_dataset() -> Path:
@@ -62,10 +78,11 @@ def main() -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     data = args.data if args.data is not None else demo_dataset()
 
+    classes = sum(1 for p in data.iterdir() if p.is_dir())  # the class folders (MixUp's num_classes)
     loader = FastLoader(
         data, batch_size=args.batch_size, shuffle=True, drop_last=False, seed=0,
         num_workers=args.workers, device=device, normalize=(MEAN, STD),
-        transform=[T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip()],
+        transform=recipe(args.recipe, args.image_size, classes),
     )  # rank and world size: from torch.distributed (or pass rank=, world_size=)
     model = nn.Sequential(
         nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),

@@ -268,10 +268,11 @@ def test_torchrun_ranks_read_their_shards_and_keep_their_samplers_epoch(
 
 
 @pytest.mark.timeout(150)
-def test_ddp_example_trains_under_torchrun(odd_folder: Path) -> None:
+@pytest.mark.parametrize("recipe", ["basic", "deit"])
+def test_ddp_example_trains_under_torchrun(odd_folder: Path, recipe: str) -> None:
     out = _run(
         _torchrun(str(REPO / "examples" / "ddp_train.py"), "--data", str(odd_folder), "--epochs", "2",
-                  "--batch-size", "2", "--workers", "1"),
+                  "--batch-size", "2", "--workers", "1", "--recipe", recipe),
         timeout_s=120,
     )
     for rank in range(2):
