@@ -6,7 +6,7 @@ it. `CudaDelivery` registers every slot as pinned memory once, copies it `non_bl
 side stream, converts/normalizes there, makes the user's stream wait on an event, and releases
 the slot when that event has completed; it never synchronises the host.
 
-Images travel NHWC uint8; `present_images` turns them into NCHW by a permute, which *is* the
+Images travel NHWC uint8; `present_batch` turns them into NCHW by a permute, which *is* the
 channels_last memory format, so no transpose runs unless contiguous NCHW is asked for. The chain's
 stages that the trainer's process owns (`TrainerStages`: the pixel stage when batches go to a GPU,
 RandomErasing and MixUp/CutMix after normalization) run there too, on the batch's device.
@@ -51,14 +51,6 @@ class ImageOutput:
 
 SampleIds = tuple[int, np.ndarray]
 """A batch's epoch and sample indices: what its trainer-side random draws are keyed by."""
-
-
-def present_images(
-    nhwc: torch.Tensor, output: ImageOutput, affine: tuple[torch.Tensor, torch.Tensor] | None
-) -> torch.Tensor:
-    """NHWC uint8 -> NCHW (channels_last unless asked otherwise), normalized when configured."""
-    x, _ = present_batch(nhwc, None, output, affine, None, None)
-    return x
 
 
 def present_batch(
