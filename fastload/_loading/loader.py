@@ -200,8 +200,9 @@ class FastLoader:
         assert spec.worker_transforms is not None
         job = FolderJob(self._index, spec.worker_transforms, spec.backend, spec.seed, spec.slot_batch_size)
         assert job.layout is not None
-        prefetch = spec.ring_prefetch(spec.num_workers, job.layout.slot_bytes)
-        preflight(job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))  # before any worker is forked
+        if not spec.decodes_in_trainer:  # the in-process DALI executor needs no ring
+            prefetch = spec.ring_prefetch(spec.num_workers, job.layout.slot_bytes)
+            preflight(job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))  # before any worker is forked
         self._job = job
 
     def _make_plan(self) -> ShuffledPlan | SamplerPlan:
