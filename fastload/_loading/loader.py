@@ -67,7 +67,8 @@ class FastLoader:
     Folder-only options: `backend` picks the decoder: "native" (libjpeg-turbo, the default; Pillow
     where the extension is not built), "pil", or "dali" (NVIDIA DALI's CPU operators, in the same
     workers with the same plan, geometry and randomness: `pip install fastload[dali]`; refused at
-    construction without it; with `device="cuda"` it still decodes on the CPU, for now).
+    construction without it; with `device="cuda"` it decodes on the GPU, nvJPEG, in this
+    process, except through a daemon, whose workers decode on the CPU).
     `daemon="default"` (or "ipc://PATH") attaches to a running
     `fastload serve` instead of starting workers (same batches, bit for bit). `rank` and
     `world_size` give this process its shard, DistributedSampler's: every rank the same number of
