@@ -215,7 +215,7 @@ def test_a_failure_dali_does_not_place_is_found_sample_by_sample(
     originals = [p.read_bytes() for p in sorted(image_folder.glob("n00/*.jpg"))[:4]]
     blobs = list(originals)
     blobs[2] = blobs[2][: len(blobs[2]) // 2]
-    monkeypatch.setattr(dali_backend, "_failed_position", lambda message, n: None)
+    monkeypatch.setattr(dali_backend, "failed_position", lambda message, n: None)
     backend = make_backend("dali", compile_transforms([T.Resize((24, 24))]))
     out = np.zeros((4, 24, 24, 3), np.uint8)
     with pytest.raises(SampleFailure) as info:

@@ -75,7 +75,7 @@ class EpochIterator(Iterator[Any]):
 
     def _fill(self) -> None:
         self._fill_lane(self._lane)
-        if self._lane.exhausted and self._following is not None and self._pipeline.ring is not None:
+        if self._lane.exhausted and self._following is not None and self._pipeline.runs_ahead:
             if self._ahead is None:
                 epoch, batches = self._following
                 self._ahead = Lane(epoch, batches())

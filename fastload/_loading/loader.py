@@ -67,7 +67,8 @@ class FastLoader:
     Folder-only options: `backend` picks the decoder: "native" (libjpeg-turbo, the default; Pillow
     where the extension is not built), "pil", or "dali" (NVIDIA DALI's CPU operators, in the same
     workers with the same plan, geometry and randomness: `pip install fastload[dali]`; refused at
-    construction without it; with `device="cuda"` it still decodes on the CPU, for now).
+    construction without it; with `device="cuda"` it decodes on the GPU, nvJPEG, in this
+    process, except through a daemon, whose workers decode on the CPU).
     `daemon="default"` (or "ipc://PATH") attaches to a running
     `fastload serve` instead of starting workers (same batches, bit for bit). `rank` and
     `world_size` give this process its shard, DistributedSampler's: every rank the same number of
@@ -200,8 +201,9 @@ class FastLoader:
         assert spec.worker_transforms is not None
         job = FolderJob(self._index, spec.worker_transforms, spec.backend, spec.seed, spec.slot_batch_size)
         assert job.layout is not None
-        prefetch = spec.ring_prefetch(spec.num_workers, job.layout.slot_bytes)
-        preflight(job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))  # before any worker is forked
+        if not spec.decodes_in_trainer:  # the in-process DALI executor needs no ring
+            prefetch = spec.ring_prefetch(spec.num_workers, job.layout.slot_bytes)
+            preflight(job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))  # before any worker is forked
         self._job = job
 
     def _make_plan(self) -> ShuffledPlan | SamplerPlan:

@@ -101,15 +101,19 @@ class Pipeline:
         install_signal_cleanup()
         reap_orphans()
         reap_engine_dirs()
-        if self.layout is not None and session is None:
+        if self.layout is not None and session is None and not spec.decodes_in_trainer:
             # Before any worker is forked: a ring that cannot fit fails here, leaving nothing behind.
             preflight(self.layout.slot_bytes * (self.prefetch + EXTRA_SLOTS))
         self.executor: Executor
-        self.inline = session is None and spec.num_workers == 0  # tasks run in poll, on this thread
+        # Tasks run in poll, on this thread (the DALI executor's run on threads of its own).
+        self.inline = session is None and spec.num_workers == 0 and not spec.decodes_in_trainer
         if session is not None:
             self.executor = session
         elif job is None:
             raise ValueError("a pipeline needs a job or a daemon session")
+        elif spec.decodes_in_trainer:
+            self.executor = _dali_executor(job, spec)
+            self.opaque = True  # its batches are finished where they go: no ring
         elif spec.num_workers > 0:
             self.executor = Engine(
                 {0: job},
@@ -167,6 +171,12 @@ class Pipeline:
         layout = self.layout
         self._build_ring_or_close(lambda: Ring(layout.slot_bytes, self.prefetch + EXTRA_SLOTS))
         return None
+
+    @property
+    def runs_ahead(self) -> bool:
+        """Whether the next epoch's first batches may be submitted ahead (NOTE [no drain] in
+        `epoch`): once the ring exists, or with the DALI executor (which needs none)."""
+        return self.ring is not None or self.spec.decodes_in_trainer
 
     @property
     def closed(self) -> bool:
@@ -395,6 +405,20 @@ def _close_all(resources: list[Any], owner_pid: int) -> None:
         for resource in reversed(rest):
             resource.close()
         resources.clear()
+
+
+def _dali_executor(job: Job, spec: LoaderSpec) -> Executor:
+    """The in-process DALI executor for a folder's job (`spec.decodes_in_trainer`)."""
+    from fastload._loading.dali_executor import DaliExecutor
+    from fastload._loading.jobs import FolderJob
+    from fastload._loading.native import built_native_jpeg
+
+    if not isinstance(job, FolderJob) or spec.transforms is None or spec.images is None:
+        raise ValueError("the DALI executor runs image folders only")
+    return DaliExecutor(
+        job.index, spec.transforms, spec.seed, spec.slot_batch_size, spec.images, spec.device,
+        threads=max(1, spec.num_workers), pin_memory=spec.pin_memory, jpeg=built_native_jpeg(),
+    )
 
 
 def deadline_after(timeout_s: float) -> float | None:

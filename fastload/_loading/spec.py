@@ -68,6 +68,9 @@ class LoaderSpec:
     pin_memory: bool
     images: ImageOutput | None  # a folder's image output (dtype, normalization, memory format)
     summary: bool
+    # A testing aid: FASTLOAD_DALI_IN_TRAINER=1 runs backend="dali" on the CPU in the trainer's
+    # process, as with CUDA (`decodes_in_trainer`), so that path is tested where no GPU is.
+    dali_in_trainer: bool = False
 
     @functools.cached_property
     def transforms(self) -> TransformPlan | None:
@@ -91,6 +94,18 @@ class LoaderSpec:
         """Whether the workers run the pixel stage (NOTE [transform stages]): yes when batches stay
         on the CPU; batches going to a GPU get it there, batched, after the copy."""
         return self.device.type == "cpu"
+
+    @property
+    def decodes_in_trainer(self) -> bool:
+        """Whether the folder's batches are decoded by a DALI pipeline in the trainer's process
+        (`dali_executor`): backend="dali" with CUDA (nvJPEG), unless a daemon serves them (its
+        workers decode on the CPU); with `dali_in_trainer`, on the CPU too (a testing aid)."""
+        return (
+            self.folder is not None
+            and self.backend == "dali"
+            and self.daemon is None
+            and (self.device.type == "cuda" or self.dali_in_trainer)
+        )
 
     @functools.cached_property
     def worker_transforms(self) -> TransformPlan | None:
@@ -225,6 +240,7 @@ def build_spec(
         pin_memory=pin_memory and resolved_device.type == "cpu" and torch.cuda.is_available(),
         images=images,
         summary=summary,
+        dali_in_trainer=os.environ.get("FASTLOAD_DALI_IN_TRAINER") == "1",
     )
 
 

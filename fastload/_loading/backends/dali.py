@@ -14,7 +14,9 @@ frees one it inherited (NOTE [DALI pipelines and fork]). It runs DALI's CPU oper
 and each output is copied once into its row of the slot. Image sizes for the geometry come from
 the header (the native extension's `jpeg_size`, else Pillow). A decode failure drops the pipeline
 (DALI invalidates it) and is reported as `SampleFailure` at the sample DALI names (or, if it
-names none, the first that fails alone). GPU (`mixed`) decoding is not done here yet.
+names none, the first that fails alone). The pieces both DALI paths share (header sizes, each
+sample's slice and box, the pipeline's graph, DALI's error text) are this module's functions: the
+in-process executor (`dali_executor`, GPU `mixed` decoding) builds the same graph on other devices.
 """
 
 from __future__ import annotations
@@ -98,43 +100,19 @@ class DaliBackend:
         n = len(blobs)
         if n == 0:
             return
-        inputs = np.empty((n, 4, 2), np.float32)  # per sample: slice anchor, shape; roi start, end
-        for i, (blob, rng) in enumerate(zip(blobs, rngs, strict=True)):
-            try:
-                height, width = self._size(blob)
-                inputs[i] = _slice_and_roi(self.plan.sample(height, width, rng), height, width)
-            except Exception as e:  # a header that cannot be read is reported against its sample
-                raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+        inputs = sample_inputs(self.plan, blobs, rngs, self._jpeg)
         arrays = [np.frombuffer(b, np.uint8) for b in blobs]
         try:
             images = self._run(arrays, inputs)
         except RuntimeError as e:
             self._pipe = None  # DALI: "Current pipeline object is no longer valid"
-            position = _failed_position(str(e), n)
+            position = failed_position(str(e), n)
             if position is None:
                 position = self._first_failing(arrays, inputs)
-            try:
-                raise ValueError(f"DALI could not decode the image: {_reason(str(e))}") from e
-            except ValueError as cause:
-                raise SampleFailure(position, f"ValueError: {cause}") from cause
+            failure = decode_failure(e, position)
+            raise failure from failure.__cause__
         for i in range(n):  # DALI's output, viewed, copied once into the slot
             out[i] = np.asarray(images[i])
-
-    def _size(self, blob: bytes) -> tuple[int, int]:
-        """(height, width) from the image's header."""
-        if self._jpeg is not None and blob[:3] == _JPEG_MAGIC:
-            width, height = self._jpeg.jpeg_size(blob)
-            return int(height), int(width)
-        try:
-            from PIL import Image
-        except ImportError as e:
-            raise RuntimeError(
-                "reading this image's size needs Pillow (it is not a JPEG, or fastload's native "
-                "extension is not built): `pip install pillow`"
-            ) from e
-        with Image.open(io.BytesIO(blob)) as img:
-            width, height = img.size
-        return int(height), int(width)
 
     def _run(self, arrays: list[np.ndarray], inputs: np.ndarray) -> Any:
         """The batch's pixels, a DALI TensorListCPU of n (H, W, 3) uint8 images."""
@@ -144,52 +122,11 @@ class DaliBackend:
         if self._pipe is None or self._capacity < n:
             self._pipe = None  # a larger task: a larger pipeline (the first task is usually the largest)
             self._capacity = max(n, self._capacity)
-            self._pipe, self._pid = self._build(self._capacity), os.getpid()
+            self._pipe, self._pid = build_pipeline(self.plan, self._capacity), os.getpid()
         pipe = self._pipe
-        pipe.feed_input("encoded", arrays)
-        pipe.feed_input("anchor", inputs[:, 0].astype(np.int32))
-        pipe.feed_input("shape", inputs[:, 1].astype(np.int32))
-        pipe.feed_input("roi_start", np.ascontiguousarray(inputs[:, 2]))
-        pipe.feed_input("roi_end", np.ascontiguousarray(inputs[:, 3]))
-        size = np.array([self.plan.out_height, self.plan.out_width], np.float32)
-        pipe.feed_input("size", np.tile(size, (n, 1)))
+        feed(pipe, self.plan, arrays, inputs)
         (images,) = pipe.run()
         return images
-
-    def _build(self, capacity: int) -> Pipeline:
-        """A pipeline for batches of up to `capacity` images (see the module's docstring)."""
-        pipe = Pipeline(
-            batch_size=capacity,
-            num_threads=1,
-            device_id=None,  # CPU operators only: no CUDA context in the workers
-            exec_async=False,  # synchronous: feed_input, then run, in the caller's thread
-            exec_pipelined=False,
-            prefetch_queue_depth=1,
-        )
-        u8, f32, i32 = types.DALIDataType.UINT8, types.DALIDataType.FLOAT, types.DALIDataType.INT32
-        with pipe:
-            encoded = fn.external_source(name="encoded", dtype=u8, ndim=1)
-            anchor = fn.external_source(name="anchor", dtype=i32, ndim=1)
-            shape = fn.external_source(name="shape", dtype=i32, ndim=1)
-            roi_start = fn.external_source(name="roi_start", dtype=f32, ndim=1)
-            roi_end = fn.external_source(name="roi_end", dtype=f32, ndim=1)
-            size = fn.external_source(name="size", dtype=f32, ndim=1)
-            image = fn.decoders.image_slice(
-                encoded, anchor, shape, axis_names="HW", device="cpu",
-                output_type=types.DALIImageType.RGB,
-                adjust_orientation=False,  # as the other backends: the header's size is the image's
-            )
-            resized = fn.resize(
-                image, roi_start=roi_start, roi_end=roi_end, roi_relative=False, size=size,
-                interp_type=_INTERP[self.plan.interpolation], antialias=True,
-            )
-            pipe.set_outputs(resized)
-        pipe.build()
-        if not _fork_hook:
-            os.register_at_fork(after_in_child=_keep_inherited_pipelines)
-            _fork_hook.append(True)
-        _BUILT.add(pipe)
-        return pipe
 
     def _first_failing(self, arrays: list[np.ndarray], inputs: np.ndarray) -> int:
         """The first sample that fails on its own (DALI's error named none); 0 if none does."""
@@ -202,7 +139,110 @@ class DaliBackend:
         return 0
 
 
-def _slice_and_roi(g: SampleGeometry, height: int, width: int) -> np.ndarray:
+def image_size(blob: bytes, jpeg: ModuleType | None) -> tuple[int, int]:
+    """(height, width) from the image's header: fastload's extension (`jpeg`) for JPEGs, else Pillow."""
+    if jpeg is not None and blob[:3] == _JPEG_MAGIC:
+        width, height = jpeg.jpeg_size(blob)
+        return int(height), int(width)
+    try:
+        from PIL import Image
+    except ImportError as e:
+        raise RuntimeError(
+            "reading this image's size needs Pillow (it is not a JPEG, or fastload's native "
+            "extension is not built): `pip install pillow`"
+        ) from e
+    with Image.open(io.BytesIO(blob)) as img:
+        width, height = img.size
+    return int(height), int(width)
+
+
+def sample_inputs(
+    plan: TransformPlan, blobs: Sequence[bytes], rngs: Sequence[RandomSource], jpeg: ModuleType | None
+) -> np.ndarray:
+    """(n, 4, 2) float32: each sample's [slice anchor, shape, roi start, end] (`slice_and_roi`) for
+    the geometry `plan` draws on its header's size; SampleFailure for a header that cannot be read."""
+    inputs = np.empty((len(blobs), 4, 2), np.float32)
+    for i, (blob, rng) in enumerate(zip(blobs, rngs, strict=True)):
+        try:
+            height, width = image_size(blob, jpeg)
+            inputs[i] = slice_and_roi(plan.sample(height, width, rng), height, width)
+        except Exception as e:  # a header that cannot be read is reported against its sample
+            raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+    return inputs
+
+
+def build_pipeline(
+    plan: TransformPlan,
+    capacity: int,
+    *,
+    device_id: int | None = None,
+    decoder: str = "cpu",
+    num_threads: int = 1,
+    exec_async: bool = False,
+) -> Pipeline:
+    """A pipeline for batches of up to `capacity` images (see the module's docstring).
+
+    `decoder` "cpu" (resize on the CPU too) or "mixed" (nvJPEG; resize on the GPU `device_id`).
+    `exec_async`: `schedule_run` returns at once and `outputs` waits, runs queued in order (the
+    in-process executor); else `run` decodes in the caller's thread.
+    """
+    pipe = Pipeline(
+        batch_size=capacity,
+        num_threads=num_threads,
+        device_id=device_id,  # None: CPU operators only, no CUDA context (the workers)
+        exec_async=exec_async,
+        exec_pipelined=False,  # one fed batch per run: schedule_run never runs ahead of the feed
+        prefetch_queue_depth=1,
+    )
+    u8, f32, i32 = types.DALIDataType.UINT8, types.DALIDataType.FLOAT, types.DALIDataType.INT32
+    with pipe:
+        encoded = fn.external_source(name="encoded", dtype=u8, ndim=1)
+        anchor = fn.external_source(name="anchor", dtype=i32, ndim=1)
+        shape = fn.external_source(name="shape", dtype=i32, ndim=1)
+        roi_start = fn.external_source(name="roi_start", dtype=f32, ndim=1)
+        roi_end = fn.external_source(name="roi_end", dtype=f32, ndim=1)
+        size = fn.external_source(name="size", dtype=f32, ndim=1)
+        image = fn.decoders.image_slice(
+            encoded, anchor, shape, axis_names="HW", device=decoder,
+            output_type=types.DALIImageType.RGB,
+            adjust_orientation=False,  # as the other backends: the header's size is the image's
+        )
+        resized = fn.resize(
+            image, roi_start=roi_start, roi_end=roi_end, roi_relative=False, size=size,
+            interp_type=_INTERP[plan.interpolation], antialias=True,
+            device="cpu" if decoder == "cpu" else "gpu",
+        )
+        pipe.set_outputs(resized)
+    pipe.build()
+    if not _fork_hook:
+        os.register_at_fork(after_in_child=_keep_inherited_pipelines)
+        _fork_hook.append(True)
+    _BUILT.add(pipe)
+    return pipe
+
+
+def feed(pipe: Pipeline, plan: TransformPlan, arrays: list[np.ndarray], inputs: np.ndarray) -> None:
+    """Feed one batch (encoded `arrays`, their `sample_inputs`) to a `build_pipeline` pipeline."""
+    pipe.feed_input("encoded", arrays)
+    pipe.feed_input("anchor", inputs[:, 0].astype(np.int32))
+    pipe.feed_input("shape", inputs[:, 1].astype(np.int32))
+    pipe.feed_input("roi_start", np.ascontiguousarray(inputs[:, 2]))
+    pipe.feed_input("roi_end", np.ascontiguousarray(inputs[:, 3]))
+    size = np.array([plan.out_height, plan.out_width], np.float32)
+    pipe.feed_input("size", np.tile(size, (len(arrays), 1)))
+
+
+def decode_failure(error: RuntimeError, position: int) -> SampleFailure:
+    """The SampleFailure for DALI's decode `error` at `position`, its cause a ValueError in DALI's words."""
+    try:
+        raise ValueError(f"DALI could not decode the image: {decode_reason(str(error))}") from error
+    except ValueError as cause:
+        failure = SampleFailure(position, f"ValueError: {cause}")
+        failure.__cause__ = cause
+        return failure
+
+
+def slice_and_roi(g: SampleGeometry, height: int, width: int) -> np.ndarray:
     """[anchor, shape, roi_start, roi_end], each (y, x): the pixels to decode (the clip box rounded
     outwards, as the filter must not read past it), and the box within them (x reversed: a flip)."""
     left, top, right, bottom = g.box
@@ -215,14 +255,14 @@ def _slice_and_roi(g: SampleGeometry, height: int, width: int) -> np.ndarray:
     )
 
 
-def _failed_position(message: str, n: int) -> int | None:
+def failed_position(message: str, n: int) -> int | None:
     match = _FAILED_SAMPLE.search(message)
     if match is None or not 0 <= int(match.group(1)) < n:
         return None
     return int(match.group(1))
 
 
-def _reason(message: str) -> str:
+def decode_reason(message: str) -> str:
     """DALI's words about the failure, without its pipeline-definition traceback."""
     _, _, rest = message.partition("encountered:")
     text = (rest or message).split("Current pipeline object")[0]

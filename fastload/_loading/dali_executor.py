@@ -1,0 +1,334 @@
+"""`DaliExecutor`: an image folder's batches decoded by one DALI pipeline in the trainer's process.
+
+With `backend="dali"` and `device="cuda"` the decode runs on the GPU (`mixed`: nvJPEG, then the
+resize on the GPU), so it cannot live in forked CPU workers; this executor takes the pipeline's
+tasks in the trainer's own process and returns each finished batch as an `Opaque` event, so the
+epoch iterator's ordering, lookahead, cancel, exactly-once and `state_dict` work as for any
+executor, without a ring (the batch is already where it goes: no slot, no host copy).
+
+    submit(task)     the task's files are read on a small thread pool (reads overlap)
+    driver thread    per task, in order: geometry from the plan on each header's size (the
+                     workers' helpers, `backends.dali`), feed + `schedule_run` (DALI decodes
+                     asynchronously, on its own threads); then, oldest first, `outputs()` copied
+                     into a torch tensor on the batch's device (`feed_ndarray`: device to device
+                     on CUDA, one copy on the CPU), labels beside it
+    poll()           the trainer's stages (`present_batch`: pixel stage, normalize, RandomErasing,
+                     MixUp/CutMix) keyed by the task's (epoch, indices), then `Opaque(seq, batch)`
+
+NOTE [DALI executor streams]: on CUDA, the driver thread copies DALI's output on the executor's
+side stream and waits for that copy (its own thread only: DALI's buffers may then be reused);
+`poll` runs the trainer's stages on the same side stream (so a batch's memory is used and freed
+in that stream's order), records an event, makes the user's current stream wait on it, and marks
+every returned tensor used by the user's stream (`record_stream`): the trainer's host never
+waits, as with `CudaDelivery`.
+
+The pipeline is the only DALI object and the driver thread the only thread that touches it. A
+decode error invalidates it: the batch fails with `Failure` naming the file (DALI's `sample #k`,
+else the first sample that fails alone on the CPU operators), and the batches queued behind it
+are fed again to a fresh pipeline.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastload._augment.program import TrainerStages
+from fastload._loading.backends import SampleFailure
+from fastload._loading.backends.dali import (
+    DaliBackend,
+    build_pipeline,
+    decode_failure,
+    failed_position,
+    feed,
+    sample_inputs,
+)
+from fastload._loading.delivery import ImageOutput, present_batch
+from fastload._loading.executor import Event, Failure, Opaque, Task
+from fastload._loading.host_normalize import HostNormalizer
+from fastload._loading.jobs import failure_of, read_file
+from fastload._loading.layout import BatchLayout
+from fastload._loading.sample_random import sample_randoms
+from fastload._loading.sources import ImageFolderIndex
+from fastload.transforms import TransformPlan
+
+_STOP = None  # the driver's inbox: a task's request, or this to stop
+_JOIN_TIMEOUT_S = 10.0
+
+
+@dataclass
+class _Request:
+    """A submitted task and its files being read."""
+
+    task: Task
+    paths: list[str]
+    reads: list[Future[bytes]]
+    blobs: list[bytes] = field(default_factory=list)  # the encoded files, once read
+    inputs: np.ndarray | None = None  # `sample_inputs`, once computed
+
+
+@dataclass
+class _Decoded:
+    """A task's batch out of DALI: NHWC uint8 images and int64 labels on the batch's device."""
+
+    task: Task
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
+class DaliExecutor:
+    """Runs an image folder's tasks on one DALI pipeline in this process (see the module docstring)."""
+
+    def __init__(
+        self,
+        index: ImageFolderIndex,
+        plan: TransformPlan,
+        seed: int,
+        batch_size: int,
+        images: ImageOutput,
+        device: torch.device,
+        *,
+        threads: int = 2,
+        pin_memory: bool = False,
+        jpeg: ModuleType | None = None,
+        cuda: Any = torch.cuda,
+    ) -> None:
+        """`plan`: the whole chain (geometry in DALI, the rest by `TrainerStages` here); `device`:
+        CUDA decodes `mixed` on it, CPU with DALI's CPU operators; `threads`: DALI's and the reads'."""
+        self._index = index
+        self._plan = plan
+        self._seed = seed
+        self._batch_size = batch_size
+        self._images = images
+        self._device = device
+        self._pin = pin_memory and device.type == "cpu"
+        self._jpeg = jpeg
+        self._threads = max(1, threads)
+        stages = TrainerStages(plan, seed, pixels_here=True)
+        self._stages = stages if stages else None
+        self._affine = images.affine(device)
+        self._normalize = (
+            HostNormalizer(*self._affine) if self._affine is not None and device.type == "cpu" else None
+        )
+        self._cuda = cuda if device.type == "cuda" else None
+        self._stream = cuda.Stream(device=device) if self._cuda is not None else None
+        self._reads = ThreadPoolExecutor(self._threads, thread_name_prefix="fastload-dali-read")
+        self._inbox: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[_Decoded | Failure] = queue.SimpleQueue()
+        self._in_flight = 0
+        self._closed = False
+        # Driver-thread state (NOTE in the module docstring: only that thread touches DALI).
+        self._pipe: Any = None
+        self._scheduled: deque[_Request] = deque()
+        self._driver = threading.Thread(target=self._drive, name="fastload-dali", daemon=True)
+        self._driver.start()
+
+    # -- the Executor interface (the trainer's thread) ----------------------------------------
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return []
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def set_layout(self, layout: BatchLayout, job_id: int = 0) -> None:
+        """A folder's batches never go into slots: nothing to do."""
+
+    def submit(self, task: Task) -> None:
+        if task.probe or task.slot_name:
+            raise ValueError("the DALI executor runs opaque folder batches only (no probes, no slots)")
+        paths = [self._index.path(int(i)) for i in task.indices]
+        reads = [self._reads.submit(read_file, path) for path in paths]
+        self._in_flight += 1
+        self._inbox.put(_Request(task, paths, reads))
+
+    def poll(self, timeout_s: float) -> list[Event]:
+        results: list[_Decoded | Failure] = []
+        try:
+            first = self._outbox.get(timeout=timeout_s) if timeout_s > 0 else self._outbox.get_nowait()
+            results.append(first)
+            while True:
+                results.append(self._outbox.get_nowait())
+        except queue.Empty:
+            pass
+        events: list[Event] = []
+        for result in results:
+            if isinstance(result, Failure):
+                self._in_flight -= result.seq >= 0  # seq < 0: the driver thread died, no task's
+                events.append(result)
+            else:
+                self._in_flight -= 1
+                events.append(self._present(result))
+        return events
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(_STOP)
+        self._driver.join(_JOIN_TIMEOUT_S)
+        self._reads.shutdown(wait=False, cancel_futures=True)
+        if self._stream is not None:
+            self._stream.synchronize()
+
+    # -- the trainer's stages ------------------------------------------------------------------
+
+    def _present(self, decoded: _Decoded) -> Opaque | Failure:
+        """The user's batch: the trainer's stages on the batch's device (NOTE [DALI executor streams])."""
+        task = decoded.task
+        ids = (task.epoch, task.indices)
+        labels = decoded.labels if self._stages is not None else None
+        try:
+            if self._cuda is None:
+                images, labels = present_batch(
+                    decoded.images, labels, self._images, self._affine, self._stages, ids, self._normalize
+                )
+                tensors = [images, labels if labels is not None else decoded.labels]
+                if self._pin:
+                    tensors = [t.pin_memory() for t in tensors]
+                return Opaque(task.seq, tensors)
+            user_stream = self._cuda.current_stream(self._device)
+            with self._cuda.stream(self._stream):
+                images, labels = present_batch(
+                    decoded.images, labels, self._images, self._affine, self._stages, ids
+                )
+                done = self._cuda.Event()
+                done.record(self._stream)
+            user_stream.wait_event(done)
+            tensors = [images, labels if labels is not None else decoded.labels]
+            for t in tensors:
+                t.record_stream(user_stream)  # the caching allocator: the user's stream uses it too
+            return Opaque(task.seq, tensors)
+        except Exception as e:  # a kernel's failure is the batch's, naming its first sample
+            what = "the trainer's transforms of the batch starting with image"
+            return failure_of(task.seq, e, int(task.indices[0]), self._index.path(int(task.indices[0])), what)
+
+    # -- the driver thread ---------------------------------------------------------------------
+
+    def _drive(self) -> None:
+        try:
+            while True:
+                try:  # feed every request there is; collect the oldest run only when none waits
+                    request = self._inbox.get_nowait() if self._scheduled else self._inbox.get()
+                except queue.Empty:
+                    self._collect()
+                    continue
+                if request is _STOP:
+                    return
+                self._start(request)
+        except BaseException as e:  # never a silent death: the trainer's next poll raises it
+            self._outbox.put(failure_of(-1, e, -1, "", "batches with the DALI executor (its thread died)"))
+        finally:
+            self._scheduled.clear()
+            self._pipe = None
+
+    def _start(self, request: _Request) -> None:
+        """Read (wait for) the request's files, compute its geometry, feed it and schedule its run."""
+        task = request.task
+        if request.inputs is None:
+            for i, (path, read) in enumerate(zip(request.paths, request.reads, strict=True)):
+                try:
+                    request.blobs.append(read.result())
+                except OSError as e:
+                    self._outbox.put(failure_of(task.seq, e, int(task.indices[i]), path, "image"))
+                    return
+            try:
+                rngs = sample_randoms(self._seed, task.epoch, task.indices)
+                request.inputs = sample_inputs(self._plan, request.blobs, rngs, self._jpeg)
+            except SampleFailure as e:
+                self._outbox.put(self._failure_at(task, request.paths, e))
+                return
+        try:
+            if self._pipe is None:
+                self._pipe = self._build()
+            feed(self._pipe, self._plan, [np.frombuffer(b, np.uint8) for b in request.blobs], request.inputs)
+            self._pipe.schedule_run()
+        except Exception as e:
+            self._pipe = None
+            self._outbox.put(failure_of(task.seq, e, int(task.indices[0]), request.paths[0], "batch"))
+            return
+        self._scheduled.append(request)
+
+    def _build(self) -> Any:
+        if self._cuda is None:
+            return build_pipeline(
+                self._plan, self._batch_size, num_threads=self._threads, exec_async=True
+            )
+        device_id = self._device.index if self._device.index is not None else self._cuda.current_device()
+        return build_pipeline(
+            self._plan, self._batch_size, device_id=device_id, decoder="mixed",
+            num_threads=self._threads, exec_async=True,
+        )
+
+    def _collect(self) -> None:
+        """The oldest scheduled run's batch, copied out of DALI (or its failure)."""
+        request = self._scheduled.popleft()
+        task = request.task
+        try:
+            (images,) = self._pipe.outputs()
+        except RuntimeError as e:  # a decode error: DALI invalidated the pipeline
+            self._pipe = None
+            self._outbox.put(self._decode_failure(request, e))
+            behind = list(self._scheduled)
+            self._scheduled.clear()
+            for waiting in behind:  # their runs died with the pipeline: feed them again
+                self._start(waiting)
+            return
+        n = len(task.indices)
+        shape = (n, self._plan.out_height, self._plan.out_width, 3)
+        labels = torch.from_numpy(self._index.labels[task.indices])
+        if self._cuda is None:
+            out = torch.empty(shape, dtype=torch.uint8)
+            feed_ndarray(images.as_tensor(), out)
+        else:
+            with self._cuda.stream(self._stream):
+                out = torch.empty(shape, dtype=torch.uint8, device=self._device)
+                feed_ndarray(images.as_tensor(), out, cuda_stream=self._stream)
+                labels = labels.to(self._device, non_blocking=True)
+                copied = self._cuda.Event()
+                copied.record(self._stream)
+            copied.synchronize()  # this thread only: DALI's buffer is free to reuse after
+        self._outbox.put(_Decoded(task, out, labels))
+
+    def _decode_failure(self, request: _Request, error: RuntimeError) -> Failure:
+        """The Failure of a run DALI could not decode, naming the file (see the module docstring)."""
+        task, n = request.task, len(request.task.indices)
+        position = failed_position(str(error), n)
+        if position is None:
+            position = self._first_failing(request)
+        failure = decode_failure(error, position)
+        return self._failure_at(task, request.paths, failure)
+
+    def _first_failing(self, request: _Request) -> int:
+        """The first sample DALI's CPU operators cannot decode on its own; 0 if none."""
+        task = request.task
+        backend = DaliBackend(self._plan, self._jpeg)
+        out = np.empty((len(task.indices), self._plan.out_height, self._plan.out_width, 3), np.uint8)
+        try:
+            backend.decode_batch(request.blobs, sample_randoms(self._seed, task.epoch, task.indices), out)
+        except SampleFailure as e:
+            return e.position
+        return 0
+
+    def _failure_at(self, task: Task, paths: Sequence[str], failure: SampleFailure) -> Failure:
+        cause = failure.__cause__ or failure
+        position = failure.position
+        return failure_of(task.seq, cause, int(task.indices[position]), paths[position], "image")
+
+
+def feed_ndarray(dali_tensor: Any, out: torch.Tensor, cuda_stream: Any = None) -> None:
+    """Copy a DALI tensor into `out` (DALI's torch plugin; on `cuda_stream` for GPU tensors)."""
+    from nvidia.dali.plugin.pytorch.torch_utils import feed_ndarray as copy
+
+    copy(dali_tensor, out, cuda_stream=cuda_stream)

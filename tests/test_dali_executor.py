@@ -1,0 +1,171 @@
+"""The in-process DALI executor (`dali_executor`), the path `backend="dali"` takes with CUDA, run
+here on DALI's CPU operators (the testing aid FASTLOAD_DALI_IN_TRAINER=1). Protects what a user
+moving to GPU decoding relies on: the same batches as the worker DALI path, bit for bit (the
+same operators, the same geometry, the same trainer stages), with normalization, the pixel
+stage, RandomErasing and MixUp; `state_dict` resume mid-epoch; lookahead into the next epoch,
+and an epoch broken off and restarted; a corrupt file raising `SampleError` naming it, the
+batches behind it still right; and a daemon keeps decoding in its own workers.
+The `mixed` (nvJPEG) path itself is tested on a GPU: tests/gpu/test_gpu_dali.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from daemon_helpers import AUGMENT, assert_same_batches, take
+
+from fastload import FastLoader, SampleError
+from fastload import transforms as T
+
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed: `pip install fastload[dali]`")
+
+from fastload._loading.dali_executor import DaliExecutor
+from fastload._loading.spec import LoaderSpec
+
+pytestmark = pytest.mark.timeout(120)
+
+KWARGS: dict[str, Any] = {"batch_size": 5, "shuffle": True, "seed": 7, "device": "cpu", "backend": "dali"}
+NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+FULL_CHAIN = [
+    T.RandomResizedCrop(32, scale=(0.3, 1.0)),
+    T.RandomHorizontalFlip(),
+    T.ColorJitter(0.4, 0.4, 0.4),
+    T.RandomErasing(p=0.5),
+    T.MixUp(alpha=0.4, num_classes=3),
+]
+
+
+@pytest.fixture
+def in_trainer(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
+    """Switch between the in-process executor and fastload's workers for the next loader made."""
+
+    def use(on: bool) -> None:
+        monkeypatch.setenv("FASTLOAD_DALI_IN_TRAINER", "1" if on else "0")
+
+    return use
+
+
+def _loader(folder: Path, num_workers: int, **kwargs: Any) -> FastLoader:
+    return FastLoader(folder, num_workers=num_workers, **{**KWARGS, "transform": AUGMENT, **kwargs})
+
+
+def test_uses_the_in_process_executor_and_no_worker_processes(
+    image_folder: Path, in_trainer: Callable[[bool], None]
+) -> None:
+    in_trainer(True)
+    with _loader(image_folder, 2) as loader:
+        take(loader)
+        assert loader._pipeline is not None
+        assert isinstance(loader._pipeline.executor, DaliExecutor)
+        assert loader.worker_pids == []
+
+
+@pytest.mark.parametrize(
+    ("chain", "normalize"), [(AUGMENT, None), (FULL_CHAIN, NORMALIZE)], ids=["uint8", "normalized-mixup"]
+)
+def test_bit_identical_to_the_worker_dali_path(
+    image_folder: Path, in_trainer: Callable[[bool], None], chain: list[Any], normalize: Any
+) -> None:
+    in_trainer(False)
+    with _loader(image_folder, 2, transform=chain, normalize=normalize) as loader:
+        workers = [take(loader), take(loader)]
+    in_trainer(True)
+    with _loader(image_folder, 2, transform=chain, normalize=normalize) as loader:
+        here = [take(loader), take(loader)]
+    for e in (0, 1):
+        assert_same_batches(here[e], workers[e])
+        for (x, y), (xw, _) in zip(here[e], workers[e], strict=True):
+            assert x.stride() == xw.stride()  # channels_last, as the worker path delivers
+            assert x.is_contiguous(memory_format=torch.channels_last)
+            assert y.dtype == (torch.int64 if normalize is None else torch.float32)  # MixUp: soft
+    assert not torch.equal(here[0][0][0], here[1][0][0]), "epochs 0 and 1 gave the same batch"
+
+
+def test_state_dict_resume_mid_epoch_gives_the_rest_of_the_epoch(
+    image_folder: Path, in_trainer: Callable[[bool], None]
+) -> None:
+    in_trainer(True)
+    with _loader(image_folder, 1) as loader:
+        full = take(loader)
+    with _loader(image_folder, 1) as saver:
+        it = iter(saver)
+        next(it), next(it)
+        state = saver.state_dict()
+    with _loader(image_folder, 1, seed=99) as restored:
+        restored.load_state_dict(state)
+        rest = take(restored)
+    assert_same_batches(rest, full[2:])
+
+
+def test_lookahead_and_an_epoch_broken_off_then_restarted(
+    image_folder: Path, in_trainer: Callable[[bool], None]
+) -> None:
+    in_trainer(False)
+    with _loader(image_folder, 2) as loader:
+        expected = [take(loader), take(loader), take(loader)]
+    in_trainer(True)
+    with _loader(image_folder, 2, prefetch=3) as loader:
+        first = take(loader)  # its tail decodes epoch 1's first batches ahead
+        it = iter(loader)
+        partial = [[t.clone() for t in next(it)]]  # epoch 1, broken off after one batch
+        del it
+        loader.set_epoch(1)
+        again = take(loader)  # epoch 1 again, from its start
+        third = take(loader)
+    assert_same_batches(first, expected[0])
+    assert_same_batches(partial, expected[1][:1])
+    assert_same_batches(again, expected[1])
+    assert_same_batches(third, expected[2])
+
+
+def test_a_corrupt_file_raises_sample_error_naming_it_and_the_batches_behind_it_are_right(
+    make_folder: Callable[..., Path], in_trainer: Callable[[bool], None]
+) -> None:
+    root = make_folder(classes=2, per_class=6)
+    truncated = root / "n00" / "img_002.jpg"  # in batch 0: DALI names it (sample #2)
+    truncated.write_bytes(truncated.read_bytes()[: len(truncated.read_bytes()) // 2])
+    corrupt = root / "n01" / "img_004.jpg"  # its header cannot be read: refused before DALI
+    corrupt.write_bytes(b"this is not a JPEG at all" * 20)
+    kwargs: dict[str, Any] = {"batch_size": 3, "transform": [T.Resize((24, 24))], "shuffle": False}
+    in_trainer(True)
+    with _loader(root, 1, prefetch=4, **kwargs) as loader:
+        outcomes: list[Any] = []
+        it = iter(loader)
+        while True:
+            try:
+                outcomes.append([t.clone() for t in next(it)])
+            except StopIteration:
+                break
+            except SampleError as e:
+                outcomes.append(e)
+    errors = [o for o in outcomes if isinstance(o, SampleError)]
+    assert [isinstance(o, SampleError) for o in outcomes] == [True, False, False, True]
+    for error, path, index in ((errors[0], truncated, 2), (errors[1], corrupt, 10)):
+        assert error.path == str(path) and str(path) in str(error)
+        assert error.index == index
+    assert "DALI could not decode" in str(errors[0])
+    # The batches queued behind the failed run were fed again to a fresh pipeline: the same
+    # pixels as the worker path.
+    in_trainer(False)
+    with _loader(root, 1, **kwargs) as loader:
+        it = iter(loader)
+        with pytest.raises(SampleError):
+            next(it)
+        good = [[t.clone() for t in next(it)], [t.clone() for t in next(it)]]
+    assert_same_batches(outcomes[1:3], good)
+
+
+def test_a_daemon_keeps_decoding_in_its_own_workers(
+    image_folder: Path, in_trainer: Callable[[bool], None]
+) -> None:
+    in_trainer(True)
+    with _loader(image_folder, 1) as loader:
+        spec: LoaderSpec = loader._spec
+    assert spec.decodes_in_trainer
+    assert not dataclasses.replace(spec, daemon="ipc:///nowhere").decodes_in_trainer
+    assert not dataclasses.replace(spec, dali_in_trainer=False).decodes_in_trainer  # CPU: the workers
