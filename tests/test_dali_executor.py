@@ -59,10 +59,13 @@ def test_uses_the_in_process_executor_and_no_worker_processes(
 ) -> None:
     in_trainer(True)
     with _loader(image_folder, 2) as loader:
-        take(loader)
+        batches = take(loader)
         assert loader._pipeline is not None
         assert isinstance(loader._pipeline.executor, DaliExecutor)
         assert loader.worker_pids == []
+        stats = loader.stats()  # what iostat reads: its batches are counted as any loader's
+        assert stats is not None and stats.batches >= len(batches)  # (and any decoded ahead)
+        assert stats.samples >= sum(len(labels) for _, labels in batches) and stats.decode_s > 0
 
 
 @pytest.mark.parametrize(

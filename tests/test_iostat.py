@@ -240,6 +240,17 @@ def test_stats_count_every_sample(folder: Path) -> None:
     assert stats.read_s > 0 and stats.decode_s > 0 and stats.next_calls == batches + 1
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stats_count_batches_collated_in_the_workers(num_workers: int) -> None:
+    # A collate_fn makes batches opaque objects (no slot): they are counted all the same.
+    data = [(np.full(3, i, np.float32), i) for i in range(20)]
+    with FastLoader(data, batch_size=4, num_workers=num_workers, collate_fn=list) as loader:  # type: ignore[arg-type]
+        batches = sum(1 for _ in loader)
+        stats = loader.stats()
+    assert stats is not None and batches == 5
+    assert stats.batches == 5 and stats.samples == 20 and stats.decode_s > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Epoch starts (issue 11): a pipeline that drains at epoch ends makes the trainer wait there
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -74,6 +75,7 @@ class _Request:
     reads: list[Future[bytes]]
     blobs: list[bytes] = field(default_factory=list)  # the encoded files, once read
     inputs: np.ndarray | None = None  # `sample_inputs`, once computed
+    started_ns: int = field(default_factory=time.perf_counter_ns)  # submitted: its reads began
 
 
 @dataclass
@@ -83,6 +85,7 @@ class _Decoded:
     task: Task
     images: torch.Tensor
     labels: torch.Tensor
+    load_ns: int  # from submission to out of DALI: reading, geometry, decoding, the copy
 
 
 class DaliExecutor:
@@ -197,7 +200,7 @@ class DaliExecutor:
                 tensors = [images, labels if labels is not None else decoded.labels]
                 if self._pin:
                     tensors = [t.pin_memory() for t in tensors]
-                return Opaque(task.seq, tensors)
+                return Opaque(task.seq, tensors, len(task.indices), decoded.load_ns)
             user_stream = self._cuda.current_stream(self._device)
             with self._cuda.stream(self._stream):
                 images, labels = present_batch(
@@ -209,7 +212,7 @@ class DaliExecutor:
             tensors = [images, labels if labels is not None else decoded.labels]
             for t in tensors:
                 t.record_stream(user_stream)  # the caching allocator: the user's stream uses it too
-            return Opaque(task.seq, tensors)
+            return Opaque(task.seq, tensors, len(task.indices), decoded.load_ns)
         except Exception as e:  # a kernel's failure is the batch's, naming its first sample
             what = "the trainer's transforms of the batch starting with image"
             return failure_of(task.seq, e, int(task.indices[0]), self._index.path(int(task.indices[0])), what)
@@ -299,7 +302,7 @@ class DaliExecutor:
                 copied = self._cuda.Event()
                 copied.record(self._stream)
             copied.synchronize()  # this thread only: DALI's buffer is free to reuse after
-        self._outbox.put(_Decoded(task, out, labels))
+        self._outbox.put(_Decoded(task, out, labels, time.perf_counter_ns() - request.started_ns))
 
     def _decode_failure(self, request: _Request, error: RuntimeError) -> Failure:
         """The Failure of a run DALI could not decode, naming the file (see the module docstring)."""

@@ -89,10 +89,14 @@ class Probed:
 
 @dataclass(frozen=True)
 class Opaque:
-    """A batch collated in a worker, returned as an object (the slow path)."""
+    """A finished batch returned as an object: collated in a worker (a Dataset's slow path), or
+    decoded in the trainer's process (`DaliExecutor`). `count` samples, `load_ns` the time its
+    making took: the loader's statistics count them as they count slot batches."""
 
     seq: int
     batch: Any
+    count: int = 0
+    load_ns: int = 0
 
 
 Event = Done | Failure | Probed | Opaque

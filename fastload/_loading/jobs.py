@@ -310,7 +310,9 @@ def run_task(
         if task.probe:
             return Probed(task.seq, job.probe(task, in_trainer))
         if not task.slot_name:
-            return Opaque(task.seq, job.run_opaque(task, in_trainer))
+            started = time.perf_counter_ns()
+            batch = job.run_opaque(task, in_trainer)
+            return Opaque(task.seq, batch, len(task.indices), time.perf_counter_ns() - started)
         if layout is None:
             raise RuntimeError(f"task {task.seq} names slot {task.slot_name} before any layout was set")
         arrays = [a[task.row :] for a in layout.arrays(slot_buffer(task.slot_name))]

@@ -311,6 +311,10 @@ class Pipeline:
             stats.add("read_cpu_ns", event.read_cpu_ns)
             stats.add("read_runq_ns", event.read_runq_ns)
             stats.add("augment_ns", event.augment_ns)
+        elif isinstance(event, Opaque):  # made whole elsewhere: its time counts as the work's
+            self.stats.add("batches", 1)
+            self.stats.add("samples", event.count)
+            self.stats.add("decode_ns", event.load_ns)
         elif isinstance(event, Failure):
             self.stats.add("failures", 1)
         slot = self._slot_of.pop(event.seq, None)

@@ -14,7 +14,7 @@ Worker -> engine:
                                 augment_ns)]
     FAILED  [b"E", SEQ_HEAD(seq), error JSON {message, path, index, exc_type, exc_class, traceback}]
     PROBED  [b"P", SEQ_HEAD(seq), layout JSON or b""]
-    OPAQUE  [b"B", SEQ_HEAD(seq), pickle-5 stream, *out-of-band buffers]
+    OPAQUE  [b"B", OPAQUE_HEAD(seq, count, load_ns), pickle-5 stream, *out-of-band buffers]
 
 NOTE [OPAQUE batches]: a Dataset whose samples are not fixed-shape arrays/numbers (strings,
 ragged shapes, a custom collate_fn) is collated in the worker and sent pickled, as torch's
@@ -51,6 +51,7 @@ JOB_HEAD = struct.Struct("<q")
 READY_HEAD = struct.Struct("<q")
 DONE_HEAD = struct.Struct("<qqqqqqqq")
 SEQ_HEAD = struct.Struct("<q")
+OPAQUE_HEAD = struct.Struct("<qqq")
 SLOT_LEN = struct.Struct("<H")
 
 
@@ -92,7 +93,8 @@ def encode_event(event: Event) -> list[Any]:
         return [PROBED, SEQ_HEAD.pack(event.seq), event.layout.to_json().encode() if event.layout else b""]
     buffers: list[pickle.PickleBuffer] = []
     head = pickle.dumps(event.batch, protocol=5, buffer_callback=buffers.append)
-    return [OPAQUE, SEQ_HEAD.pack(event.seq), head, *(b.raw() for b in buffers)]
+    opaque_head = OPAQUE_HEAD.pack(event.seq, event.count, event.load_ns)
+    return [OPAQUE, opaque_head, head, *(b.raw() for b in buffers)]
 
 
 def decode_event(frames: list[bytes]) -> Event:
@@ -100,6 +102,9 @@ def decode_event(frames: list[bytes]) -> Event:
     kind = frames[0]
     if kind == DONE:
         return Done(*DONE_HEAD.unpack(frames[1]))
+    if kind == OPAQUE:  # see NOTE [OPAQUE batches]: only from the trainer's own forked workers
+        seq, count, load_ns = OPAQUE_HEAD.unpack(frames[1])
+        return Opaque(seq, pickle.loads(frames[2], buffers=frames[3:]), count, load_ns)
     (seq,) = SEQ_HEAD.unpack(frames[1])
     if kind == FAILED:
         body: dict[str, Any] = json.loads(frames[2])
@@ -109,6 +114,4 @@ def decode_event(frames: list[bytes]) -> Event:
         )
     if kind == PROBED:
         return Probed(seq, BatchLayout.from_json(frames[2]) if frames[2] else None)
-    if kind == OPAQUE:  # see NOTE [OPAQUE batches]: only from the trainer's own forked workers
-        return Opaque(seq, pickle.loads(frames[2], buffers=frames[3:]))
     raise ValueError(f"unexpected message kind {kind!r} from a worker")
