@@ -6,7 +6,7 @@
 
 reporting images/s of each, fed as a share of min(loader alone, consumer alone), the time the
 trainer spends waiting inside `next()` and how busy the loader's workers were (fastload's own
-counters: read + decode wall time over wall time x workers; above 100% when the workers' stages
+counters: read + decode + augment wall time over wall time x workers; above 100% when the workers' stages
 also wait for a CPU, e.g. a spinning step on the same cores). Several epochs are run back to
 back (`--epochs`), so what happens at epoch ends counts.
 
@@ -16,7 +16,8 @@ batch as the loader alone delivers one, the hardest case for overlap), or `--ste
 CUDA; needs torchvision and a GPU). Loaders: `fastload`, and `dataloader` (torch DataLoader +
 torchvision ImageFolder with the same transforms and Apex-style uint8 collation; needs
 torchvision). Images: RandomResizedCrop + horizontal flip, uint8, normalized on the device by the
-step (fastload: by the loader) when it is a model.
+step (fastload: by the loader) when it is a model; `--recipe deit` adds DeiT's augmentations
+(fastload only; labels become soft targets, which cross_entropy takes as they are).
 
     .venv/bin/python tools/bench/bench_train.py --data DIR [--step sleep:auto] [--loaders fastload]
         [--workers 2] [--batch-size 64] [--size 224] [--epochs 3] [--warmup 5] [--rounds 3]
@@ -52,6 +53,11 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument(
+        "--recipe", choices=("basic", "deit"), default="basic",
+        help="basic: RandomResizedCrop + flip; deit (fastload only): + RandAugment(2, 9), "
+        "ColorJitter(0.4, 0.4, 0.4), RandomErasing(0.25), MixUp/CutMix (soft targets)",
+    )
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=5, help="batches not timed at the start")
     parser.add_argument("--rounds", type=int, default=3)
@@ -103,8 +109,20 @@ def make_step(spec: str, batch_ms: float) -> Step:
     return train
 
 
+def recipe(name: str, size: int, classes: int) -> list[T.Transform]:
+    """The loader's transforms: crop + flip, and for "deit" DeiT's augmentations (on CUDA the
+    colour/policy stage runs on the GPU after the copy, batched; on a CPU in the workers)."""
+    chain: list[T.Transform] = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
+    if name == "deit":
+        mixing = [T.MixUp(alpha=0.8, num_classes=classes), T.CutMix(alpha=1.0, num_classes=classes)]
+        chain += [T.RandAugment(2, 9), T.ColorJitter(0.4, 0.4, 0.4), T.RandomErasing(0.25)]
+        chain.append(T.RandomChoice(mixing))
+    return chain
+
+
 def _fastload(args: argparse.Namespace, device: torch.device) -> Any:
-    normalize = (MEAN, STD) if device.type == "cuda" else None
+    normalize = (MEAN, STD) if device.type == "cuda" or args.recipe == "deit" else None
+    classes = sum(1 for entry in os.scandir(args.data) if entry.is_dir())
     return FastLoader(
         args.data,
         batch_size=args.batch_size,
@@ -115,11 +133,14 @@ def _fastload(args: argparse.Namespace, device: torch.device) -> Any:
         device=device,
         normalize=normalize,
         dtype=torch.bfloat16,
-        transform=[T.RandomResizedCrop(args.size), T.RandomHorizontalFlip()],
+        transform=recipe(args.recipe, args.size, classes),
     )
 
 
 def _dataloader(args: argparse.Namespace, device: torch.device) -> Any:
+    if args.recipe != "basic":
+        sys.exit("--recipe deit is fastload's only here: tools/bench/bench_loaders.py times DataLoader + "
+                 "torchvision v2 with the recipe (torchvision-deit)")
     import numpy as np
     import torchvision.transforms as tvt
     from torchvision.datasets import ImageFolder
@@ -222,7 +243,8 @@ def _workers_busy(loader: Any, before: Any, wall_s: float, workers: int) -> floa
     stats = loader.stats() if hasattr(loader, "stats") else None
     if stats is None or before is None or not workers:
         return None
-    busy = (stats.read_s - before.read_s) + (stats.decode_s - before.decode_s)
+    stages = ("read_s", "decode_s", "augment_s")
+    busy = sum(getattr(stats, stage) - getattr(before, stage) for stage in stages)
     return busy / (wall_s * workers)
 
 
