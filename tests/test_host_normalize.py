@@ -60,3 +60,19 @@ def test_a_buffer_is_reused_only_once_every_view_is_gone() -> None:
     del fourth
     reused = {normalize(_batch(5)).data_ptr() for _ in range(3)}
     assert len(reused) == 1  # dropped at once: the same buffer serves every batch
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_into_rows_equals_the_batch_pass_bit_for_bit(native: bool) -> None:
+    # Workers normalize their rows straight into a float slot (NOTE [float slots] in `jobs`).
+    if native and native_jpeg() is None:
+        pytest.skip("the native extension is not built")
+    scale, bias = OUTPUT.affine(torch.device("cpu"))  # type: ignore[misc]
+    normalize = HostNormalizer(scale, bias)
+    if not native:
+        normalize._native = None
+    x = _batch(3)
+    out = torch.full(x.shape, float("nan"), dtype=torch.float32)
+    normalize.into(x.numpy(), out.numpy())
+    expected = x.permute(0, 3, 1, 2).to(torch.float32).mul_(scale).add_(bias)
+    assert torch.equal(out.permute(0, 3, 1, 2), expected)

@@ -65,7 +65,8 @@ class SampleProgram:
         return x
 
     def run_in_slot(self, images: np.ndarray, seed: int, epoch: int, indices: np.ndarray) -> None:
-        """Run the stage in place on a worker's rows of a slot, `images` (N, H, W, 3) uint8."""
+        """Run the stage in place on a worker's rows of a slot, `images` (N, H, W, 3): uint8 (the
+        pixel stage), or float32 normalized (the tensor stage, NOTE [float slots] in `jobs`)."""
         view = torch.from_numpy(images).permute(0, 3, 1, 2)
         out = self.run(view, seed, epoch, indices)
         if out.data_ptr() != view.data_ptr() or out.stride() != view.stride():
@@ -74,12 +75,13 @@ class SampleProgram:
 
 class TrainerStages:
     """What runs in the trainer's process after a batch arrives: the pixel stage when it is not the
-    workers' (batches going to a GPU), then, after normalization, RandomErasing and MixUp/CutMix."""
+    workers' (batches going to a GPU), then, after normalization, RandomErasing (unless the workers
+    ran it: `tensor_here` False, NOTE [float slots] in `jobs`) and MixUp/CutMix."""
 
-    def __init__(self, plan: TransformPlan, seed: int, pixels_here: bool) -> None:
+    def __init__(self, plan: TransformPlan, seed: int, pixels_here: bool, tensor_here: bool = True) -> None:
         self.seed = seed
         self.pixels = SampleProgram(plan.pixels if pixels_here else (), PIXELS_STREAM)
-        self.tensor = SampleProgram(plan.tensor, TENSOR_STREAM)
+        self.tensor = SampleProgram(plan.tensor if tensor_here else (), TENSOR_STREAM)
         self.mix = batch_op(plan.batch) if plan.batch is not None else None
 
     def __bool__(self) -> bool:

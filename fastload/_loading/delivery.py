@@ -6,7 +6,8 @@ it. `CudaDelivery` registers every slot as pinned memory once, copies it `non_bl
 side stream, converts/normalizes there, makes the user's stream wait on an event, and releases
 the slot when that event has completed; it never synchronises the host.
 
-Images travel NHWC uint8; `present_batch` turns them into NCHW by a permute, which *is* the
+Images travel NHWC uint8 (or float32, normalized by CPU batches' workers: NOTE [float slots] in
+`jobs`); `present_batch` turns them into NCHW by a permute, which *is* the
 channels_last memory format, so no transpose runs unless contiguous NCHW is asked for. The chain's
 stages that the trainer's process owns (`TrainerStages`: the pixel stage when batches go to a GPU,
 RandomErasing and MixUp/CutMix after normalization) run there too, on the batch's device.
@@ -64,13 +65,17 @@ def present_batch(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """NHWC uint8 images -> NCHW (channels_last unless asked otherwise): the trainer's pixel stage,
     normalization (by `host_normalize` for CPU batches), then RandomErasing and MixUp/CutMix
-    (labels becoming soft targets)."""
+    (labels becoming soft targets). NHWC float32 images were normalized by the workers (NOTE
+    [float slots] in `jobs`): only the stages after normalization run, in place."""
     x = nhwc.permute(0, 3, 1, 2)
-    if stages is not None and ids is not None:
+    normalized = nhwc.dtype == torch.float32
+    if stages is not None and ids is not None and not normalized:
         x = stages.before_normalize(x, *ids)
     if affine is not None:
         scale, bias = affine
-        if host_normalize is not None:
+        if normalized:
+            pass
+        elif host_normalize is not None:
             x = host_normalize(x.permute(0, 2, 3, 1))
         else:
             x = x.to(torch.float32).mul_(scale).add_(bias)
@@ -123,9 +128,12 @@ class CpuDelivery:
         weakref.finalize(base, self._ring.release, slot)
         tensors = [torch.from_numpy(a) for a in arrays]
         del base, arrays
+        in_slot = tensors[0].data_ptr()
         if self._images is not None:
             labels = tensors[1] if self._stages is not None else None
             images, affine = self._images, self._affine
+            # Float slots (NOTE [float slots] in `jobs`): MixUp/CutMix mix the slot's images in
+            # place; safe, since the slot is this batch's alone until its last view dies.
             tensors[0], labels = present_batch(
                 tensors[0], labels, images, affine, self._stages, ids, self._normalize
             )
@@ -133,8 +141,8 @@ class CpuDelivery:
                 tensors[1] = labels
         if self._pin:
             tensors = [t.pin_memory() for t in tensors]
-        elif self._affine is not None:
-            # Normalizing copied the images; copy the (small) rest so the slot is free at once.
+        elif self._affine is not None and tensors[0].data_ptr() != in_slot:
+            # Normalizing (or a dtype) copied the images; copy the (small) rest so the slot is free at once.
             tensors = [tensors[0], *(t.clone() for t in tensors[1:])]
         return self._layout.build(tensors)
 

@@ -38,6 +38,16 @@ class HostNormalizer:
             self._native = None  # an extension built before it had this pass
         self._free: defaultdict[int, list[bytearray]] = defaultdict(list)
 
+    def into(self, nhwc: np.ndarray, out: np.ndarray) -> None:
+        """Normalize NHWC uint8 rows `nhwc` into the float32 array `out` of the same shape (a
+        worker's rows of a float slot, NOTE [float slots] in `jobs`); bit-identical to `__call__`."""
+        if self._native is not None and nhwc.flags.c_contiguous and out.flags.c_contiguous:
+            self._native.normalize_u8(nhwc, out, self._scale3, self._bias3)
+            return
+        dst = torch.from_numpy(out)
+        dst.copy_(torch.from_numpy(nhwc))
+        dst.mul_(self._scale.view(-1)).add_(self._bias.view(-1))
+
     def __call__(self, nhwc: torch.Tensor) -> torch.Tensor:
         """The normalized batch (a new tensor: the slot can be released at once)."""
         if self._native is None or not nhwc.is_contiguous() or nhwc.dtype != torch.uint8 or nhwc.dim() != 4:

@@ -23,9 +23,10 @@ from fastload._augment.program import SampleProgram
 from fastload._errors import exception_type_name
 from fastload._loading.backends import SampleFailure, make_backend
 from fastload._loading.executor import Done, Event, Failure, Opaque, Probed, Task
+from fastload._loading.host_normalize import HostNormalizer
 from fastload._loading.layout import BatchLayout, LayoutMismatch
 from fastload._loading.plan import batch_seed
-from fastload._loading.sample_random import PIXELS_STREAM, sample_randoms
+from fastload._loading.sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
 from fastload._loading.shm import Segment
 from fastload._loading.sources import ImageFolderIndex
 from fastload._machine import run_delay_since, thread_run_delay_ns
@@ -73,24 +74,71 @@ def read_file(path: str) -> bytes:
         return f.read()
 
 
+# NOTE [float slots]: CPU batches with normalize would have the trainer's thread normalize each
+# batch and run RandomErasing on it (~7 ms a batch of 64 at 224x224), on the thread that should
+# be training. Instead a job given `normalize` keeps its images in the slot as float32 (H, W, 3):
+# a worker decodes and runs the pixel stage on uint8 rows of its own scratch, normalizes them into
+# its rows of the slot (the native one-pass table, or torch: bit-identical, `HostNormalizer.into`)
+# and runs the tensor stage (RandomErasing) on them, its draws keyed by (seed, epoch, index) from
+# TENSOR_STREAM as the trainer's were, so batches are bit-identical to the trainer-side path. The
+# trainer returns views over the slot and runs only the batch stage (MixUp/CutMix) in place there.
+# Slots are 4x larger; `ring.default_prefetch` sizes the ring from their bytes.
+
+
 class FolderJob:
     """Loads batches of an image folder: read files, decode + crop + flip into NHWC uint8, then the
-    pixel stage (colour, policies) in place when `plan` has one (NOTE [transform stages]), labels."""
+    pixel stage (colour, policies) in place when `plan` has one (NOTE [transform stages]), labels.
+    With `normalize` (mean, std), the images are normalized into float32 slots and the tensor stage
+    runs here too (NOTE [float slots])."""
 
     def __init__(
-        self, index: ImageFolderIndex, plan: TransformPlan, backend: str, seed: int, batch_size: int
+        self,
+        index: ImageFolderIndex,
+        plan: TransformPlan,
+        backend: str,
+        seed: int,
+        batch_size: int,
+        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> None:
         self.index = index
         self.plan = plan
         self.backend_name = backend
         self.seed = seed
         self.batch_size = batch_size
-        self.layout = BatchLayout.infer(
-            [np.zeros((plan.out_height, plan.out_width, 3), np.uint8), 0], batch_size
+        self.normalize = (
+            (tuple(float(v) for v in normalize[0]), tuple(float(v) for v in normalize[1]))
+            if normalize is not None
+            else None
         )
+        dtype = np.float32 if self.normalize is not None else np.uint8
+        image = np.zeros((plan.out_height, plan.out_width, 3), dtype)
+        self.layout = BatchLayout.infer([image, 0], batch_size)
         self._backend = make_backend(backend, plan)
         self._pixels = SampleProgram(plan.pixels, PIXELS_STREAM)
+        # The tensor stage needs normalized images: it runs here only on the images normalized here.
+        self._tensor = SampleProgram(plan.tensor if self.normalize is not None else (), TENSOR_STREAM)
+        self._normalizer: HostNormalizer | None = None  # made where the job runs (it holds a module)
+        self._scratch: np.ndarray | None = None  # uint8 rows to decode into, before normalizing
         self._index_segment: Segment | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_normalizer"], state["_scratch"] = None, None  # made anew where the job runs
+        return state
+
+    def _normalize_into(self, pixels: np.ndarray, images: np.ndarray) -> None:
+        if self._normalizer is None:
+            assert self.normalize is not None
+            mean = torch.tensor(self.normalize[0], dtype=torch.float32).view(1, -1, 1, 1)
+            std = torch.tensor(self.normalize[1], dtype=torch.float32).view(1, -1, 1, 1)
+            self._normalizer = HostNormalizer(1.0 / (255.0 * std), -mean / std)  # as ImageOutput.affine
+        self._normalizer.into(pixels, images)
+
+    def _uint8_rows(self, n: int) -> np.ndarray:
+        if self._scratch is None:
+            shape = (self.batch_size, self.plan.out_height, self.plan.out_width, 3)
+            self._scratch = np.empty(shape, np.uint8)
+        return self._scratch[:n]
 
     def to_config(self, index_segment: str) -> dict[str, Any]:
         """This job as JSON-able data, its index living in the named shared segment."""
@@ -100,6 +148,7 @@ class FolderJob:
             "backend": self.backend_name,
             "seed": self.seed,
             "batch_size": self.batch_size,
+            "normalize": [list(v) for v in self.normalize] if self.normalize is not None else None,
         }
 
     @classmethod
@@ -113,6 +162,7 @@ class FolderJob:
             str(config["backend"]),
             int(config["seed"]),
             int(config["batch_size"]),
+            normalize=config.get("normalize"),
         )
         job._index_segment = segment
         return job
@@ -154,8 +204,9 @@ class FolderJob:
         read_cpu = time.process_time_ns() - cpu0
         read_runq = run_delay_since(runq0)
         rngs = sample_randoms(self.seed, epoch, indices)
+        pixels = images[:n] if self.normalize is None else self._uint8_rows(n)
         try:
-            self._backend.decode_batch(blobs, rngs, images[:n])
+            self._backend.decode_batch(blobs, rngs, pixels)
         except SampleFailure as e:
             cause = e.__cause__ or e
             pos = e.position
@@ -163,10 +214,18 @@ class FolderJob:
         t2 = time.perf_counter_ns()
         if self._pixels:
             try:
-                self._pixels.run_in_slot(images[:n], self.seed, epoch, indices)
+                self._pixels.run_in_slot(pixels, self.seed, epoch, indices)
             except Exception as e:  # a kernel's failure is the task's, naming its first sample
                 what = "the pixel transforms of the rows starting with image"
                 raise JobFailed(failure_of(seq, e, int(indices[0]), paths[0], what)) from e
+        if self.normalize is not None:
+            self._normalize_into(pixels, images[:n])
+            if self._tensor:
+                try:
+                    self._tensor.run_in_slot(images[:n], self.seed, epoch, indices)
+                except Exception as e:
+                    what = "the tensor transforms of the rows starting with image"
+                    raise JobFailed(failure_of(seq, e, int(indices[0]), paths[0], what)) from e
         labels[:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
         return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq, t3 - t2)

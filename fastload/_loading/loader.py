@@ -199,7 +199,10 @@ class FastLoader:
             self._index = ImageFolderIndex.scan(spec.folder)
             self.classes, self._num_samples = self._index.classes, len(self._index)
         assert spec.worker_transforms is not None
-        job = FolderJob(self._index, spec.worker_transforms, spec.backend, spec.seed, spec.slot_batch_size)
+        job = FolderJob(
+            self._index, spec.worker_transforms, spec.backend, spec.seed, spec.slot_batch_size,
+            normalize=spec.worker_normalize,
+        )
         assert job.layout is not None
         if not spec.decodes_in_trainer:  # the in-process DALI executor needs no ring
             prefetch = spec.ring_prefetch(spec.num_workers, job.layout.slot_bytes)

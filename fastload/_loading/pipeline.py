@@ -197,7 +197,11 @@ class Pipeline:
         self._resources.append(ring)
         self._slots.ring = ring
         plan, spec = self.spec.transforms, self.spec
-        stages = TrainerStages(plan, spec.seed, not spec.pixels_in_workers) if plan is not None else None
+        stages = (
+            TrainerStages(plan, spec.seed, not spec.pixels_in_workers, not spec.normalize_in_workers)
+            if plan is not None
+            else None
+        )
         self.delivery = make_delivery(
             ring, self.layout, spec.images, spec.device, spec.pin_memory,
             on_copied=self.stats.copied, stages=stages,

@@ -96,6 +96,20 @@ class LoaderSpec:
         return self.device.type == "cpu"
 
     @property
+    def normalize_in_workers(self) -> bool:
+        """Whether the workers normalize their rows into float32 slots and run the tensor stage
+        there (NOTE [float slots] in `_loading.jobs`): CPU batches with `normalize`, loaded by this
+        loader's own workers. A daemon's sessions keep uint8 slots (the trainer normalizes), and so
+        do batches going to a GPU (a quarter of the bytes to copy; the GPU normalizes)."""
+        return (
+            self.device.type == "cpu"
+            and self.images is not None
+            and self.images.mean is not None
+            and self.daemon is None
+            and not self.decodes_in_trainer
+        )
+
+    @property
     def decodes_in_trainer(self) -> bool:
         """Whether the folder's batches are decoded by a DALI pipeline in the trainer's process
         (`dali_executor`): backend="dali" with CUDA (nvJPEG), unless a daemon serves them (its
@@ -111,7 +125,17 @@ class LoaderSpec:
     def worker_transforms(self) -> TransformPlan | None:
         """The part of the chain the workers (local, or a daemon's) run."""
         plan = self.transforms
-        return plan.for_workers(self.pixels_in_workers) if plan is not None else None
+        if plan is None:
+            return None
+        return plan.for_workers(self.pixels_in_workers, self.normalize_in_workers)
+
+    @property
+    def worker_normalize(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """The (mean, std) the workers normalize with, when they do (`normalize_in_workers`)."""
+        if not self.normalize_in_workers:
+            return None
+        assert self.images is not None and self.images.mean is not None and self.images.std is not None
+        return self.images.mean, self.images.std
 
     @property
     def label(self) -> str:

@@ -56,10 +56,11 @@ class TransformPlan:
         mixing = self._stage("batch")
         return mixing[0] if mixing else None
 
-    def for_workers(self, with_pixels: bool) -> TransformPlan:
-        """The part of the chain a worker runs: the geometry, and the pixel stage `with_pixels`
-        (batches that stay on the CPU); the rest runs in the trainer's process."""
-        chain = self.geometry + (self.pixels if with_pixels else ())
+    def for_workers(self, with_pixels: bool, with_tensor: bool = False) -> TransformPlan:
+        """The part of the chain a worker runs: the geometry, the pixel stage `with_pixels`
+        (batches that stay on the CPU), and the tensor stage `with_tensor` (CPU batches the workers
+        normalize); the rest runs in the trainer's process."""
+        chain = self.geometry + (self.pixels if with_pixels else ()) + (self.tensor if with_tensor else ())
         return TransformPlan(chain, self.out_height, self.out_width, self.interpolation)
 
     def sample(self, height: int, width: int, rng: RandomSource) -> SampleGeometry:
@@ -111,8 +112,11 @@ class TransformPlan:
 # "pixels" (colour, policies) on the uint8 sample after it, batched: in the workers, in place in
 # the slot, when batches stay on the CPU, and on the GPU after the copy (one kernel per operation
 # over the batch) when they go to CUDA; "tensor" (RandomErasing) on normalized images, and "batch"
-# (MixUp/CutMix) across the batch, both in the trainer's process on the batch's device, since the
-# first needs normalized values and the second the whole batch, where a worker has only its rows.
+# (MixUp/CutMix) across the batch. For CPU batches with normalize (and local workers), the workers
+# normalize their rows into a float32 slot and run the tensor stage there too (NOTE [float
+# slots] in `_loading.jobs`); otherwise the tensor stage runs in the trainer's process on the
+# batch's device, after normalization. The batch stage always runs in the trainer's process, since
+# it needs the whole batch, where a worker has only its rows.
 # Every random choice comes from (seed, epoch, sample index) (`_loading.sample_random`), so a
 # batch is the same whichever worker, device or stage ran it (within float rounding on a GPU).
 # torchvision lets colour transforms come before a crop; here they come after the geometry, and
