@@ -70,7 +70,7 @@ def test_into_rows_equals_the_batch_pass_bit_for_bit(native: bool) -> None:
     scale, bias = OUTPUT.affine(torch.device("cpu"))  # type: ignore[misc]
     normalize = HostNormalizer(scale, bias)
     if not native:
-        normalize._native = None
+        normalize._normalize_u8 = None  # the torch path
     x = _batch(3)
     out = torch.full(x.shape, float("nan"), dtype=torch.float32)
     normalize.into(x.numpy(), out.numpy())

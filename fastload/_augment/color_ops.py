@@ -26,7 +26,7 @@ from fastload._augment.color import (
     solarize,
 )
 from fastload._augment.ops import DeviceParams, Params, SampleOp
-from fastload._loading.native import native_jpeg
+from fastload._loading.native import native_pass
 from fastload.transforms._color import (
     ColorJitter,
     GaussianBlur,
@@ -95,8 +95,7 @@ class ColorJitterOp:
         self.ranges = dict(zip((name for name, _ in JITTER_KERNELS), transform.ranges(), strict=True))
         # CPU batches without a hue shift: one native pass per sample (`fastload._jpeg.color_jitter`,
         # the same bits as these kernels, ~2.3x faster).
-        native = native_jpeg()
-        self._native = native if self.ranges["hue"] is None and hasattr(native, "color_jitter") else None
+        self._native = native_pass("color_jitter") if self.ranges["hue"] is None else None
 
     def params(self, u: np.ndarray) -> Params:
         """`order` (N, 4): the operation (0 brightness ... 3 hue) at each position; each present
@@ -141,7 +140,7 @@ class ColorJitterOp:
                 factors[:, op_id] = p[name]
         order[order == 3] = -1  # hue: absent on this path
         assert self._native is not None
-        self._native.color_jitter(nhwc.numpy(), n, order.numpy(), factors.numpy())
+        self._native(nhwc.numpy(), n, order.numpy(), factors.numpy())
 
 
 class GaussianBlurOp:

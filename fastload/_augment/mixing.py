@@ -18,7 +18,7 @@ import torch
 
 from fastload._augment.ops import BatchOp, DeviceParams, Params, SampleOp
 from fastload._errors import ConfigError
-from fastload._loading.native import native_jpeg
+from fastload._loading.native import native_pass
 from fastload.transforms import CutMix, MixUp, RandomChoice, RandomErasing
 
 _TRIES = 10  # torchvision's RandomErasing.get_params tries this many boxes before giving up
@@ -232,8 +232,7 @@ class MixUpOp:
     def __init__(self, t: MixUp) -> None:
         self.alpha = float(t.alpha)
         self.num_classes = int(t.num_classes)
-        native = native_jpeg()
-        self._native = native if hasattr(native, "mixup") else None
+        self._native = native_pass("mixup")
 
     def lam(self, u: np.ndarray) -> float:
         """The batch's weight of its own images."""
@@ -270,7 +269,7 @@ class MixUpOp:
         on_cpu = x.device.type == "cpu" and x.dtype == torch.float32
         if self._native is None or not on_cpu or not nhwc.is_contiguous():
             return False
-        self._native.mixup(nhwc.numpy(), x.shape[0], lam, 1.0 - lam)
+        self._native(nhwc.numpy(), x.shape[0], lam, 1.0 - lam)
         return True
 
 

@@ -16,7 +16,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from fastload._loading.native import native_jpeg
+from fastload._loading.native import native_pass
 
 # NOTE [reused outputs]: a batch handed to the user is a view of `np.frombuffer(buffer)`; torch
 # keeps that array alive while any view of the batch lives (also slices the user keeps), so the
@@ -33,16 +33,14 @@ class HostNormalizer:
         self._scale, self._bias = scale, bias
         self._scale3 = tuple(float(v) for v in scale.flatten())
         self._bias3 = tuple(float(v) for v in bias.flatten())
-        self._native = native_jpeg()
-        if self._native is not None and not hasattr(self._native, "normalize_u8"):
-            self._native = None  # an extension built before it had this pass
+        self._normalize_u8 = native_pass("normalize_u8")
         self._free: defaultdict[int, list[bytearray]] = defaultdict(list)
 
     def into(self, nhwc: np.ndarray, out: np.ndarray) -> None:
         """Normalize NHWC uint8 rows `nhwc` into the float32 array `out` of the same shape (a
         worker's rows of a float slot, NOTE [float slots] in `jobs`); bit-identical to `__call__`."""
-        if self._native is not None and nhwc.flags.c_contiguous and out.flags.c_contiguous:
-            self._native.normalize_u8(nhwc, out, self._scale3, self._bias3)
+        if self._normalize_u8 is not None and nhwc.flags.c_contiguous and out.flags.c_contiguous:
+            self._normalize_u8(nhwc, out, self._scale3, self._bias3)
             return
         dst = torch.from_numpy(out)
         dst.copy_(torch.from_numpy(nhwc))
@@ -50,10 +48,11 @@ class HostNormalizer:
 
     def __call__(self, nhwc: torch.Tensor) -> torch.Tensor:
         """The normalized batch (a new tensor: the slot can be released at once)."""
-        if self._native is None or not nhwc.is_contiguous() or nhwc.dtype != torch.uint8 or nhwc.dim() != 4:
+        native = self._normalize_u8 is not None and nhwc.dtype == torch.uint8 and nhwc.dim() == 4
+        if not native or not nhwc.is_contiguous():
             return nhwc.permute(0, 3, 1, 2).to(torch.float32).mul_(self._scale).add_(self._bias)
         out = self._buffer(nhwc.numel()).reshape(nhwc.shape)
-        self._native.normalize_u8(nhwc.numpy(), out, self._scale3, self._bias3)
+        self.into(nhwc.numpy(), out)
         return torch.from_numpy(out).permute(0, 3, 1, 2)
 
     def _buffer(self, items: int) -> np.ndarray:

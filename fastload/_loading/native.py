@@ -8,7 +8,9 @@ once, through the `fastload` logger.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 _log = logging.getLogger("fastload")
 _notice_given = False
@@ -34,6 +36,13 @@ def native_jpeg() -> ModuleType | None:
             _import_error,
         )
     return _jpeg
+
+
+def native_pass(name: str) -> Callable[..., Any] | None:
+    """The extension's whole-batch pixel pass `name` (native/fl_pixels.c: `normalize_u8`,
+    `color_jitter`, `mixup`), or None where the extension is not built or predates it. Its callers
+    keep a torch path with the same bits, so there is nothing to warn about."""
+    return getattr(_jpeg, name, None) if _jpeg is not None else None
 
 
 def built_native_jpeg() -> ModuleType | None:
