@@ -19,6 +19,7 @@ import torch
 from fastload._augment.ops import BatchOp, DeviceParams, Params, SampleOp
 from fastload._errors import ConfigError
 from fastload._loading.native import native_pass
+from fastload._loading.sample_random import uniform_integers
 from fastload.transforms import CutMix, MixUp, RandomChoice, RandomErasing
 
 _TRIES = 10  # torchvision's RandomErasing.get_params tries this many boxes before giving up
@@ -37,11 +38,6 @@ _U53 = 2.0**53  # the uniforms are multiples of 2**-53: u * 2**53 is an exact in
 _BANK_SIZE = 1 << 22
 _BANK_SEED = 0x5EED_E2A5
 _banks: dict[tuple[str, torch.dtype, int], torch.Tensor] = {}
-
-
-def _integers(u: float, high: int) -> int:
-    """An integer in [0, high) from a uniform in [0, 1), as `SampleRandom.integers` draws one."""
-    return min(int(u * high), high - 1)
 
 
 def _beta(alpha: float, u: float) -> float:
@@ -121,7 +117,7 @@ class Erasing:
         erase = fits.any(dim=1) & p["erase"]
         h = torch.where(erase, h.gather(1, first).squeeze(1), 0.0)
         w = torch.where(erase, w.gather(1, first).squeeze(1), 0.0)
-        # torch.randint(0, n) as `_integers` draws it: floor(u * n), at most n - 1.
+        # torch.randint(0, n) as `uniform_integers` draws it: floor(u * n), at most n - 1.
         top = torch.minimum(torch.floor(p["top"].to(calc) * (height - h + 1)), height - h)
         left = torch.minimum(torch.floor(p["left"].to(calc) * (width - w + 1)), width - w)
         return top, left, h, w
@@ -288,7 +284,7 @@ class CutMixOp:
     def box(self, height: int, width: int, u: np.ndarray) -> tuple[tuple[int, int, int, int], float]:
         """((x1, y1, x2, y2), lam adjusted to the box's area), torchvision's `make_params`."""
         lam = _beta(self.alpha, float(u[0]))
-        r_x, r_y = _integers(float(u[1]), width), _integers(float(u[2]), height)
+        r_x, r_y = int(uniform_integers(u[1], width)), int(uniform_integers(u[2], height))
         r = 0.5 * math.sqrt(1.0 - lam)
         r_w_half, r_h_half = int(r * width), int(r * height)
         x1, y1 = max(r_x - r_w_half, 0), max(r_y - r_h_half, 0)

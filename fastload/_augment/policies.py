@@ -44,6 +44,7 @@ from fastload._augment.spaces import (
     TRIVIALAUGMENT_SPACE,
     Operation,
 )
+from fastload._loading.sample_random import uniform_integers
 from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide, fill_values
 
 # Kernels: what each photometric operation runs, and its parameter from the signed magnitude
@@ -165,11 +166,6 @@ class PolicyOp:
         return self.run(x, p)
 
 
-def _pick(u: np.ndarray, count: int) -> np.ndarray:
-    """Uniform integers in [0, count) from uniforms in [0, 1) (torch.randint's distribution)."""
-    return np.minimum((u * count).astype(np.int64), count - 1)
-
-
 class RandAugmentOp(PolicyOp):
     """RandAugment: `num_ops` operations per sample, uniform over the 14 with replacement, at the
     fixed magnitude bin, each signed one negated with probability 0.5. Draws: (operation, sign)
@@ -183,7 +179,7 @@ class RandAugmentOp(PolicyOp):
 
     def params(self, u: np.ndarray) -> Params:
         """The groups of each of the `num_ops` steps."""
-        op = _pick(u[:, 0::2], len(self.space))
+        op = uniform_integers(u[:, 0::2], len(self.space))
         bins = np.full_like(op, self.magnitude)
         return self.step_groups(op, bins, u[:, 1::2] <= 0.5)
 
@@ -199,8 +195,8 @@ class TrivialAugmentWideOp(PolicyOp):
 
     def params(self, u: np.ndarray) -> Params:
         """The groups of the one step."""
-        op = _pick(u[:, 0:1], len(self.space))
-        return self.step_groups(op, _pick(u[:, 1:2], self.num_bins), u[:, 2:3] <= 0.5)
+        op = uniform_integers(u[:, 0:1], len(self.space))
+        return self.step_groups(op, uniform_integers(u[:, 1:2], self.num_bins), u[:, 2:3] <= 0.5)
 
 
 class AutoAugmentOp(PolicyOp):
@@ -219,7 +215,7 @@ class AutoAugmentOp(PolicyOp):
 
     def params(self, u: np.ndarray) -> Params:
         """The groups of the two steps (a sample whose operation does not apply is in none)."""
-        sub = _pick(u[:, 0], len(self._op))
+        sub = uniform_integers(u[:, 0], len(self._op))
         applied = u[:, 1::2] <= self._p[sub]
         op = np.where(applied, self._op[sub], -1)
         return self.step_groups(op, self._bin[sub], u[:, 2::2] <= 0.5)
@@ -262,10 +258,11 @@ class AugMixOp(PolicyOp):
         if self.chain_depth > 0:
             depth = np.full(n * self.width, self.chain_depth)
         else:
-            depth = 1 + _pick(chains[:, 0], 3)
+            depth = 1 + uniform_integers(chains[:, 0], 3)
         steps = chains[:, 1:].reshape(n * self.width, self.steps, 3)
-        op = np.where(np.arange(self.steps) < depth[:, None], _pick(steps[..., 0], len(self.space)), -1)
-        params = self.step_groups(op, _pick(steps[..., 1], self.severity), steps[..., 2] <= 0.5)
+        chosen = uniform_integers(steps[..., 0], len(self.space))
+        op = np.where(np.arange(self.steps) < depth[:, None], chosen, -1)
+        params = self.step_groups(op, uniform_integers(steps[..., 1], self.severity), steps[..., 2] <= 0.5)
         params["weights"] = self.weights(u[:, 0])
         return params
 

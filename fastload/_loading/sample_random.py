@@ -26,6 +26,7 @@ __all__ = [
     "sample_randoms",
     "sample_uniforms",
     "splitmix64",
+    "uniform_integers",
 ]
 
 DRAWS = 48  # per sample: RandomResizedCrop's 10 attempts x 4 draws, a flip, and some room
@@ -66,6 +67,13 @@ def sample_uniforms(
     counters = indices.astype(np.uint64)[:, None] * np.uint64(draws) + np.arange(draws, dtype=np.uint64)
     bits = splitmix64(_key(seed, epoch, stream) + (counters + np.uint64(1)) * SPLITMIX_GAMMA)
     return (bits >> np.uint64(11)).astype(np.float64) * _U53
+
+
+def uniform_integers(u: np.ndarray | float, high: int) -> np.ndarray:
+    """Integers in [0, high) from uniforms in [0, 1), torch.randint's distribution: floor(u * high),
+    at most high - 1 (u * high may round up to high). The one mapping the batched draws use;
+    `SampleRandom.integers` is its per-sample twin, kept scalar for the geometry's hot loop."""
+    return np.minimum((np.asarray(u, dtype=np.float64) * high).astype(np.int64), high - 1)
 
 
 class SampleRandom:
