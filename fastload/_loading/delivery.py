@@ -72,12 +72,12 @@ def present_batch(
     if stages is not None and ids is not None and not normalized:
         x = stages.before_normalize(x, *ids)
     if affine is not None:
-        scale, bias = affine
         if normalized:
-            pass
+            pass  # by the workers
         elif host_normalize is not None:
             x = host_normalize(x.permute(0, 2, 3, 1))
         else:
+            scale, bias = affine
             x = x.to(torch.float32).mul_(scale).add_(bias)
         if stages is not None and ids is not None and labels is not None:
             x, labels = stages.after_normalize(x, labels, *ids)

@@ -212,23 +212,27 @@ class FolderJob:
             pos = e.position
             raise JobFailed(failure_of(seq, cause, int(indices[pos]), paths[pos], "image")) from e
         t2 = time.perf_counter_ns()
-        if self._pixels:
-            try:
-                self._pixels.run_in_slot(pixels, self.seed, epoch, indices)
-            except Exception as e:  # a kernel's failure is the task's, naming its first sample
-                what = "the pixel transforms of the rows starting with image"
-                raise JobFailed(failure_of(seq, e, int(indices[0]), paths[0], what)) from e
+        self._run_stage(self._pixels, "pixel", pixels, task, paths[0])
         if self.normalize is not None:
             self._normalize_into(pixels, images[:n])
-            if self._tensor:
-                try:
-                    self._tensor.run_in_slot(images[:n], self.seed, epoch, indices)
-                except Exception as e:
-                    what = "the tensor transforms of the rows starting with image"
-                    raise JobFailed(failure_of(seq, e, int(indices[0]), paths[0], what)) from e
+            self._run_stage(self._tensor, "tensor", images[:n], task, paths[0])
         labels[:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
         return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq, t3 - t2)
+
+
+    def _run_stage(
+        self, stage: SampleProgram, name: str, rows: np.ndarray, task: Task, first_path: str
+    ) -> None:
+        """Run a stage of the chain in place on the task's rows; a kernel's failure is the task's,
+        naming its first sample."""
+        if not stage:
+            return
+        try:
+            stage.run_in_slot(rows, self.seed, task.epoch, task.indices)
+        except Exception as e:
+            what = f"the {name} transforms of the rows starting with image"
+            raise JobFailed(failure_of(task.seq, e, int(task.indices[0]), first_path, what)) from e
 
 
 class DatasetJob:
