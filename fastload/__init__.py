@@ -8,7 +8,7 @@ receives small descriptors over ZeroMQ and copies batches to the GPU asynchronou
                         transform=[T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
 """
 
-from fastload import transforms
+from fastload import sources, transforms
 from fastload._errors import (
     ConfigError,
     DaemonError,
@@ -20,6 +20,7 @@ from fastload._errors import (
     WireError,
     WorkerError,
 )
+from fastload._loading.identity import SampleIds
 from fastload._loading.loader import FastLoader
 
 __version__ = "0.1.0"
@@ -32,9 +33,11 @@ __all__ = [
     "FastloadError",
     "LoaderTimeout",
     "SampleError",
+    "SampleIds",
     "SharedMemoryError",
     "WireError",
     "WorkerError",
     "__version__",
+    "sources",
     "transforms",
 ]

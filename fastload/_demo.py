@@ -94,9 +94,9 @@ class _BaselineDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     """ImageFolder + RandomResizedCrop + flip + ToTensor + Normalize, as most people run it."""
 
     def __init__(self, root: Path, size: int) -> None:
-        from fastload._loading.sources import ImageFolderIndex
+        from fastload.sources._folder import scan_image_folder
 
-        self.index = ImageFolderIndex.scan(root)
+        self.index = scan_image_folder(root)
         self.crop = RandomResizedCrop(size)
         self.mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
         self.std = torch.tensor(IMAGENET_STD).view(3, 1, 1)

@@ -25,10 +25,10 @@ from fastload import transforms as T
 from fastload._daemon.client import DaemonSession
 from fastload._loading.engine import Engine, InlineExecutor
 from fastload._loading.executor import Done, Event, Executor, Failure, Task
-from fastload._loading.jobs import FolderJob
+from fastload._loading.jobs import ImageJob
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import Ring
-from fastload._loading.sources import ImageFolderIndex
+from fastload.sources._folder import scan_image_folder
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,9 +38,9 @@ SLOTS = 6
 Setup = tuple[Executor, Ring, BatchLayout]
 
 
-def _job(folder: Path) -> FolderJob:
+def _job(folder: Path) -> ImageJob:
     plan = T.compile_transforms([T.Resize((SIZE, SIZE))])
-    return FolderJob(ImageFolderIndex.scan(folder), plan, "native", 1, 4)  # seed 1, batches of 4
+    return ImageJob(scan_image_folder(folder), plan, "native", 1, 4)  # seed 1, batches of 4
 
 
 @contextmanager

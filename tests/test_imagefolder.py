@@ -20,7 +20,7 @@ from helpers import write_image
 from fastload import DatasetError, FastLoader
 from fastload import transforms as T
 from fastload._loading.backends.pil import decode_into
-from fastload._loading.sources import ImageFolderIndex
+from fastload.sources._folder import scan_image_folder
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 TV_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -69,7 +69,7 @@ def tricky_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_index_follows_torchvision_rules(tricky_folder: Path) -> None:
     classes, samples = torchvision_rules(tricky_folder)
-    index = ImageFolderIndex.scan(tricky_folder)
+    index = scan_image_folder(tricky_folder)
     assert list(index.classes) == classes == ["Apple", "apple", "empty_class", "mango", "zebra"]
     got = [(index.path(i), int(index.labels[i])) for i in range(len(index))]
     assert got == samples

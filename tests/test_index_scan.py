@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from fastload import DatasetError
-from fastload._loading.sources import IMG_EXTENSIONS, ImageFolderIndex
+from fastload.sources._folder import IMG_EXTENSIONS, scan_image_folder
+from fastload.sources._index import PathIndex
 
 
 def os_walk_reference(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
@@ -33,7 +34,7 @@ def os_walk_reference(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
     return classes, samples
 
 
-def entries(index: ImageFolderIndex) -> list[tuple[str, int]]:
+def entries(index: PathIndex) -> list[tuple[str, int]]:
     return [(index.path(i), int(index.labels[i])) for i in range(len(index))]
 
 
@@ -72,7 +73,7 @@ def test_directory_loops_are_skipped_and_reported(
     os.symlink("../..", links["up"])
     os.symlink(root, links["top"])
     with caplog.at_level(logging.WARNING, logger="fastload"):
-        index = ImageFolderIndex.scan(root)
+        index = scan_image_folder(root)
     got = entries(index)
     assert list(index.classes) == classes
     assert got == expected  # the real files, each once, in torchvision's order and labels
@@ -94,7 +95,7 @@ def test_a_loop_reached_twice_is_reported_once(
     assert any("/alias/sub/c.jpg" in path for path, _ in expected)
     os.symlink("..", root / "n01" / "sub" / "back")  # a loop, inside n01 and inside n00/alias
     with caplog.at_level(logging.WARNING, logger="fastload"):
-        got = entries(ImageFolderIndex.scan(root))
+        got = entries(scan_image_folder(root))
     assert got == expected
     warnings = loop_warnings(caplog)
     assert len(warnings) == 1, warnings  # one link, one warning, however many paths reach it
@@ -116,7 +117,7 @@ def test_links_to_non_ancestors_are_followed_as_torchvision_does(
     touch(root, "n02/b/1.jpg", "n02/b-x/2.jpg", "n02/b/c/3.jpg", "n02/b.d/4.jpg")
     classes, expected = os_walk_reference(root)
     with caplog.at_level(logging.WARNING, logger="fastload"):
-        index = ImageFolderIndex.scan(root)
+        index = scan_image_folder(root)
     assert list(index.classes) == classes
     assert entries(index) == expected
     names = [os.path.relpath(path, root) for path, _ in expected]
@@ -140,7 +141,7 @@ def test_unreadable_subfolder_is_ignored(
 
     monkeypatch.setattr(os, "scandir", scandir)
     _, expected = os_walk_reference(root)  # os.walk looks scandir up in os too
-    got = entries(ImageFolderIndex.scan(root))
+    got = entries(scan_image_folder(root))
     assert got == expected
     assert any(path.endswith("open/b.jpg") for path, _ in got)
     assert not any("locked" in path for path, _ in got)
@@ -151,9 +152,9 @@ def test_unreadable_subfolder_is_ignored(
 
 def test_max_files(make_folder: Callable[..., Path]) -> None:
     root = make_folder(classes=3, per_class=4)
-    assert len(ImageFolderIndex.scan(root, max_files=12)) == 12
+    assert len(scan_image_folder(root, max_files=12)) == 12
     with pytest.raises(DatasetError, match="max_files=11") as info:
-        ImageFolderIndex.scan(root, max_files=11)
+        scan_image_folder(root, max_files=11)
     message = str(info.value)
     assert str(root) in message and "image files" in message and "directories" in message
     assert "not a parent such as /usr" in message and "index limits" in message
@@ -163,25 +164,25 @@ def test_max_files_also_bounds_empty_directories(tmp_path: Path) -> None:
     touch(tmp_path, "only/a.jpg")
     for i in range(30):
         (tmp_path / "only" / f"empty{i:02d}").mkdir()
-    assert len(ImageFolderIndex.scan(tmp_path, max_files=31)) == 1  # 31 directories, 1 file
+    assert len(scan_image_folder(tmp_path, max_files=31)) == 1  # 31 directories, 1 file
     with pytest.raises(DatasetError, match="max_files=30: walked more than 30 directories"):
-        ImageFolderIndex.scan(tmp_path, max_files=30)
+        scan_image_folder(tmp_path, max_files=30)
 
 
 def test_max_bytes(make_folder: Callable[..., Path]) -> None:
     root = make_folder(classes=3, per_class=4)
-    index = ImageFolderIndex.scan(root)
+    index = scan_image_folder(root)
     needed = int(index.path_blob.shape[0]) + 16 * len(index)  # paths + int64 offset and label each
-    assert len(ImageFolderIndex.scan(root, max_bytes=needed)) == 12
+    assert len(scan_image_folder(root, max_bytes=needed)) == 12
     with pytest.raises(DatasetError, match=f"max_bytes={needed - 1}") as info:
-        ImageFolderIndex.scan(root, max_bytes=needed - 1)
+        scan_image_folder(root, max_bytes=needed - 1)
     assert "11 image files" in str(info.value) and "index limits" in str(info.value)
 
 
 def test_passed_deadline(make_folder: Callable[..., Path]) -> None:
     root = make_folder(classes=2, per_class=2)
     with pytest.raises(DatasetError, match="time limit") as info:
-        ImageFolderIndex.scan(root, deadline=time.monotonic() - 1)
+        scan_image_folder(root, deadline=time.monotonic() - 1)
     assert str(root) in str(info.value) and "not a parent such as /usr" in str(info.value)
 
 
@@ -190,14 +191,14 @@ def test_set_cancel(make_folder: Callable[..., Path]) -> None:
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(DatasetError, match=r"indexing .* was cancelled"):
-        ImageFolderIndex.scan(root, cancel=cancel)
+        scan_image_folder(root, cancel=cancel)
 
 
 def test_generous_limits_change_nothing(make_folder: Callable[..., Path], tmp_path: Path) -> None:
     root = make_folder(classes=3, per_class=4)
     os.symlink("../n01", root / "n00" / "sib")
-    unbounded = ImageFolderIndex.scan(root)
-    bounded = ImageFolderIndex.scan(
+    unbounded = scan_image_folder(root)
+    bounded = scan_image_folder(
         root,
         max_files=10_000,
         max_bytes=2**30,
@@ -231,7 +232,7 @@ def test_cancel_stops_a_running_scan(endless_folder: Path) -> None:
     started = time.monotonic()
     try:
         with pytest.raises(DatasetError, match="was cancelled after"):
-            ImageFolderIndex.scan(endless_folder, cancel=cancel)
+            scan_image_folder(endless_folder, cancel=cancel)
     finally:
         timer.cancel()
     assert time.monotonic() - started < 10
@@ -240,11 +241,11 @@ def test_cancel_stops_a_running_scan(endless_folder: Path) -> None:
 def test_deadline_stops_a_running_scan(endless_folder: Path) -> None:
     started = time.monotonic()
     with pytest.raises(DatasetError, match="time limit") as info:
-        ImageFolderIndex.scan(endless_folder, deadline=started + 0.3)
+        scan_image_folder(endless_folder, deadline=started + 0.3)
     assert time.monotonic() - started < 10
     assert "directories" in str(info.value)
 
 
 def test_max_files_stops_an_endless_scan(endless_folder: Path) -> None:
     with pytest.raises(DatasetError, match="max_files=5000"):
-        ImageFolderIndex.scan(endless_folder, max_files=5000)
+        scan_image_folder(endless_folder, max_files=5000)

@@ -37,8 +37,8 @@ from fastload._diagnostics.iostat import (
     format_report,
     loader_rates,
 )
-from fastload._loading import jobs as _jobs
 from fastload._loading.stats import LoaderStats
+from fastload.sources import _index
 
 # ---------------------------------------------------------------------------------------------
 # The classifier, on counters
@@ -170,13 +170,13 @@ def _loader(folder: Path, **kw: object) -> FastLoader:
 
 @pytest.fixture
 def slow_storage(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    real = _jobs.read_file
+    real = _index.read_file
 
     def slow(path: str) -> bytes:
         time.sleep(0.05)  # a 50 ms read per file: a slow network filesystem
         return real(path)
 
-    monkeypatch.setattr(_jobs, "read_file", slow)  # forked workers inherit it
+    monkeypatch.setattr(_index, "read_file", slow)  # forked workers inherit it
     yield
 
 

@@ -27,7 +27,7 @@ from fastload._diagnostics.probe import (
 )
 from fastload._diagnostics.sysinfo import MB, BlockDevice
 from fastload._errors import ConfigError, DatasetError
-from fastload._loading.sources import ImageFolderIndex
+from fastload.sources._folder import scan_image_folder
 
 KINDS = {"nvme", "ssd", "hdd", "network", "memory", "virtual", "unknown"}
 
@@ -48,7 +48,7 @@ def jpeg_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_probe_measures_a_folder(jpeg_folder: Path) -> None:
     r = probe(jpeg_folder, target=500, sample=12, seconds=0.3)
     assert (r.path, r.images, r.classes, r.sampled) == (str(jpeg_folder), 40, 4, 12)
-    sampled = sample_paths(ImageFolderIndex.scan(jpeg_folder), 12)
+    sampled = sample_paths(scan_image_folder(jpeg_folder), 12)
     assert r.mean_file_bytes == sum(os.path.getsize(p) for p in sampled) / 12
     assert r.cold_mb_per_s > 0 and r.warm_mb_per_s > 0 and r.decode_images_per_s > 0
     assert r.backend in ("native", "pil") and r.decode_failures == ()
@@ -65,7 +65,7 @@ def test_probe_measures_a_folder(jpeg_folder: Path) -> None:
 
 
 def test_sample_is_deterministic_and_distinct(jpeg_folder: Path) -> None:
-    index = ImageFolderIndex.scan(jpeg_folder)
+    index = scan_image_folder(jpeg_folder)
     picks = sample_paths(index, 15)
     assert picks == sample_paths(index, 15) and len(set(picks)) == 15
     assert sorted(sample_paths(index, 1000)) == sorted(index.path(i) for i in range(40))

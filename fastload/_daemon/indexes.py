@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from fastload._errors import DatasetError
 from fastload._loading.shm import Segment
-from fastload._loading.sources import ImageFolderIndex
+from fastload.sources._folder import scan_image_folder
+from fastload.sources._index import PathIndex
 
 log = logging.getLogger("fastload.daemon")
 
@@ -35,7 +36,7 @@ class IndexLimits:
 @dataclass
 class IndexEntry:
     path: str
-    index: ImageFolderIndex
+    index: PathIndex
     segment: Segment
     users: int = 0
     pinned: bool = False  # warmed from the configuration: never evicted
@@ -56,11 +57,11 @@ class _Scan(threading.Thread):
         self._limits = limits
         self._max_bytes = max_bytes
         self._cancel = cancel
-        self.result: ImageFolderIndex | BaseException | None = None
+        self.result: PathIndex | BaseException | None = None
 
     def run(self) -> None:
         try:
-            self.result = ImageFolderIndex.scan(
+            self.result = scan_image_folder(
                 self.path,
                 max_files=self._limits.max_files,
                 max_bytes=self._max_bytes,
@@ -117,7 +118,7 @@ class DatasetIndexes:
         self._scan = None
         outcome: IndexEntry | Exception
         result = scan.result
-        if isinstance(result, ImageFolderIndex):
+        if isinstance(result, PathIndex):
             try:
                 outcome = self._add(scan.path, result)
             except Exception as e:  # e.g. no shared memory for it
@@ -132,7 +133,7 @@ class DatasetIndexes:
         self._start_next()
         return [(scan.path, outcome)]
 
-    def _add(self, key: str, index: ImageFolderIndex, pinned: bool = False) -> IndexEntry:
+    def _add(self, key: str, index: PathIndex, pinned: bool = False) -> IndexEntry:
         entry = IndexEntry(key, index, index.to_segment(), pinned=pinned, idle_since=time.monotonic())
         self._ready[key] = entry
         return entry
@@ -143,7 +144,7 @@ class DatasetIndexes:
         entry = self._ready.get(key)
         if entry is None:
             deadline = time.monotonic() + self.limits.timeout_s
-            index = ImageFolderIndex.scan(
+            index = scan_image_folder(
                 key,
                 max_files=self.limits.max_files,
                 max_bytes=max_bytes,

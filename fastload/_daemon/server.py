@@ -44,7 +44,7 @@ from fastload._daemon.sessions import PendingHello, Session, batch_frames, check
 from fastload._errors import DaemonError, FastloadError, WorkerError
 from fastload._loading.engine import Engine
 from fastload._loading.executor import Done, Event
-from fastload._loading.jobs import FolderJob
+from fastload._loading.jobs import ImageJob
 from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
 from fastload._loading.shm import Segment, ensure_fd_room, preflight, reap_orphans
 from fastload._machine import pid_alive
@@ -304,7 +304,7 @@ class Daemon:
             raise DaemonError("the daemon is shutting down and accepts no new sessions")
         session_id = next(self._ids)
         batch_size = f["batch_size"]
-        job = FolderJob(entry.index, plan, f["backend"], f["seed"], batch_size)
+        job = ImageJob(entry.index, plan, f["backend"], f["seed"], batch_size)
         assert job.layout is not None
         # A trainer that did not choose gets what a local loader of this daemon's pool would.
         prefetch = f["prefetch"] or default_prefetch(self.config.workers, job.layout.slot_bytes)

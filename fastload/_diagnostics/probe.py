@@ -20,8 +20,9 @@ import numpy as np
 
 from fastload._diagnostics.sysinfo import MB, BlockDevice, device_for_path, memory
 from fastload._errors import ConfigError, DatasetError
-from fastload._loading.sources import ImageFolderIndex
 from fastload._machine import usable_cores
+from fastload.sources._folder import scan_image_folder
+from fastload.sources._index import PathIndex
 
 KB = 1 << 10
 GB = 1 << 30
@@ -123,7 +124,7 @@ def probe(
         ConfigError: a non-positive `workers`, `target`, `sample` or `seconds`.
     """
     _check_arguments(workers, target, sample, seconds)
-    index = ImageFolderIndex.scan(path)
+    index = scan_image_folder(path)
     paths = sample_paths(index, sample)
     device = device_for_path(index.root)
     evicted, note = evict(paths, device)
@@ -165,7 +166,7 @@ def _check_arguments(workers: int | None, target: float | None, sample: int, sec
         raise ConfigError(f"the probe needs a positive decode time, got {seconds} s")
 
 
-def sample_paths(index: ImageFolderIndex, sample: int) -> list[str]:
+def sample_paths(index: PathIndex, sample: int) -> list[str]:
     """`sample` paths of the index (all when it has fewer), the same ones on every run, shuffled
     as a training epoch reads them."""
     picks = np.random.default_rng(0).choice(len(index), size=min(sample, len(index)), replace=False)

@@ -56,10 +56,10 @@ from fastload._loading.backends.dali import (
 from fastload._loading.delivery import ImageOutput, present_batch
 from fastload._loading.executor import Event, Failure, Opaque, Task
 from fastload._loading.host_normalize import HostNormalizer
-from fastload._loading.jobs import failure_of, read_file
+from fastload._loading.jobs import failure_of
 from fastload._loading.layout import BatchLayout
 from fastload._loading.sample_random import sample_randoms
-from fastload._loading.sources import ImageFolderIndex
+from fastload.sources._index import SampleIndex
 from fastload.transforms import TransformPlan
 
 _STOP = None  # the driver's inbox: a task's request, or this to stop
@@ -93,7 +93,7 @@ class DaliExecutor:
 
     def __init__(
         self,
-        index: ImageFolderIndex,
+        index: SampleIndex,
         plan: TransformPlan,
         seed: int,
         batch_size: int,
@@ -151,8 +151,8 @@ class DaliExecutor:
     def submit(self, task: Task) -> None:
         if task.probe or task.slot_name:
             raise ValueError("the DALI executor runs opaque folder batches only (no probes, no slots)")
-        paths = [self._index.path(int(i)) for i in task.indices]
-        reads = [self._reads.submit(read_file, path) for path in paths]
+        paths = [self._index.name(int(i)) for i in task.indices]
+        reads = [self._reads.submit(self._index.read_sample, int(i)) for i in task.indices]
         self._in_flight += 1
         self._inbox.put(_Request(task, paths, reads))
 
@@ -215,7 +215,7 @@ class DaliExecutor:
             return Opaque(task.seq, tensors, len(task.indices), decoded.load_ns)
         except Exception as e:  # a kernel's failure is the batch's, naming its first sample
             what = "the trainer's transforms of the batch starting with image"
-            return failure_of(task.seq, e, int(task.indices[0]), self._index.path(int(task.indices[0])), what)
+            return failure_of(task.seq, e, int(task.indices[0]), self._index.name(int(task.indices[0])), what)
 
     # -- the driver thread ---------------------------------------------------------------------
 

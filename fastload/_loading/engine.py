@@ -175,7 +175,7 @@ class Engine:
         self._announce(job_id, [proto.LAYOUT, proto.JOB_HEAD.pack(job_id), layout.to_json().encode()])
 
     def add_job(self, job_id: int, config: dict[str, Any]) -> None:
-        """Give every worker (and every future one) a job built from JSON (`FolderJob.to_config`)."""
+        """Give every worker (and every future one) a job built from JSON (`ImageJob.to_config`)."""
         self._announce(job_id, [proto.JOB, proto.JOB_HEAD.pack(job_id), json.dumps(config).encode()])
 
     def drop_job(self, job_id: int) -> None:

@@ -1,6 +1,6 @@
 """What a worker does with one task: load its samples and write them into a slot's arrays.
 
-`FolderJob` reads image files and decodes+augments them with a backend; `DatasetJob` calls a
+`ImageJob` reads image files and decodes+augments them with a backend; `DatasetJob` calls a
 map-style torch Dataset. Both keep the `Job` interface, and `run_task` runs any task of either
 the same way in a worker process or, with `num_workers=0`, in the trainer's own process (then
 `in_trainer`: the caller's random state is restored afterwards). Errors come back as `Failure`s
@@ -28,8 +28,8 @@ from fastload._loading.layout import BatchLayout, LayoutMismatch
 from fastload._loading.plan import batch_seed
 from fastload._loading.sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
 from fastload._loading.shm import Segment
-from fastload._loading.sources import ImageFolderIndex
 from fastload._machine import run_delay_since, thread_run_delay_ns
+from fastload.sources._index import PathIndex, ReadFailure, SampleIndex, target_row
 from fastload.transforms import TransformPlan, compile_transforms, from_config, to_config
 
 
@@ -68,12 +68,6 @@ def failure_of(seq: int, exc: BaseException, index: int, path: str, what: str) -
     )
 
 
-def read_file(path: str) -> bytes:
-    """A sample's bytes from storage (one place, so tests can stand in a slow disk)."""
-    with open(path, "rb") as f:
-        return f.read()
-
-
 # NOTE [float slots]: CPU batches with normalize would have the trainer's thread normalize each
 # batch and run RandomErasing on it (~7 ms a batch of 64 at 224x224), on the thread that should
 # be training. Instead a job given `normalize` keeps its images in the slot as float32 (H, W, 3):
@@ -85,15 +79,16 @@ def read_file(path: str) -> bytes:
 # Slots are 4x larger; `ring.default_prefetch` sizes the ring from their bytes.
 
 
-class FolderJob:
-    """Loads batches of an image folder: read files, decode + crop + flip into NHWC uint8, then the
+class ImageJob:
+    """Loads batches of encoded images from a source (`SampleIndex`: a folder, a file list, tar
+    shards, a packed file): read a batch's bytes, decode + crop + flip into NHWC uint8, then the
     pixel stage (colour, policies) in place when `plan` has one (NOTE [transform stages]), labels.
     With `normalize` (mean, std), the images are normalized into float32 slots and the tensor stage
     runs here too (NOTE [float slots])."""
 
     def __init__(
         self,
-        index: ImageFolderIndex,
+        index: SampleIndex,
         plan: TransformPlan,
         backend: str,
         seed: int,
@@ -112,7 +107,7 @@ class FolderJob:
         )
         dtype = np.float32 if self.normalize is not None else np.uint8
         image = np.zeros((plan.out_height, plan.out_width, 3), dtype)
-        self.layout = BatchLayout.infer([image, 0], batch_size)
+        self.layout = BatchLayout.infer([image, target_row(index.labels)], batch_size)
         self._backend = make_backend(backend, plan)
         self._pixels = SampleProgram(plan.pixels, PIXELS_STREAM)
         # The tensor stage needs normalized images: it runs here only on the images normalized here.
@@ -152,12 +147,12 @@ class FolderJob:
         }
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> FolderJob:
+    def from_config(cls, config: dict[str, Any]) -> ImageJob:
         """Rebuild a job from `to_config` data (in a daemon's worker): attach the shared index."""
         segment = Segment.attach(str(config["index_segment"]))
         plan = compile_transforms(from_config(config["transforms"]))
         job = cls(
-            ImageFolderIndex.from_segment(segment),
+            PathIndex.from_segment(segment),
             plan,
             str(config["backend"]),
             int(config["seed"]),
@@ -171,7 +166,7 @@ class FolderJob:
         """Let go of the shared index, if this job attached one."""
         if self._index_segment is not None:
             empty = np.empty(0, np.int64)
-            self.index = ImageFolderIndex("", (), np.empty(0, np.uint8), np.zeros(1, np.int64), empty)
+            self.index = PathIndex("", (), np.empty(0, np.uint8), np.zeros(1, np.int64), empty)
             self._index_segment.close()
             self._index_segment = None
 
@@ -190,16 +185,14 @@ class FolderJob:
         seq, epoch, indices = task.seq, task.epoch, task.indices
         n = len(indices)
         images, labels = arrays
-        paths = [self.index.path(int(i)) for i in indices]
-        blobs: list[bytes] = []
         cpu0 = time.process_time_ns()
         runq0 = thread_run_delay_ns()
         t0 = time.perf_counter_ns()
-        for i, path in zip(indices, paths, strict=True):
-            try:
-                blobs.append(read_file(path))
-            except OSError as e:
-                raise JobFailed(failure_of(seq, e, int(i), path, "image")) from e
+        try:
+            blobs = self.index.read(indices)
+        except ReadFailure as e:
+            i = int(indices[e.position])
+            raise JobFailed(failure_of(seq, e.cause, i, self.index.name(i), "image")) from e.cause
         t1 = time.perf_counter_ns()
         read_cpu = time.process_time_ns() - cpu0
         read_runq = run_delay_since(runq0)
@@ -209,21 +202,19 @@ class FolderJob:
             self._backend.decode_batch(blobs, rngs, pixels)
         except SampleFailure as e:
             cause = e.__cause__ or e
-            pos = e.position
-            raise JobFailed(failure_of(seq, cause, int(indices[pos]), paths[pos], "image")) from e
+            i = int(indices[e.position])
+            raise JobFailed(failure_of(seq, cause, i, self.index.name(i), "image")) from e
         t2 = time.perf_counter_ns()
-        self._run_stage(self._pixels, "pixel", pixels, task, paths[0])
+        self._run_stage(self._pixels, "pixel", pixels, task)
         if self.normalize is not None:
             self._normalize_into(pixels, images[:n])
-            self._run_stage(self._tensor, "tensor", images[:n], task, paths[0])
+            self._run_stage(self._tensor, "tensor", images[:n], task)
         labels[:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
         return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq, t3 - t2)
 
 
-    def _run_stage(
-        self, stage: SampleProgram, name: str, rows: np.ndarray, task: Task, first_path: str
-    ) -> None:
+    def _run_stage(self, stage: SampleProgram, name: str, rows: np.ndarray, task: Task) -> None:
         """Run a stage of the chain in place on the task's rows; a kernel's failure is the task's,
         naming its first sample."""
         if not stage:
@@ -232,7 +223,8 @@ class FolderJob:
             stage.run_in_slot(rows, self.seed, task.epoch, task.indices)
         except Exception as e:
             what = f"the {name} transforms of the rows starting with image"
-            raise JobFailed(failure_of(task.seq, e, int(task.indices[0]), first_path, what)) from e
+            first = int(task.indices[0])
+            raise JobFailed(failure_of(task.seq, e, first, self.index.name(first), what)) from e
 
 
 class DatasetJob:
@@ -334,7 +326,7 @@ class DatasetJob:
 
 
 class Job(Protocol):
-    """What every job offers the executors (`FolderJob`, `DatasetJob`)."""
+    """What every job offers the executors (`ImageJob`, `DatasetJob`)."""
 
     seed: int
     batch_size: int

@@ -20,14 +20,14 @@ import torch
 from fastload._daemon.client import DaemonSession
 from fastload._errors import ConfigError
 from fastload._loading.epoch import EpochIterator
-from fastload._loading.jobs import DatasetJob, FolderJob, Job
+from fastload._loading.jobs import DatasetJob, ImageJob, Job
 from fastload._loading.pipeline import Pipeline
 from fastload._loading.plan import BatchSampler, SamplerPlan, ShuffledPlan
 from fastload._loading.ring import EXTRA_SLOTS
 from fastload._loading.shm import preflight
-from fastload._loading.sources import ImageFolderIndex
 from fastload._loading.spec import build_spec
 from fastload._loading.stats import LoaderStats, format_summary
+from fastload.sources._index import SampleIndex
 from fastload.transforms import Transform
 
 _STATE_VERSION = 1
@@ -36,15 +36,19 @@ _STATE_VERSION = 1
 class FastLoader:
     """Load batches with worker processes, a shared-memory ring and (on CUDA) async copies.
 
-    `dataset` is either an ImageNet-layout folder (class subfolders; labels are the index of the
-    sorted class names, as torchvision's ImageFolder) or a map-style `torch.utils.data.Dataset`.
+    `dataset` is either a source fastload reads itself (`fastload.sources`: an ImageNet-layout
+    folder, whose labels index the sorted class names as torchvision's ImageFolder does, a file
+    list, ...; a plain path means what `sources.as_source` says) or a map-style
+    `torch.utils.data.Dataset`.
     Every DataLoader argument means what it means there; the keyword-only ones after `*` are
     fastload's own.
 
-    Folder mode yields `[images, labels]`: images (B, 3, H, W) on `device`, uint8 unless
+    Source mode yields `[images, labels]`: images (B, 3, H, W) on `device`, uint8 unless
     `normalize=(mean, std)` (torchvision units, [0, 1]) is given, then `dtype`; channels_last
     memory format unless `memory_format=torch.contiguous_format`; labels int64 (B,), or with
-    MixUp/CutMix soft targets float (B, num_classes). `transform` is a list of
+    MixUp/CutMix soft targets float (B, num_classes), or a multi-label source's float32 multi-hot
+    rows. With `sample_ids=True` a third element, `SampleIds`, says which samples the batch holds
+    (their indices, and file names). `transform` is a list of
     `fastload.transforms` (crops, colour, policies, RandomErasing, MixUp/CutMix: each runs where it
     is cheapest, NOTE [transform stages]) or a torchvision pipeline of the ones fastload has
     (`transforms.from_torchvision`), whose Normalize becomes `normalize`.
@@ -125,6 +129,7 @@ class FastLoader:
         world_size: int | None = None,
         summary: bool = False,
         hang_timeout: float | None = None,
+        sample_ids: bool = False,
     ) -> None:
         del pin_memory_device, in_order  # batches are always delivered in order
         self._spec = build_spec(
@@ -134,12 +139,12 @@ class FastLoader:
             generator=generator, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             seed=seed, prefetch=prefetch, transform=transform, device=device, normalize=normalize,
             dtype=dtype, memory_format=memory_format, backend=backend, daemon=daemon, rank=rank,
-            world_size=world_size, summary=summary, hang_timeout=hang_timeout,
+            world_size=world_size, summary=summary, hang_timeout=hang_timeout, sample_ids=sample_ids,
         )
         self.dataset = dataset
         self.classes: tuple[str, ...] = ()
         self._job: Job | None = None
-        self._index: ImageFolderIndex | None = None
+        self._index: SampleIndex | None = None
         self._session: DaemonSession | None = None
         self._num_samples = 0
         self._open_source()
@@ -185,7 +190,7 @@ class FastLoader:
         """Index the folder (or, attached to a daemon, say hello) and build the job; before any
         worker is forked, a ring /dev/shm cannot hold fails here."""
         spec = self._spec
-        if spec.folder is None:
+        if spec.source is None:
             self._job = DatasetJob(spec.dataset, spec.collate_fn, spec.seed, spec.slot_batch_size)
             if spec.sampler is None and spec.batch_sampler is None:  # a sampler may stand for __len__
                 self._num_samples = len(spec.dataset)
@@ -196,10 +201,15 @@ class FastLoader:
             self.classes, self._num_samples = self._session.welcome.classes, self._session.welcome.num_samples
             return
         if self._index is None:
-            self._index = ImageFolderIndex.scan(spec.folder)
+            self._index = spec.source.open()
             self.classes, self._num_samples = self._index.classes, len(self._index)
-        assert spec.worker_transforms is not None
-        job = FolderJob(
+        assert spec.transforms is not None and spec.worker_transforms is not None
+        if spec.transforms.batch is not None and self._index.labels.ndim != 1:
+            raise ConfigError(
+                f"{type(spec.transforms.batch).__name__} mixes class-index labels; this source's targets "
+                "are multi-hot rows (multi_label): mix them in your training step instead"
+            )
+        job = ImageJob(
             self._index, spec.worker_transforms, spec.backend, spec.seed, spec.slot_batch_size,
             normalize=spec.worker_normalize,
         )
@@ -270,7 +280,8 @@ class FastLoader:
             session = None
             if self._spec.daemon is not None:
                 session, self._session = self._session or self._connect(), None
-            self._pipeline = Pipeline(self._job, self._spec, session=session)
+            name_of = self._index.name if self._index is not None else None
+            self._pipeline = Pipeline(self._job, self._spec, session=session, name_of=name_of)
         self._undrawn = (self._epoch, self._resume_at)  # an iteration uses up its epoch when drawn from
         self._position = (epoch, start)
         self._iterator = EpochIterator(

@@ -27,6 +27,7 @@ from fastload._errors import LoaderTimeout
 from fastload._loading.delivery import CpuDelivery, CudaDelivery, make_delivery
 from fastload._loading.engine import Engine, InlineExecutor, raise_failure
 from fastload._loading.executor import Done, Event, Executor, Failure, Opaque, Probed, RemoteExecutor, Task
+from fastload._loading.identity import SampleIds
 from fastload._loading.jobs import Job
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import EXTRA_SLOTS, Ring
@@ -74,10 +75,16 @@ class Pipeline:
     """Workers, ring and delivery of one loader, reused across its epochs."""
 
     def __init__(
-        self, job: Job | None, spec: LoaderSpec, session: RemoteExecutor | None = None
+        self,
+        job: Job | None,
+        spec: LoaderSpec,
+        session: RemoteExecutor | None = None,
+        name_of: Callable[[int], str] | None = None,
     ) -> None:
-        """Run `job` on local workers (or inline), or, given a daemon `session`, on the daemon's pool."""
+        """Run `job` on local workers (or inline), or, given a daemon `session`, on the daemon's pool;
+        `name_of` names a sample for `SampleIds` (with `spec.sample_ids`)."""
         self.spec = spec
+        self._name_of = name_of
         self.layout: BatchLayout | None = job.layout if job is not None else None
         self.opaque = False
         self.ring: Ring | None = None
@@ -365,10 +372,14 @@ class Pipeline:
         if isinstance(outcome, Failure):
             raise_failure(outcome)
         if isinstance(outcome, Opaque):
-            return outcome.batch
-        assert self.delivery is not None
-        slot, count = outcome
-        return self.delivery.deliver(slot, count, (epoch, indices) if indices is not None else None)
+            batch = outcome.batch
+        else:
+            assert self.delivery is not None
+            slot, count = outcome
+            batch = self.delivery.deliver(slot, count, (epoch, indices) if indices is not None else None)
+        if self.spec.sample_ids and indices is not None:
+            return [*batch, SampleIds(indices, self._name_of)]
+        return batch
 
     def grow_if_starved(self, ready_count: int) -> bool:
         """Add a slot when every slot is held by the user (e.g. `list(loader)`), never otherwise.
@@ -418,10 +429,10 @@ def _close_all(resources: list[Any], owner_pid: int) -> None:
 def _dali_executor(job: Job, spec: LoaderSpec) -> Executor:
     """The in-process DALI executor for a folder's job (`spec.decodes_in_trainer`)."""
     from fastload._loading.dali_executor import DaliExecutor
-    from fastload._loading.jobs import FolderJob
+    from fastload._loading.jobs import ImageJob
     from fastload._loading.native import built_native_jpeg
 
-    if not isinstance(job, FolderJob) or spec.transforms is None or spec.images is None:
+    if not isinstance(job, ImageJob) or spec.transforms is None or spec.images is None:
         raise ValueError("the DALI executor runs image folders only")
     return DaliExecutor(
         job.index, spec.transforms, spec.seed, spec.slot_batch_size, spec.images, spec.device,

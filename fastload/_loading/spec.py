@@ -25,6 +25,7 @@ from fastload._loading.delivery import ImageOutput
 from fastload._loading.ranks import process_position
 from fastload._loading.ring import MAX_PREFETCH, default_prefetch
 from fastload._machine import usable_cores
+from fastload.sources import ImageFolder, Source, as_source
 from fastload.transforms import (
     Transform,
     TransformPlan,
@@ -38,9 +39,10 @@ from fastload.transforms import (
 class LoaderSpec:
     """One loader's validated configuration (see `FastLoader` for what each argument means)."""
 
-    # What to load: an image folder (`folder`, its transforms and backend) or a Dataset.
-    folder: str | None  # absolute path
-    dataset: Any  # the Dataset; None for a folder
+    # What to load: a source of encoded images (a folder, a file list, ...: its transforms and
+    # backend) or a Dataset.
+    source: Source | None
+    dataset: Any  # the Dataset; None for a source
     transform: tuple[Transform, ...] | None  # as given; compiled by `transforms`
     backend: str
     collate_fn: Callable[[list[Any]], Any] | None
@@ -62,12 +64,13 @@ class LoaderSpec:
     hang_timeout_s: float | None
     mp_context: str | BaseContext | None
     worker_init_fn: Callable[[int], Any] | None
-    daemon: str | None  # a daemon's address (folders only)
+    daemon: str | None  # a daemon's address (image folders only)
     # Where they go.
     device: torch.device
     pin_memory: bool
     images: ImageOutput | None  # a folder's image output (dtype, normalization, memory format)
     summary: bool
+    sample_ids: bool  # each batch ends with its SampleIds
     # A testing aid: FASTLOAD_DALI_IN_TRAINER=1 runs backend="dali" on the CPU in the trainer's
     # process, as with CUDA (`decodes_in_trainer`), so that path is tested where no GPU is.
     dali_in_trainer: bool = False
@@ -77,7 +80,7 @@ class LoaderSpec:
         """The folder's transform chain, compiled (ConfigError when it cannot give a fixed size, or
         when it needs normalized images and has none). The loader compiles it right after indexing
         the folder, so a bad path is reported first."""
-        if self.folder is None:
+        if self.source is None:
             return None
         plan = compile_transforms(self.transform)
         if (plan.tensor or plan.batch is not None) and (self.images is None or self.images.mean is None):
@@ -115,7 +118,7 @@ class LoaderSpec:
         (`dali_executor`): backend="dali" with CUDA (nvJPEG), unless a daemon serves them (its
         workers decode on the CPU); with `dali_in_trainer`, on the CPU too (a testing aid)."""
         return (
-            self.folder is not None
+            self.source is not None
             and self.backend == "dali"
             and self.daemon is None
             and (self.device.type == "cuda" or self.dali_in_trainer)
@@ -139,8 +142,8 @@ class LoaderSpec:
 
     @property
     def label(self) -> str:
-        """What `fastload iostat` calls this loader: the folder, or the Dataset's class."""
-        return self.folder if self.folder is not None else type(self.dataset).__name__
+        """What `fastload iostat` calls this loader: the source's path, or the Dataset's class."""
+        return self.source.where if self.source is not None else type(self.dataset).__name__
 
     def ring_prefetch(self, workers: int, slot_bytes: int) -> int:
         """Batches in flight for batches of `slot_bytes`: `prefetch` as given, else sized from the
@@ -153,9 +156,10 @@ class LoaderSpec:
 
     def hello(self) -> dict[str, Any]:
         """The daemon `hello` for this spec (`_daemon.daemon_link`); prefetch 0: the daemon sizes the ring."""
-        assert self.folder is not None and self.transforms is not None and self.batch_size is not None
+        assert self.source is not None and self.transforms is not None and self.batch_size is not None
+        assert isinstance(self.source, ImageFolder), "daemon sessions read image folders"
         return {
-            "dataset": self.folder,
+            "dataset": self.source.where,
             "transforms": to_config(self.worker_transforms.transforms),  # type: ignore[union-attr]
             "backend": self.backend,
             "seed": self.seed,
@@ -197,24 +201,30 @@ def build_spec(
     world_size: int | None,
     summary: bool,
     hang_timeout: float | None,
+    sample_ids: bool = False,
 ) -> LoaderSpec:
     """Check FastLoader's arguments as DataLoader checks its own (ConfigError, a ValueError, for
     anything DataLoader refuses, and for fastload's own), and resolve their defaults."""
-    is_folder = isinstance(dataset, (str, os.PathLike))
+    is_source = isinstance(dataset, (str, os.PathLike, Source))
     if isinstance(dataset, torch.utils.data.IterableDataset):
         raise ConfigError("FastLoader takes map-style datasets; IterableDataset is not supported")
     if num_workers is None:
-        num_workers = default_workers() if is_folder else 0
+        num_workers = default_workers() if is_source else 0
     _check_workers(num_workers, timeout, hang_timeout, prefetch_factor, persistent_workers)
     _check_mp_context(multiprocessing_context, num_workers)
     _check_batching(batch_size, shuffle, sampler, batch_sampler, drop_last)
-    if is_folder and (sampler is not None or batch_sampler is not None or collate_fn is not None):
-        raise ConfigError("sampler, batch_sampler and collate_fn apply to Dataset inputs, not folders")
-    if not is_folder and (daemon is not None or rank is not None or world_size is not None):
-        raise ConfigError("daemon, rank and world_size apply to image folders")
-    if not is_folder and (transform is not None or normalize is not None):
+    if is_source and (sampler is not None or batch_sampler is not None or collate_fn is not None):
         raise ConfigError(
-            "transform and normalize apply to image folders; a Dataset transforms its own samples"
+            "sampler, batch_sampler and collate_fn apply to Dataset inputs, not to folders and other sources"
+        )
+    if not is_source and (daemon is not None or rank is not None or world_size is not None):
+        raise ConfigError("daemon, rank and world_size apply to image folders and other sources")
+    if not is_source and sample_ids:
+        raise ConfigError("sample_ids applies to folders and other sources; a Dataset can return its index")
+    if not is_source and (transform is not None or normalize is not None):
+        raise ConfigError(
+            "transform and normalize apply to image folders and other sources; a Dataset transforms "
+            "its own samples"
         )
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
@@ -223,7 +233,7 @@ def build_spec(
     resolved_device = (
         torch.device(device)
         if device is not None
-        else torch.device("cuda" if is_folder and torch.cuda.is_available() else "cpu")
+        else torch.device("cuda" if is_source and torch.cuda.is_available() else "cpu")
     )
     _check_device(resolved_device)
     # Unless told (prefetch, or DataLoader's prefetch_factor), the ring is sized from the batch's
@@ -232,14 +242,18 @@ def build_spec(
         prefetch = prefetch_factor * max(1, num_workers)
     if prefetch is not None and not 1 <= prefetch <= MAX_PREFETCH:
         raise ConfigError(f"prefetch must be 1..{MAX_PREFETCH}, got {prefetch}")
-    if is_folder:
+    if is_source:
         rank, world_size = process_position(rank, world_size)
-    images = _image_output(normalize, dtype, memory_format) if is_folder else None
+    images = _image_output(normalize, dtype, memory_format) if is_source else None
+    source = as_source(dataset) if is_source else None
     if daemon is not None:
+        if not isinstance(source, ImageFolder):
+            kind = source.kind if source is not None else "Dataset"
+            raise ConfigError(f"a daemon serves image folders; load this {kind} source without daemon=")
         daemon = resolve_address(daemon)
     return LoaderSpec(
-        folder=os.path.abspath(os.fspath(dataset)) if is_folder else None,
-        dataset=None if is_folder else dataset,
+        source=source,
+        dataset=None if is_source else dataset,
         transform=tuple(transform) if transform is not None else None,
         backend=backend,
         collate_fn=collate_fn,
@@ -254,7 +268,7 @@ def build_spec(
         world_size=world_size or 1,
         num_workers=num_workers,
         prefetch=prefetch,
-        persistent_workers=persistent_workers or is_folder,
+        persistent_workers=persistent_workers or is_source,
         timeout_s=float(timeout),
         hang_timeout_s=hang_timeout,
         mp_context=multiprocessing_context,
@@ -264,6 +278,7 @@ def build_spec(
         pin_memory=pin_memory and resolved_device.type == "cpu" and torch.cuda.is_available(),
         images=images,
         summary=summary,
+        sample_ids=bool(sample_ids),
         dali_in_trainer=os.environ.get("FASTLOAD_DALI_IN_TRAINER") == "1",
     )
 

@@ -25,7 +25,7 @@ import zmq
 
 from fastload._loading import worker_link as proto
 from fastload._loading.executor import Event
-from fastload._loading.jobs import FolderJob, Job, failure_of, run_task
+from fastload._loading.jobs import ImageJob, Job, failure_of, run_task
 from fastload._loading.layout import BatchLayout
 from fastload._loading.shm import Segment
 
@@ -146,7 +146,7 @@ def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg
         if kind in (proto.JOB, proto.DROP, proto.LAYOUT):
             (job_id,) = proto.JOB_HEAD.unpack(frames[1])
             if kind == proto.JOB:
-                folder_job = FolderJob.from_config(json.loads(frames[2]))
+                folder_job = ImageJob.from_config(json.loads(frames[2]))
                 jobs[job_id], layouts[job_id] = folder_job, folder_job.layout
             elif kind == proto.DROP:
                 dropped = jobs.pop(job_id, None)

@@ -15,13 +15,13 @@ from bench_common import parse_args
 
 from fastload._loading.backends import make_backend
 from fastload._loading.sample_random import sample_randoms
-from fastload._loading.sources import ImageFolderIndex
+from fastload.sources._folder import scan_image_folder
 from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, compile_transforms
 
 
 def _work(args: tuple[str, list[int], float]) -> tuple[int, float]:
     root, indices, start_at = args
-    index = ImageFolderIndex.scan(root)
+    index = scan_image_folder(root)
     backend = make_backend("native", compile_transforms([RandomResizedCrop(224), RandomHorizontalFlip()]))
     out = np.empty((1, 224, 224, 3), np.uint8)
     while time.monotonic() < start_at:  # every process starts together
@@ -34,7 +34,7 @@ def _work(args: tuple[str, list[int], float]) -> tuple[int, float]:
 
 def main() -> None:
     options = parse_args(__doc__.splitlines()[0])
-    n = len(ImageFolderIndex.scan(options.data))
+    n = len(scan_image_folder(options.data))
     total = options.batches * options.batch_size if options.batches else n * options.epochs
     order = np.random.default_rng(0).permutation(np.resize(np.arange(n), total)).tolist()
     start_at = time.monotonic() + 0.5

@@ -1,32 +1,24 @@
-"""Where samples come from: an ImageNet-layout folder indexed into numpy arrays.
+"""An ImageNet-layout folder (ROOT/<class>/<image>) scanned into a `PathIndex`.
 
-The index (every file's path and label) lives in three numpy arrays, one bytes blob plus offsets
-and the labels, never in Python lists: forked workers share those pages untouched, so worker memory
-does not grow with reads (DataLoader's copy-on-read problem with lists of paths).
 Class and file order match torchvision's `ImageFolder` exactly (sorted class folders, recursive
 walk following links, sorted file names, the same extensions), so labels match too. Unlike
 torchvision the walk skips directory loops (a link back to a directory it is inside, which
 os.walk would follow until the path grows too long) and can be bounded and cancelled, since the
-daemon scans on a background thread: see `ImageFolderIndex.scan`.
+daemon scans on a background thread: see `scan_image_folder`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload._loading.shm import Segment
-
-# Shared layout: header (count, blob bytes), then int64 offsets[count + 1], int64 labels[count], blob.
-_SHARED_HEAD = struct.Struct("<qq")
+from fastload.sources._index import PathIndex
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -40,109 +32,64 @@ _ADVICE = (
 _log = logging.getLogger("fastload")
 
 
-@dataclass(frozen=True)
-class ImageFolderIndex:
-    """Paths and labels of an ImageNet-layout folder (class subfolders of images)."""
+def scan_image_folder(
+    root: str | os.PathLike[str],
+    *,
+    max_files: int | None = None,
+    max_bytes: int | None = None,
+    deadline: float | None = None,
+    cancel: threading.Event | None = None,
+) -> PathIndex:
+    """Index `root`; raise DatasetError (saying what is wrong) when it holds no images.
 
-    root: str
-    classes: tuple[str, ...]
-    path_blob: np.ndarray  # uint8: every path, UTF-8, concatenated
-    path_offsets: np.ndarray  # int64, len(self) + 1
-    labels: np.ndarray  # int64
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    def path(self, index: int) -> str:
-        start, end = int(self.path_offsets[index]), int(self.path_offsets[index + 1])
-        return self.path_blob[start:end].tobytes().decode("utf-8", "surrogateescape")
-
-    @classmethod
-    def scan(
-        cls,
-        root: str | os.PathLike[str],
-        *,
-        max_files: int | None = None,
-        max_bytes: int | None = None,
-        deadline: float | None = None,
-        cancel: threading.Event | None = None,
-    ) -> ImageFolderIndex:
-        """Index `root`; raise DatasetError (saying what is wrong) when it holds no images.
-
-        Bounds (None: unbounded): `max_files` image files indexed (it also bounds the directories
-        walked, so a tree of empty folders stops too), `max_bytes` of index memory (each file's
-        encoded path plus its 16 bytes of offset and label), `deadline` a `time.monotonic()` value,
-        and `cancel`, checked at every directory and every few thousand entries. Exceeding a bound
-        or a set `cancel` raises DatasetError. Directory loops (a link back to a directory the walk
-        is inside) are skipped with a warning on the "fastload" logger.
-        """
-        root_str = os.path.abspath(os.fspath(root))
-        walk = _Walk(root_str, max_files, max_bytes, deadline, cancel)
-        walk.check()
-        if not os.path.isdir(root_str):
-            what = "is not a directory" if os.path.exists(root_str) else "does not exist"
-            raise DatasetError(f"dataset folder {root_str} {what}")
-        try:
-            classes = sorted(walk.class_names())
-        except OSError as e:
-            raise DatasetError(f"cannot list dataset folder {root_str}: {e}") from e
-        if not classes:
-            raise DatasetError(
-                f"{root_str} has no class subfolders: expected the ImageNet layout "
-                "ROOT/<class name>/<image file>"
-            )
-        # Per class, the directories holding images, each with its images' encoded paths (sorted).
-        found = [walk.walk_class(os.path.join(root_str, name)) for name in classes]
-        if walk.files == 0:
-            raise DatasetError(
-                f"no images under {root_str} (looked for {', '.join(IMG_EXTENSIONS)} "
-                f"in {len(classes)} class folders)"
-            )
-        # torchvision's order: sorted(os.walk(...)) orders a class's directories by path string.
-        for dirs in found:
-            dirs.sort(key=lambda item: item[0])
-        n = walk.files
-        lengths = np.fromiter(
-            (len(p) for dirs in found for _, paths in dirs for p in paths), dtype=np.int64, count=n
+    Bounds (None: unbounded): `max_files` image files indexed (it also bounds the directories
+    walked, so a tree of empty folders stops too), `max_bytes` of index memory (each file's
+    encoded path plus its 16 bytes of offset and label), `deadline` a `time.monotonic()` value,
+    and `cancel`, checked at every directory and every few thousand entries. Exceeding a bound
+    or a set `cancel` raises DatasetError. Directory loops (a link back to a directory the walk
+    is inside) are skipped with a warning on the "fastload" logger.
+    """
+    root_str = os.path.abspath(os.fspath(root))
+    walk = _Walk(root_str, max_files, max_bytes, deadline, cancel)
+    walk.check()
+    if not os.path.isdir(root_str):
+        what = "is not a directory" if os.path.exists(root_str) else "does not exist"
+        raise DatasetError(f"dataset folder {root_str} {what}")
+    try:
+        classes = sorted(walk.class_names())
+    except OSError as e:
+        raise DatasetError(f"cannot list dataset folder {root_str}: {e}") from e
+    if not classes:
+        raise DatasetError(
+            f"{root_str} has no class subfolders: expected the ImageNet layout "
+            "ROOT/<class name>/<image file>"
         )
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        blob = np.empty(int(offsets[-1]), dtype=np.uint8)
-        labels = np.empty(n, dtype=np.int64)
-        at = 0
-        for label, dirs in enumerate(found):
-            for _, paths in dirs:
-                start, at = at, at + len(paths)
-                joined = b"".join(paths)
-                blob[offsets[start] : offsets[start] + len(joined)] = np.frombuffer(joined, np.uint8)
-                labels[start:at] = label
-        return cls(root_str, tuple(classes), blob, offsets, labels)
-
-    def to_segment(self) -> Segment:
-        """Copy the index into a new shared-memory segment, for worker processes not forked from us."""
-        n, blob_len = len(self), int(self.path_blob.shape[0])
-        segment = Segment.create(_SHARED_HEAD.size + 8 * (2 * n + 1) + max(blob_len, 1))
-        _SHARED_HEAD.pack_into(segment.buf, 0, n, blob_len)
-        offsets, labels, blob = _shared_views(segment, n, blob_len)
-        offsets[:] = self.path_offsets
-        labels[:] = self.labels
-        blob[:] = self.path_blob
-        return segment
-
-    @classmethod
-    def from_segment(cls, segment: Segment) -> ImageFolderIndex:
-        """An index over a segment made by `to_segment` (views, no copy)."""
-        n, blob_len = _SHARED_HEAD.unpack_from(segment.buf, 0)
-        offsets, labels, blob = _shared_views(segment, n, blob_len)
-        return cls("", (), blob, offsets, labels)
-
-
-def _shared_views(segment: Segment, n: int, blob_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    at = _SHARED_HEAD.size
-    offsets = np.ndarray((n + 1,), np.int64, buffer=segment.buf, offset=at)
-    labels = np.ndarray((n,), np.int64, buffer=segment.buf, offset=at + 8 * (n + 1))
-    blob = np.ndarray((blob_len,), np.uint8, buffer=segment.buf, offset=at + 8 * (2 * n + 1))
-    return offsets, labels, blob
+    # Per class, the directories holding images, each with its images' encoded paths (sorted).
+    found = [walk.walk_class(os.path.join(root_str, name)) for name in classes]
+    if walk.files == 0:
+        raise DatasetError(
+            f"no images under {root_str} (looked for {', '.join(IMG_EXTENSIONS)} "
+            f"in {len(classes)} class folders)"
+        )
+    # torchvision's order: sorted(os.walk(...)) orders a class's directories by path string.
+    for dirs in found:
+        dirs.sort(key=lambda item: item[0])
+    n = walk.files
+    lengths = np.fromiter(
+        (len(p) for dirs in found for _, paths in dirs for p in paths), dtype=np.int64, count=n
+    )
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    blob = np.empty(int(offsets[-1]), dtype=np.uint8)
+    labels = np.empty(n, dtype=np.int64)
+    at = 0
+    for label, dirs in enumerate(found):
+        for _, paths in dirs:
+            start, at = at, at + len(paths)
+            joined = b"".join(paths)
+            blob[offsets[start] : offsets[start] + len(joined)] = np.frombuffer(joined, np.uint8)
+            labels[start:at] = label
+    return PathIndex(root_str, tuple(classes), blob, offsets, labels)
 
 
 class _Walk:

@@ -1,0 +1,21 @@
+"""Where samples come from: the sources fastload reads itself, at its own speed.
+
+    from fastload import FastLoader, sources
+    FastLoader("data/train")                                    # an ImageNet-layout folder
+    FastLoader(sources.FileList("train.csv", root="images"))    # path,label lines
+    FastLoader(sources.FileList("tags.tsv", multi_label=True))  # multi-hot targets
+
+A plain path means what it looks like (`as_source`). Every source gives the same batches for
+every worker count, resumes with `state_dict`, and reports its reads to `fastload iostat`.
+"""
+
+from fastload.sources._base import Source, as_source, source_from_config
+from fastload.sources._filelist import FileList, ImageFolder
+
+__all__ = [
+    "FileList",
+    "ImageFolder",
+    "Source",
+    "as_source",
+    "source_from_config",
+]

@@ -1,0 +1,83 @@
+"""The seam every source sits behind: `Source` (what a user names), its config (what a daemon is
+sent), and `as_source` (what a plain path means).
+
+A source is a small frozen description (a path and a few options). `open()` reads what it must
+(scans a folder, parses a list, reads a shard's headers or a packed index) into a `SampleIndex`
+in the trainer, once, before any worker starts; the sequential-read shuffles live in the plan,
+not in the source (DESIGN: "sources as seams").
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from fastload._errors import ConfigError
+from fastload.sources._index import SampleIndex
+
+_REGISTRY: dict[str, type[Source]] = {}
+
+
+class Source(ABC):
+    """A dataset that fastload reads itself, its samples encoded images with targets.
+
+    Subclasses are frozen dataclasses; `FastLoader(source, ...)` opens one in the trainer's
+    process. Targets are class indices (int64) or, for multi-label sources, float32 multi-hot rows
+    of `num_classes`.
+    """
+
+    kind: ClassVar[str]  # the name in a config ("folder", "file_list", "tar", "packed", "hdf5")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__:
+            _REGISTRY[cls.kind] = cls
+
+    @abstractmethod
+    def open(self) -> SampleIndex:
+        """Read the source's index (paths or places, and targets); DatasetError saying what is
+        wrong when it cannot."""
+
+    @property
+    @abstractmethod
+    def where(self) -> str:
+        """What iostat and error messages call this source (its main path)."""
+
+    def to_config(self) -> dict[str, Any]:
+        """This source as JSON-able data (`source_from_config` rebuilds it)."""
+        fields = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self).items()}
+        return {"kind": self.kind, **fields}
+
+
+def source_from_config(config: dict[str, Any]) -> Source:
+    """The source `Source.to_config` described (ConfigError for an unknown kind or field)."""
+    fields = dict(config)
+    kind = fields.pop("kind", None)
+    cls = _REGISTRY.get(str(kind))
+    if cls is None:
+        raise ConfigError(f"unknown source kind {kind!r}; known: {', '.join(sorted(_REGISTRY))}")
+    try:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    except TypeError as e:
+        raise ConfigError(f"bad {kind} source description: {e}") from e
+
+
+def as_source(dataset: str | os.PathLike[str] | Source) -> Source:
+    """A source for `dataset`: a `Source` as is; a path by what it is. A directory holding a
+    packed dataset's manifest is packed, any other directory an image folder; `.h5`/`.hdf5` an
+    HDF5 file; `.tar` a tar shard; `.csv`, `.tsv`, `.txt` a file list."""
+    if isinstance(dataset, Source):
+        return dataset
+    path = os.path.abspath(os.fspath(dataset))
+    lower = path.lower()
+    if os.path.isdir(path):
+        packed = _REGISTRY.get("packed")
+        if packed is not None and os.path.exists(os.path.join(path, "manifest.json")):
+            return packed(path)  # type: ignore[call-arg]
+        return _REGISTRY["folder"](path)  # type: ignore[call-arg]
+    by_suffix = (((".h5", ".hdf5"), "hdf5"), ((".tar",), "tar"), ((".csv", ".tsv", ".txt"), "file_list"))
+    for suffixes, kind in by_suffix:
+        if lower.endswith(suffixes) and kind in _REGISTRY:
+            return _REGISTRY[kind](path)  # type: ignore[call-arg]
+    return _REGISTRY["folder"](path)  # type: ignore[call-arg]  # says "does not exist" on open

@@ -1,0 +1,173 @@
+"""Image folders and file lists: the sources whose samples are whole image files (`PathIndex`).
+
+`ImageFolder` is the ImageNet layout (class subfolders, torchvision's ImageFolder labels).
+`FileList` is a CSV/TSV/text file of `path, label` lines: labels are integers or class names (one
+or the other for the whole file), or with `multi_label` several per line, giving float32
+multi-hot targets. The label type and shape are declared once, by the source, never per sample.
+A flat folder with a label file is a `FileList` whose `root` is that folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from fastload._errors import DatasetError
+from fastload.sources._base import Source
+from fastload.sources._folder import scan_image_folder
+from fastload.sources._index import PathIndex
+
+# A first line whose path column is one of these is a header, not a sample.
+_HEADER_NAMES = frozenset({"path", "file", "filename", "file_name", "filepath", "image", "img", "name"})
+_MULTI_SEPARATORS = re.compile(r"[\s;|]+")
+
+
+@dataclass(frozen=True)
+class ImageFolder(Source):
+    """An ImageNet-layout folder: ROOT/<class name>/<image file>; labels index the sorted class
+    names, as torchvision's ImageFolder (a plain path to a folder means this)."""
+
+    kind: ClassVar[str] = "folder"
+    root: str
+
+    @property
+    def where(self) -> str:
+        return os.path.abspath(self.root)
+
+    def open(self) -> PathIndex:
+        return scan_image_folder(self.root)
+
+
+@dataclass(frozen=True)
+class FileList(Source):
+    """Images named by a list file, one `path<separator>label` line each.
+
+    - `path`: the list. Its separator is `delimiter`, or by suffix: ',' for .csv, tab for .tsv,
+      any whitespace for other files. A first line whose path column reads like a header
+      ("path", "file", "filename", "image", ...) is skipped.
+    - `root`: the folder image paths are relative to (default: the list file's folder); absolute
+      paths are kept. A flat folder of images with a label file is `FileList(labels, root=folder)`.
+    - labels: all integers (class indices, used as they are) or all class names (indexed in
+      `classes` order if given, else sorted, as ImageFolder does). With `multi_label`, a line's
+      label column holds any number of labels separated by spaces, ';' or '|' (with whitespace
+      separated lists: every column after the path), and targets are float32 multi-hot rows of
+      `num_classes` (default: len(classes), or the largest integer label + 1).
+    """
+
+    kind: ClassVar[str] = "file_list"
+    path: str
+    root: str | None = None
+    classes: tuple[str, ...] | None = None
+    multi_label: bool = False
+    num_classes: int | None = None
+    delimiter: str | None = None
+
+    @property
+    def where(self) -> str:
+        return os.path.abspath(self.path)
+
+    def open(self) -> PathIndex:
+        list_path = self.where
+        root = os.path.abspath(self.root) if self.root is not None else os.path.dirname(list_path)
+        try:
+            rows = list(self._rows(list_path))
+        except OSError as e:
+            raise DatasetError(f"cannot read file list {list_path}: {e}") from e
+        except csv.Error as e:
+            raise DatasetError(f"file list {list_path} is not valid CSV: {e}") from e
+        if rows and rows[0][1].strip().lower() in _HEADER_NAMES:
+            rows = rows[1:]
+        if not rows:
+            raise DatasetError(f"file list {list_path} lists no images (expected `path,label` lines)")
+        paths = [os.path.join(root, p).encode("utf-8", "surrogateescape") for _, p, _ in rows]
+        first = paths[0].decode("utf-8", "surrogateescape")
+        if not os.path.exists(first):
+            raise DatasetError(
+                f"{first}, the first image {list_path} names, does not exist: paths in a file list are "
+                f"relative to its folder unless you pass root= (the folder they are relative to)"
+            )
+        classes, labels = self._targets(list_path, rows)
+        return PathIndex.from_paths(list_path, classes, paths, labels)
+
+    def _rows(self, list_path: str) -> Iterator[tuple[int, str, list[str]]]:
+        """(line number, path, label fields) for each non-empty line."""
+        delimiter = self.delimiter
+        if delimiter is None:
+            delimiter = {".csv": ",", ".tsv": "\t"}.get(os.path.splitext(list_path)[1].lower())
+        with open(list_path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+            if delimiter is None:  # whitespace-separated text
+                for number, line in enumerate(f, 1):
+                    fields = line.split()
+                    if fields:
+                        yield number, fields[0], fields[1:]
+                return
+            for number, fields in enumerate(csv.reader(f, delimiter=delimiter), 1):
+                if fields and any(field.strip() for field in fields):
+                    yield number, fields[0].strip(), [field.strip() for field in fields[1:]]
+
+    def _targets(
+        self, list_path: str, rows: Sequence[tuple[int, str, list[str]]]
+    ) -> tuple[tuple[str, ...], np.ndarray]:
+        """The class names and the targets: int64 (N,) or float32 multi-hot (N, K)."""
+        per_row: list[list[str]] = []
+        for number, _, fields in rows:
+            if self.multi_label:
+                values = [v for field in fields for v in _MULTI_SEPARATORS.split(field) if v]
+            elif len(fields) != 1 or not fields[0]:
+                raise DatasetError(
+                    f"{list_path} line {number}: expected a path and one label, got {len(fields)} "
+                    "label columns (several labels per image need multi_label=True)"
+                )
+            else:
+                values = fields
+            per_row.append(values)
+        every = [v for values in per_row for v in values]
+        kinds = {_is_int(v) for v in every}
+        if len(kinds) > 1:
+            example = next(v for v in every if not _is_int(v))
+            raise DatasetError(
+                f"{list_path}: mixes integer and class-name labels (e.g. {example!r}); use one kind"
+            )
+        numeric = kinds != {False}
+        if numeric:
+            classes = tuple(self.classes or ())
+            codes = [[int(v) for v in values] for values in per_row]
+            largest = max((c for values in codes for c in values), default=-1)
+            if any(c < 0 for values in codes for c in values):
+                raise DatasetError(f"{list_path}: integer labels must be >= 0")
+            if classes and largest >= len(classes):
+                raise DatasetError(f"{list_path}: label {largest} is out of range for {len(classes)} classes")
+        else:
+            names = sorted(set(every)) if self.classes is None else list(self.classes)
+            lookup = {name: i for i, name in enumerate(names)}
+            unknown = [v for v in every if v not in lookup]
+            if unknown:
+                raise DatasetError(
+                    f"{list_path}: label {unknown[0]!r} is not one of the {len(names)} classes given"
+                )
+            classes = tuple(names)
+            codes = [[lookup[v] for v in values] for values in per_row]
+            largest = len(classes) - 1
+        if not self.multi_label:
+            return classes, np.array([c[0] for c in codes], dtype=np.int64)
+        width = self.num_classes or len(classes) or largest + 1
+        if largest >= width:
+            raise DatasetError(f"{list_path}: label {largest} does not fit num_classes={width}")
+        targets = np.zeros((len(codes), width), dtype=np.float32)
+        rows_at = np.repeat(np.arange(len(codes)), [len(c) for c in codes])
+        targets[rows_at, [c for values in codes for c in values]] = 1.0
+        return classes, targets
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True

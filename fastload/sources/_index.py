@@ -1,0 +1,165 @@
+"""What a worker reads samples through: an index of encoded samples (their bytes' place and their
+targets) held in numpy arrays, shareable through one shared-memory segment.
+
+Every source of encoded images (a folder, a file list, tar shards, a packed file, HDF5 bytes) is
+opened in the trainer into a `SampleIndex`; forked workers share its arrays' pages untouched, so
+worker memory does not grow with reads (DataLoader's copy-on-read problem with lists of paths),
+and a daemon's workers attach the same arrays from a segment. `PathIndex` is the index of
+sources whose samples are whole files (folders, file lists).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from fastload._loading.shm import Segment
+
+# Targets are int64 class indices (N,) or float32 rows (N, K) (multi-label, multi-hot): one of two
+# dtypes, named in the shared header by a code.
+TARGET_DTYPES = (np.dtype(np.int64), np.dtype(np.float32))
+
+
+class ReadFailure(Exception):
+    """Reading sample `position` of a batch failed with `cause` (an OSError); internal."""
+
+    def __init__(self, position: int, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.position = position
+        self.cause = cause
+
+
+class SampleIndex(Protocol):
+    """The contract a job reads an encoded-sample source through (see the module docstring)."""
+
+    @property
+    def root(self) -> str:
+        """What the source is called (a folder, a list file, a shard pattern)."""
+        ...
+
+    @property
+    def classes(self) -> tuple[str, ...]: ...
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Targets: int64 (N,) class indices, or float32 (N, K) multi-hot rows."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def name(self, index: int) -> str:
+        """The sample's file path, or where it lives inside a container (`SHARD.tar:KEY`)."""
+        ...
+
+    def read(self, indices: np.ndarray) -> list[bytes]:
+        """The encoded bytes of `indices`, in that order; `ReadFailure` names the one that failed."""
+        ...
+
+    def read_sample(self, index: int) -> bytes:
+        """One sample's bytes (OSError when it cannot be read)."""
+        ...
+
+    def to_segment(self) -> Segment:
+        """Copy the index into a new shared-memory segment, for processes not forked from us."""
+        ...
+
+
+def read_file(path: str) -> bytes:
+    """A sample's bytes from storage (one place, so tests can stand in a slow disk)."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def target_row(labels: np.ndarray) -> np.ndarray | int:
+    """One sample's target as a job writes it: an int (class index) or a float32 row."""
+    return 0 if labels.ndim == 1 else np.zeros(labels.shape[1:], labels.dtype)
+
+
+# Shared layout: header (count, blob bytes, target width (0: class indices), target dtype code),
+# then int64 offsets[count + 1], targets[count (, width)], blob.
+_SHARED_HEAD = struct.Struct("<qqqq")
+
+
+@dataclass(frozen=True)
+class PathIndex:
+    """Paths and targets of samples that are whole files: one bytes blob of every path plus
+    offsets, never a Python list (see the module docstring)."""
+
+    root: str
+    classes: tuple[str, ...]
+    path_blob: np.ndarray  # uint8: every path, UTF-8, concatenated
+    path_offsets: np.ndarray  # int64, len(self) + 1
+    labels: np.ndarray  # int64 (N,) or float32 (N, K)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @classmethod
+    def from_paths(
+        cls, root: str, classes: Sequence[str], paths: Sequence[bytes], labels: np.ndarray
+    ) -> PathIndex:
+        """An index of encoded `paths` (bytes, UTF-8 with surrogateescape) and their targets."""
+        lengths = np.fromiter((len(p) for p in paths), dtype=np.int64, count=len(paths))
+        offsets = np.zeros(len(paths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        blob = np.frombuffer(b"".join(paths), dtype=np.uint8).copy()
+        return cls(root, tuple(classes), blob, offsets, labels)
+
+    def path(self, index: int) -> str:
+        start, end = int(self.path_offsets[index]), int(self.path_offsets[index + 1])
+        return self.path_blob[start:end].tobytes().decode("utf-8", "surrogateescape")
+
+    def name(self, index: int) -> str:
+        return self.path(index)
+
+    def read_sample(self, index: int) -> bytes:
+        return read_file(self.path(index))
+
+    def read(self, indices: np.ndarray) -> list[bytes]:
+        blobs = []
+        for position, i in enumerate(indices):
+            try:
+                blobs.append(read_file(self.path(int(i))))
+            except OSError as e:
+                raise ReadFailure(position, e) from e
+        return blobs
+
+    def to_segment(self) -> Segment:
+        n, blob_len = len(self), int(self.path_blob.shape[0])
+        width = int(self.labels.shape[1]) if self.labels.ndim == 2 else 0
+        dtype_code = TARGET_DTYPES.index(self.labels.dtype)
+        target_bytes = _align8(int(self.labels.nbytes))
+        segment = Segment.create(_SHARED_HEAD.size + 8 * (n + 1) + target_bytes + max(blob_len, 1))
+        _SHARED_HEAD.pack_into(segment.buf, 0, n, blob_len, width, dtype_code)
+        offsets, labels, blob = _shared_views(segment)
+        offsets[:] = self.path_offsets
+        labels[:] = self.labels
+        blob[:] = self.path_blob
+        return segment
+
+    @classmethod
+    def from_segment(cls, segment: Segment, root: str = "") -> PathIndex:
+        """An index over a segment made by `to_segment` (views, no copy)."""
+        offsets, labels, blob = _shared_views(segment)
+        return cls(root, (), blob, offsets, labels)
+
+
+def _align8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+def _shared_views(segment: Segment) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n, blob_len, width, dtype_code = _SHARED_HEAD.unpack_from(segment.buf, 0)
+    dtype = TARGET_DTYPES[dtype_code]
+    shape = (n, width) if width else (n,)
+    at = _SHARED_HEAD.size
+    offsets = np.ndarray((n + 1,), np.int64, buffer=segment.buf, offset=at)
+    at += 8 * (n + 1)
+    labels = np.ndarray(shape, dtype, buffer=segment.buf, offset=at)
+    at += _align8(int(labels.nbytes))
+    blob = np.ndarray((blob_len,), np.uint8, buffer=segment.buf, offset=at)
+    return offsets, labels, blob
