@@ -5,6 +5,10 @@ replaying the ones before it. A batch's global random state is seeded with numpy
 from (seed, epoch, batch index), and a sample's augmentation from (seed, epoch, index)
 (`sample_random`): never from worker identity or timing, which is what makes every worker count
 give the same batches bit for bit.
+
+`ShuffledPlan(..., block=R)` orders an epoch by runs of R consecutive samples instead of single
+samples, so that reads stay sequential on chunked storage; `window` batches at a time are then
+mixed among themselves (NOTE [block shuffle]).
 """
 
 from __future__ import annotations
@@ -15,8 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from fastload._errors import ConfigError
+
 _ORDER_STREAM = 0x0D
 _BATCH_STREAM = 0xBA
+_RUNS_STREAM = 0xB1  # the order of a block shuffle's runs (NOTE [block shuffle])
+_WINDOW_STREAM = 0x3D  # a block shuffle's permutation within each window of a rank's order
 
 
 def batch_seed(seed: int, epoch: int, batch_index: int) -> int:
@@ -35,6 +43,14 @@ class ShuffledPlan:
     `drop_last` applies at both levels: unshuffled, a rank's batches are exactly those of
     `DataLoader(sampler=DistributedSampler(..., shuffle=False, drop_last=drop_last),
     drop_last=drop_last)`.
+
+    With `block=R` (and `shuffle`) the epoch is a block shuffle (NOTE [block shuffle]): the
+    samples, in storage order, are cut into runs of R, the runs are shuffled from (seed, epoch),
+    and rank r takes the contiguous piece `[r * samples_per_rank, (r + 1) * samples_per_rank)` of
+    that order (padded or truncated as above), so that runs stay whole; then each window of
+    `window * batch_size` consecutive positions of the rank's order is permuted from (seed, epoch,
+    rank), so that a batch draws from its window's ~`window * batch_size / R` runs. The counts
+    (samples and batches per rank) are those without `block`.
     """
 
     def __init__(
@@ -47,7 +63,16 @@ class ShuffledPlan:
         seed: int,
         rank: int = 0,
         world_size: int = 1,
+        block: int | None = None,
+        window: int = 8,
     ) -> None:
+        if block is not None:
+            if not _is_positive_int(block):
+                raise ConfigError(f"block must be an integer >= 1 (samples per run) or None, got {block!r}")
+            if not shuffle:
+                raise ConfigError("block (runs of a block shuffle) needs shuffle=True, or leave it None")
+        if not _is_positive_int(window):
+            raise ConfigError(f"window must be an integer >= 1 (batches mixed together), got {window!r}")
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -55,6 +80,8 @@ class ShuffledPlan:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
+        self.block = None if block is None else int(block)
+        self.window = int(window)
 
     @property
     def samples_per_rank(self) -> int:
@@ -70,6 +97,8 @@ class ShuffledPlan:
 
     def order(self, epoch: int) -> np.ndarray:
         """This rank's samples for `epoch`, in order."""
+        if self.block is not None:
+            return self._block_order(epoch, self.block)
         if not self.shuffle:
             order = np.arange(self.num_samples, dtype=np.int64)
         else:
@@ -77,15 +106,68 @@ class ShuffledPlan:
             order = np.random.Generator(np.random.PCG64(seq)).permutation(self.num_samples)
         if self.world_size == 1:
             return order
+        return self._all_ranks(order)[self.rank :: self.world_size]
+
+    def _all_ranks(self, order: np.ndarray) -> np.ndarray:
+        """The epoch's `order` cut or padded to `samples_per_rank * world_size` samples."""
         total = self.samples_per_rank * self.world_size
         if total > len(order):
-            order = np.resize(order, total)  # repeats from the start, as DistributedSampler pads
-        return order[self.rank : total : self.world_size]
+            return np.resize(order, total)  # repeats from the start, as DistributedSampler pads
+        return order[:total]
+
+    # NOTE [block shuffle]: a full shuffle makes every batch `batch_size` reads at random places.
+    # On chunked storage (shards, record files, an object store, a spinning or network disk) a
+    # random read costs about as much as reading a whole neighbourhood, and readahead is wasted.
+    # A block shuffle keeps runs of R consecutive samples (storage order) together:
+    #   1. the runs [0, R), [R, 2R), ... (the last may be shorter) are shuffled from (seed, epoch);
+    #   2. the ranks split that order into contiguous pieces (DistributedSampler's padding and
+    #      truncation, but not its interleaving `order[rank::world]`, which would cut every run
+    #      into world_size strided pieces), so each rank reads whole runs;
+    #   3. each window of `window * batch_size` positions of a rank's order is permuted from
+    #      (seed, epoch, rank): windows start at batch boundaries, so the window's `window`
+    #      batches share its ~window * batch_size / R runs, ~R / window samples of each per batch.
+    # With window = 1 a batch is ~batch_size / R sequential reads instead of batch_size random
+    # ones. With a larger window a batch's samples are rarely adjacent, but they stay within its
+    # window's runs: storage that fetches whole chunks or reads ahead (shards, record files,
+    # object-store ranges, the page cache) reads each run once for all the window's batches,
+    # where a full shuffle reads `window * batch_size` places.
+    # The price is mixing: neighbours in storage (often one class, as in an ImageNet folder
+    # tree) land in the same few batches, always with the same run-mates, as run boundaries do
+    # not move between epochs; a batch holds up to ~batch_size / R runs with window = 1, and
+    # mixing approaches a full shuffle's as window grows past R. R = 1 is a full shuffle (a
+    # uniform permutation, permuted again within windows). tools/bench/bench_block_shuffle.py
+    # measures labels per batch and reads per batch against a full shuffle for several R and
+    # windows.
+    def _block_order(self, epoch: int, block: int) -> np.ndarray:
+        """This rank's order under a block shuffle with runs of `block` samples."""
+        n = self.num_samples
+        seq = np.random.SeedSequence([self.seed, epoch, _RUNS_STREAM])
+        runs = np.random.Generator(np.random.PCG64(seq)).permutation(-(-n // block))
+        # The run order, one sample at a time: position p of run k (which starts at output
+        # position `at`) holds sample k * block + (p - at), i.e. arange(n) shifted per run.
+        starts = runs * block
+        lengths = np.minimum(block, n - starts)
+        at = np.cumsum(lengths) - lengths
+        order = self._all_ranks(np.arange(n, dtype=np.int64) + np.repeat(starts - at, lengths))
+        per = self.samples_per_rank
+        mine = order[self.rank * per : (self.rank + 1) * per]  # a view of a fresh array: ours to permute
+        seq = np.random.SeedSequence([self.seed, epoch, self.rank, _WINDOW_STREAM])
+        rng = np.random.Generator(np.random.PCG64(seq))
+        size = self.window * self.batch_size
+        whole = len(mine) - len(mine) % size
+        rows = mine[:whole].reshape(-1, size)
+        rng.permuted(rows, axis=1, out=rows)  # each window apart, in place
+        mine[whole:] = rng.permutation(mine[whole:])
+        return mine
 
     def iter_batches(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]:
         order = self.order(epoch)
         for b in range(start, len(self)):
             yield order[b * self.batch_size : (b + 1) * self.batch_size]
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool) and int(value) >= 1
 
 
 class SamplerPlan:
