@@ -83,6 +83,10 @@ class FastLoader:
     `WORLD_SIZE` and `RANK`, or without `RANK` (Lightning sets none) `LOCAL_RANK` on node 0
     (`NODE_RANK` or `GROUP_RANK` 0) or `NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK`. A world of more
     than one process whose rank cannot be found is a `ConfigError`, never rank 0.
+    `shuffle_block=R` (with `shuffle=True`) shuffles runs of R consecutive samples (in the
+    source's storage order) instead of single samples, and mixes `shuffle_window` batches at a
+    time among themselves: reads stay sequential on tar shards, packed files and chunked HDF5
+    (NOTE [block shuffle] in `plan`; its label mixing against a full shuffle is in BENCHMARKS).
     `summary=True` prints a per-stage table when the loader closes; `stats()` returns the counters
     `fastload iostat` shows.
 
@@ -130,6 +134,8 @@ class FastLoader:
         summary: bool = False,
         hang_timeout: float | None = None,
         sample_ids: bool = False,
+        shuffle_block: int | None = None,
+        shuffle_window: int = 8,
     ) -> None:
         del pin_memory_device, in_order  # batches are always delivered in order
         self._spec = build_spec(
@@ -140,6 +146,7 @@ class FastLoader:
             seed=seed, prefetch=prefetch, transform=transform, device=device, normalize=normalize,
             dtype=dtype, memory_format=memory_format, backend=backend, daemon=daemon, rank=rank,
             world_size=world_size, summary=summary, hang_timeout=hang_timeout, sample_ids=sample_ids,
+            shuffle_block=shuffle_block, shuffle_window=shuffle_window,
         )
         self.dataset = dataset
         self.classes: tuple[str, ...] = ()
@@ -229,6 +236,7 @@ class FastLoader:
         return ShuffledPlan(
             self._num_samples, spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last,
             seed=spec.seed, rank=spec.rank, world_size=spec.world_size,
+            block=spec.shuffle_block, window=spec.shuffle_window,
         )
 
     def __len__(self) -> int:

@@ -50,6 +50,8 @@ class LoaderSpec:
     batch_size: int | None  # as given (None with a batch_sampler)
     slot_batch_size: int  # the largest batch: what a ring slot holds
     shuffle: bool
+    shuffle_block: int | None  # a block shuffle's run length (NOTE [block shuffle] in `plan`)
+    shuffle_window: int  # batches a block shuffle mixes together
     drop_last: bool
     sampler: Iterable[int] | None
     batch_sampler: Iterable[Sequence[int]] | None
@@ -202,6 +204,8 @@ def build_spec(
     summary: bool,
     hang_timeout: float | None,
     sample_ids: bool = False,
+    shuffle_block: int | None = None,
+    shuffle_window: int = 8,
 ) -> LoaderSpec:
     """Check FastLoader's arguments as DataLoader checks its own (ConfigError, a ValueError, for
     anything DataLoader refuses, and for fastload's own), and resolve their defaults."""
@@ -245,6 +249,7 @@ def build_spec(
     if is_source:
         rank, world_size = process_position(rank, world_size)
     images = _image_output(normalize, dtype, memory_format) if is_source else None
+    _check_block_shuffle(shuffle_block, shuffle_window, shuffle)
     source = as_source(dataset) if is_source else None
     if daemon is not None:
         if not isinstance(source, ImageFolder):
@@ -260,6 +265,8 @@ def build_spec(
         batch_size=batch_size if batch_sampler is None else None,
         slot_batch_size=batch_size if batch_sampler is None else _max_batch(batch_sampler),  # type: ignore[arg-type]
         shuffle=bool(shuffle),
+        shuffle_block=None if shuffle_block is None else int(shuffle_block),
+        shuffle_window=int(shuffle_window),
         drop_last=drop_last,
         sampler=sampler,
         batch_sampler=batch_sampler,
@@ -330,6 +337,16 @@ def _check_batching(
         raise ConfigError(f"batch_size must be positive, got {batch_size}")
     if sampler is not None and shuffle:
         raise ConfigError("sampler is mutually exclusive with shuffle")
+
+
+def _check_block_shuffle(block: int | None, window: int, shuffle: bool | None) -> None:
+    for name, value in (("shuffle_block", block), ("shuffle_window", window)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    if block is not None and not shuffle:
+        raise ConfigError(
+            "shuffle_block orders a shuffled epoch by runs of consecutive samples: it needs shuffle=True"
+        )
 
 
 def _check_device(device: torch.device) -> None:
