@@ -45,6 +45,8 @@ from fastload import DaemonError, FastLoader
 from fastload import transforms as T
 from fastload.__main__ import main
 from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
+from fastload.sources import FileList
+from fastload.sources._folder import scan_image_folder
 
 pytestmark = pytest.mark.timeout(180)  # a regression here tends to be a hang
 HANG_S = 60.0  # how long a test waits for something that comes in well under a second
@@ -86,6 +88,30 @@ def test_daemon_batches_equal_local_batches_over_two_epochs(
             assert [len(b[1]) for b in got] == [5, 5, 5, 5, 4]
             epochs.append(got)
     assert not torch.equal(epochs[0][0][0], epochs[1][0][0]), "epochs 0 and 1 gave the same batch"
+
+
+def test_a_daemon_serves_a_file_list_as_a_local_loader_reads_it(
+    shared_daemon: DaemonProcess, image_folder: Path, tmp_path: Path
+) -> None:
+    # Another source than a folder: the hello describes it, the daemon indexes it once and its
+    # workers attach the index; multi-hot targets (float32 rows) travel in the slots too.
+    index = scan_image_folder(image_folder)
+    listing = tmp_path / "tags.csv"
+    listing.write_text("".join(f"{index.path(i)},{index.labels[i]};{(i % 3)}\n" for i in range(len(index))))
+    source = FileList(str(listing), multi_label=True, num_classes=3)
+    kwargs: dict[str, Any] = {"batch_size": 5, "shuffle": True, "seed": 99, "transform": AUGMENT}
+    with (
+        FastLoader(source, num_workers=0, device="cpu", sample_ids=True, **kwargs) as local,
+        FastLoader(source, num_workers=1, device="cpu", daemon=shared_daemon.address, sample_ids=True,
+                   **kwargs) as attached,
+    ):
+        assert len(attached) == len(local) == 5
+        for (xa, ya, ia), (xb, yb, ib) in zip(attached, local, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb) and torch.equal(ia.indices, ib.indices)
+            assert ya.dtype == torch.float32 and ya.shape[1] == 3
+            assert ia.names is None and ib.names is not None  # a daemon's trainer holds no index
+    listed = [row["path"] for row in shared_daemon.status()["datasets"]]
+    assert any(str(listing) in path for path in listed)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -291,6 +291,7 @@ def test_fastload_specific_argument_errors(kwargs: dict[str, Any], match: str) -
         FastLoader(Pairs(), **kwargs)
 
 
-def test_iterable_datasets_are_refused() -> None:
+def test_an_iterable_dataset_refuses_shuffle_as_dataloader_does() -> None:
+    # IterableDataset is served (tests/test_iterable.py); what DataLoader refuses with one is refused.
     with pytest.raises(ConfigError, match="IterableDataset"):
-        FastLoader(Stream(), batch_size=2)
+        FastLoader(Stream(), batch_size=2, shuffle=True)

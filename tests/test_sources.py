@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import write_image
 
 from fastload import ConfigError, DatasetError, FastLoader, SampleError, SampleIds, sources
 from fastload import transforms as T
@@ -145,8 +146,6 @@ def test_mixing_needs_class_index_labels(image_folder: Path, tmp_path: Path) -> 
 def test_bad_lists_say_what_is_wrong(
     tmp_path: Path, content: str, options: dict[str, object], message: str
 ) -> None:
-    from tests.helpers import write_image
-
     write_image(tmp_path / "a.jpg", 8, 8, seed=0)
     listing = tmp_path / "list.csv"
     listing.write_text(content)

@@ -58,6 +58,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "pid": _INT,
         "rank": _INT,
         "world_size": _INT,
+        "source": (str,),
     },
     "task": {"seq": _INT, "epoch": _INT, "batch_index": _INT, "slot": (str,), "row": _INT},
     "grow": {},
@@ -113,6 +114,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
 _OPTIONAL: dict[str, frozenset[str]] = {
     "failed": frozenset({"exc_class"}),
     "done": frozenset({"read_runq_ns"}),
+    "hello": frozenset({"source"}),  # absent: `dataset` is an image folder
 }
 
 

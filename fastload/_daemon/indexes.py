@@ -1,11 +1,11 @@
 """The daemon's dataset indexes: scanned off the serving thread, bounded, shared, evicted.
 
-A hello names a folder; its index (every image's path and label) is made once and shared with
-the workers through a shared-memory segment. Scans run one at a time on a background thread, so
-the daemon keeps serving (and obeys SIGTERM) while a huge tree is walked; each is bounded in
-files, memory (what is left of the daemon's budget) and time, and cancelled when the daemon
-stops. An index no session uses is evicted after `idle_s`, or at once when its memory is wanted,
-except those the configuration warms.
+A hello names a source (an image folder, a file list, ...); its index (every sample's place and
+target) is made once and shared with the workers through a shared-memory segment. Scans run one
+at a time on a background thread, so the daemon keeps serving (and obeys SIGTERM) while a huge
+tree is walked; a folder's walk is bounded in files, memory (what is left of the daemon's budget)
+and time, and cancelled when the daemon stops. An index no session uses is evicted after
+`idle_s`, or at once when its memory is wanted, except those the configuration warms.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from fastload._errors import DatasetError
 from fastload._loading.shm import Segment
+from fastload.sources import ImageFolder, Source
 from fastload.sources._folder import scan_image_folder
-from fastload.sources._index import PathIndex
+from fastload.sources._index import SampleIndex
 
 log = logging.getLogger("fastload.daemon")
 
@@ -35,8 +36,8 @@ class IndexLimits:
 
 @dataclass
 class IndexEntry:
-    path: str
-    index: PathIndex
+    path: str  # the key: a folder's real path, or a source's description
+    index: SampleIndex
     segment: Segment
     users: int = 0
     pinned: bool = False  # warmed from the configuration: never evicted
@@ -48,19 +49,27 @@ class IndexEntry:
 
 
 class _Scan(threading.Thread):
-    """One folder scan on a background thread; `result` is the index or the error."""
+    """One source's indexing on a background thread; `result` is the index or the error. A folder's
+    walk is bounded (`IndexLimits`, memory, cancel); other sources read a file they name (a list,
+    shard headers, a packed index), bounded by that file."""
 
-    def __init__(self, path: str, limits: IndexLimits, max_bytes: int, cancel: threading.Event) -> None:
-        super().__init__(name=f"fastload-index {path}", daemon=True)
+    def __init__(
+        self, path: str, source: Source, limits: IndexLimits, max_bytes: int, cancel: threading.Event
+    ) -> None:
+        super().__init__(name=f"fastload-index {source.where}", daemon=True)
         self.path = path
+        self.source = source
         self.started_at = time.monotonic()
         self._limits = limits
         self._max_bytes = max_bytes
         self._cancel = cancel
-        self.result: PathIndex | BaseException | None = None
+        self.result: SampleIndex | BaseException | None = None
 
     def run(self) -> None:
         try:
+            if not isinstance(self.source, ImageFolder):
+                self.result = self.source.open()
+                return
             self.result = scan_image_folder(
                 self.path,
                 max_files=self._limits.max_files,
@@ -79,31 +88,35 @@ class DatasetIndexes:
         self.limits = limits
         self.idle_s = idle_s
         self._ready: dict[str, IndexEntry] = {}
-        self._waiting: deque[tuple[str, int]] = deque()  # (path, memory it may use)
+        self._waiting: deque[tuple[str, Source, int]] = deque()  # (key, source, memory it may use)
         self._scan: _Scan | None = None
         self._cancel = threading.Event()
 
     @staticmethod
-    def key(path: str) -> str:
-        return os.path.realpath(path)
+    def key(source: Source) -> str:
+        """What identifies a source's index: a folder's real path, else its description."""
+        if isinstance(source, ImageFolder):
+            return os.path.realpath(source.root)
+        return source.resolved().to_json()
 
     def get(self, key: str) -> IndexEntry | None:
         return self._ready.get(key)
 
     def pending(self, key: str) -> bool:
-        return (self._scan is not None and self._scan.path == key) or any(p == key for p, _ in self._waiting)
+        scanning = self._scan is not None and self._scan.path == key
+        return scanning or any(p == key for p, _, _ in self._waiting)
 
-    def request(self, key: str, max_bytes: int) -> None:
-        """Index `key` in the background (once, however many hellos ask)."""
+    def request(self, key: str, source: Source, max_bytes: int) -> None:
+        """Index `source` (known by `key`) in the background, once, however many hellos ask."""
         if key in self._ready or self.pending(key):
             return
-        self._waiting.append((key, max_bytes))
+        self._waiting.append((key, source, max_bytes))
         self._start_next()
 
     def _start_next(self) -> None:
         if self._scan is None and self._waiting and not self._cancel.is_set():
-            path, max_bytes = self._waiting.popleft()
-            self._scan = _Scan(path, self.limits, max_bytes, self._cancel)
+            key, source, max_bytes = self._waiting.popleft()
+            self._scan = _Scan(key, source, self.limits, max_bytes, self._cancel)
             self._scan.start()
 
     def scanning(self) -> tuple[str, float] | None:
@@ -118,14 +131,14 @@ class DatasetIndexes:
         self._scan = None
         outcome: IndexEntry | Exception
         result = scan.result
-        if isinstance(result, PathIndex):
+        if result is not None and not isinstance(result, BaseException):
             try:
                 outcome = self._add(scan.path, result)
             except Exception as e:  # e.g. no shared memory for it
                 outcome = e
             else:
                 seconds = time.monotonic() - scan.started_at
-                log.info("indexed %s: %d images in %.1f s", scan.path, len(result), seconds)
+                log.info("indexed %s: %d images in %.1f s", scan.source.where, len(result), seconds)
         elif isinstance(result, Exception):
             outcome = result
         else:
@@ -133,14 +146,14 @@ class DatasetIndexes:
         self._start_next()
         return [(scan.path, outcome)]
 
-    def _add(self, key: str, index: PathIndex, pinned: bool = False) -> IndexEntry:
+    def _add(self, key: str, index: SampleIndex, pinned: bool = False) -> IndexEntry:
         entry = IndexEntry(key, index, index.to_segment(), pinned=pinned, idle_since=time.monotonic())
         self._ready[key] = entry
         return entry
 
     def warm(self, path: str, max_bytes: int) -> IndexEntry:
         """Index a folder now, on this thread (at start-up), and keep it for the daemon's life."""
-        key = self.key(path)
+        key = self.key(ImageFolder(path))
         entry = self._ready.get(key)
         if entry is None:
             deadline = time.monotonic() + self.limits.timeout_s
@@ -190,7 +203,8 @@ class DatasetIndexes:
         if scanning is not None:
             rows.append({"path": scanning[0], "images": 0, "bytes": 0, "sessions": 0, "state": "indexing"})
         rows += [
-            {"path": p, "images": 0, "bytes": 0, "sessions": 0, "state": "queued"} for p, _ in self._waiting
+            {"path": p, "images": 0, "bytes": 0, "sessions": 0, "state": "queued"}
+            for p, _, _ in self._waiting
         ]
         return rows
 

@@ -252,8 +252,8 @@ class Daemon:
                 f"{peer.name} already holds {held} sessions, the most one trainer may hold "
                 f"(max_sessions_per_peer): close loaders you no longer use"
             )
-        plan = check_hello(f, self.config.memory_budget_bytes)
-        key = DatasetIndexes.key(f["dataset"])
+        plan, source = check_hello(f, self.config.memory_budget_bytes)
+        key = DatasetIndexes.key(source)
         entry = self._indexes.get(key)
         if entry is not None:
             self._open_session(sock, identity, local, f, plan, peer, entry)
@@ -261,7 +261,7 @@ class Daemon:
         # NOTE [indexing off the loop]: a folder is scanned on a background thread; the hello
         # waits (told `indexing` every second) while the daemon goes on serving everyone else.
         self._indexes.evict(all_idle=True)
-        self._indexes.request(key, max(0, self.config.memory_budget_bytes - self._used_bytes()))
+        self._indexes.request(key, source, max(0, self.config.memory_budget_bytes - self._used_bytes()))
         self._pending[(id(sock), identity)] = PendingHello(sock, identity, local, f, plan, peer, key)
 
     def _resume_hellos(self) -> None:
@@ -288,7 +288,9 @@ class Daemon:
             if now - hello.progress_at >= _PROGRESS_EVERY_S:
                 hello.progress_at = now
                 seconds = scanning[1] if scanning is not None and scanning[0] == hello.key else 0.0
-                self._reply(hello.sock, hello.identity, "indexing", path=hello.key, seconds=round(seconds, 1))
+                # A folder is known by its real path; another source by its main file.
+                path = hello.fields["dataset"] if "source" in hello.fields else hello.key
+                self._reply(hello.sock, hello.identity, "indexing", path=path, seconds=round(seconds, 1))
 
     def _open_session(
         self,

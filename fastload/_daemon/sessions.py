@@ -7,6 +7,7 @@ TCP trainer receives inside its `done` message; `status_row` the line `fastload 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import deque
@@ -20,6 +21,7 @@ from fastload._loading.executor import Task
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import MAX_PREFETCH
 from fastload._loading.shm import Segment
+from fastload.sources import DAEMON_SOURCE_KINDS, ImageFolder, Source, source_from_config
 from fastload.transforms import TransformPlan, compile_transforms, from_config
 
 _MAX_PID = 2**31 - 1  # pid_t; os.kill() refuses larger numbers
@@ -60,7 +62,7 @@ class Session:
 
 @dataclass
 class PendingHello:
-    """A validated hello waiting for its folder's index (scanned in the background)."""
+    """A validated hello waiting for its source's index (made in the background)."""
 
     sock: Any
     identity: bytes
@@ -103,9 +105,10 @@ def status_row(s: Session, now: float) -> dict[str, Any]:
     }
 
 
-def check_hello(f: dict[str, Any], budget_bytes: int) -> TransformPlan:
-    """Check a `hello`'s values (its types `daemon_link` checked) and compile its transforms; a
-    batch larger than the whole budget is refused before anything of it is allocated."""
+def check_hello(f: dict[str, Any], budget_bytes: int) -> tuple[TransformPlan, Source]:
+    """Check a `hello`'s values (its types `daemon_link` checked), compile its transforms and
+    rebuild its source (`dataset`, an image folder, unless `source` describes another); a batch
+    larger than the whole budget is refused before anything of it is allocated."""
     batch_size, prefetch = f["batch_size"], f["prefetch"]
     if not (1 <= batch_size <= MAX_BATCH and 0 <= prefetch <= MAX_PREFETCH):
         raise ConfigError(
@@ -117,10 +120,26 @@ def check_hello(f: dict[str, Any], budget_bytes: int) -> TransformPlan:
         raise ConfigError("pid must be a process id and seed must not be negative")
     if not os.path.isabs(f["dataset"]) or "\0" in f["dataset"]:
         raise ConfigError("dataset must be an absolute path (the daemon's working directory is not ours)")
+    source = _hello_source(f)
     plan = compile_transforms(from_config(f["transforms"]))
     if plan.out_height * plan.out_width * 3 * batch_size > budget_bytes:
         raise DaemonError(
             f"one batch of {batch_size} images of {plan.out_height}x{plan.out_width} is larger than "
             f"the daemon's {budget_bytes / 2**20:.0f} MiB budget"
         )
-    return plan
+    return plan, source
+
+
+def _hello_source(f: dict[str, Any]) -> Source:
+    if "source" not in f:
+        return ImageFolder(f["dataset"])
+    try:
+        config = json.loads(f["source"])
+    except ValueError as e:
+        raise ConfigError(f"source is not JSON: {e}") from None
+    source = source_from_config(config)
+    if source.kind not in DAEMON_SOURCE_KINDS:
+        raise ConfigError(f"a daemon does not serve {source.kind} sources: load them without daemon=")
+    if source.resolved() != source:
+        raise ConfigError("a source's paths must be absolute (the daemon's working directory is not ours)")
+    return source

@@ -221,6 +221,9 @@ class Engine:
             for w in self._workers.values()
             if w.ready and not w.lost and not any(t.suspect for t in w.tasks.values())
         ]
+        if self._queue and self._queue[0].worker is not None:
+            self._dispatch_pinned(ready)
+            return
         while self._queue and ready:
             if self._queue[0].suspect:
                 idle = [w for w in ready if not w.tasks]
@@ -238,6 +241,23 @@ class Engine:
             sent = self._send(worker, proto.encode_task(task, proto.PROBE if task.probe else proto.TASK))
             if not sent or task.suspect:  # a lost worker takes nothing more; a suspect runs alone
                 ready.remove(worker)
+
+    def _dispatch_pinned(self, ready: list[_Worker]) -> None:
+        """Send each queued task that names its worker to that worker, once it is ready (an
+        iterable stream's batches, NOTE [iterable streams]); the others keep their order."""
+        by_id = {w.worker_id: w for w in ready}
+        kept: deque[Task] = deque()
+        for task in self._queue:
+            worker = by_id.get(task.worker) if task.worker is not None else None
+            if worker is None or len(worker.tasks) >= _MAX_TASKS_PER_WORKER:
+                kept.append(task)
+                continue
+            if not worker.tasks:
+                worker.busy_since = time.monotonic()
+            worker.tasks[task.seq] = task
+            if not self._send(worker, proto.encode_task(task, proto.PROBE if task.probe else proto.TASK)):
+                del by_id[worker.worker_id]
+        self._queue = kept
 
     def drain(self) -> list[Event]:
         """Handle every reply already waiting (never blocks), then dispatch queued tasks."""

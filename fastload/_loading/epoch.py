@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError
+from fastload._loading.executor import Opaque
 from fastload._loading.pipeline import Outcome, Pipeline, deadline_after
 
 
@@ -55,10 +56,12 @@ class EpochIterator(Iterator[Any]):
         on_yield: Any,
         following: tuple[int, Callable[[], Iterator[np.ndarray]]] | None = None,
         carried: Lane | None = None,
+        on_empty: Callable[[int, np.ndarray], None] | None = None,
     ) -> None:
         """`following`: (the epoch the next iteration will most likely run, its batches from the
         start), to decode ahead into; `carried`: the lane a previous iteration decoded ahead for
-        this epoch from `start`, taken over instead of `batches`."""
+        this epoch from `start`, taken over instead of `batches`; `on_empty(epoch, batch)`: a
+        batch loaded nothing (an iterable stream ended) and was skipped."""
         self._pipeline = pipeline
         self._lane = carried if carried is not None else Lane(epoch, batches, start)
         self._next_yield = start
@@ -68,6 +71,7 @@ class EpochIterator(Iterator[Any]):
         self._superseded = False  # ended by a newer iter(loader) before it was exhausted
         self._started = False  # it yielded a batch (its first wait is the epoch's start-up)
         self._on_yield = on_yield
+        self._on_empty = on_empty
 
     def _in_window(self) -> int:
         lanes = (self._lane, self._ahead) if self._ahead is not None else (self._lane,)
@@ -89,7 +93,7 @@ class EpochIterator(Iterator[Any]):
             if indices is None:
                 lane.exhausted = True
                 return
-            failed = pipe.ensure_layout(lane.epoch, lane.next_batch_index, int(indices[0]))
+            failed = pipe.ensure_layout(lane.epoch, lane.next_batch_index, indices)
             if failed is not None:  # its first sample failed while probed: the batch fails, in order
                 lane.ready[lane.next_batch_index] = failed
                 lane.next_batch_index += 1
@@ -154,20 +158,26 @@ class EpochIterator(Iterator[Any]):
             # ready-queue figure that iostat shows true even when the trainer never has to wait.
             pipe.poll_once(None, wait_s=0.0)
             self._take_outcomes()
-        while self._next_yield not in self._lane.ready:
-            self._fill()
-            lane = self._lane
-            if lane.exhausted and not lane.batch_of_ticket and self._next_yield not in lane.ready:
-                self._active = False  # done; what it decoded ahead waits for the next iteration
-                raise StopIteration
-            if pipe.grow_if_starved(len(self._lane.ready)):
-                continue  # a slot is free again: submit into it rather than wait for nothing
-            pipe.poll_once(deadline)
-            self._take_outcomes()
-        outcome = self._lane.ready.pop(self._next_yield)
-        samples = self._lane.samples.pop(self._next_yield, None)
-        self._next_yield += 1
-        self._on_yield(self._lane.epoch, self._next_yield)
+        while True:
+            while self._next_yield not in self._lane.ready:
+                self._fill()
+                lane = self._lane
+                if lane.exhausted and not lane.batch_of_ticket and self._next_yield not in lane.ready:
+                    self._active = False  # done; what it decoded ahead waits for the next iteration
+                    raise StopIteration
+                if pipe.grow_if_starved(len(self._lane.ready)):
+                    continue  # a slot is free again: submit into it rather than wait for nothing
+                pipe.poll_once(deadline)
+                self._take_outcomes()
+            outcome = self._lane.ready.pop(self._next_yield)
+            samples = self._lane.samples.pop(self._next_yield, None)
+            self._next_yield += 1
+            if not _loaded_nothing(outcome):
+                break
+            pipe.discard(outcome)  # an iterable stream that has ended (NOTE [iterable streams])
+            if self._on_empty is not None and samples is not None:
+                self._on_empty(self._lane.epoch, samples)
+        self._on_yield(self._lane.epoch, self._next_yield, samples)
         self._fill()
         return pipe.deliver(outcome, self._lane.epoch, samples)
 
@@ -195,3 +205,10 @@ class EpochIterator(Iterator[Any]):
             self._pipeline.discard(outcome)
         lane.ready.clear()
         lane.samples.clear()
+
+
+def _loaded_nothing(outcome: Any) -> bool:
+    """Whether a batch's outcome holds no sample: only an ended iterable stream's does."""
+    if isinstance(outcome, tuple):
+        return bool(outcome[1] == 0)
+    return isinstance(outcome, Opaque) and outcome.count == 0

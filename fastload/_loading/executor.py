@@ -37,6 +37,7 @@ class Task:
     probe: bool = False
     job_id: int = 0
     row: int = 0  # first row of the slot's batch this task writes (a batch split across workers)
+    worker: int | None = None  # the only worker (by id) that may run it (NOTE [iterable streams])
     # Supervision's bookkeeping (`Engine`, NOTE [blame] in `supervision`):
     strikes: int = 0  # deaths it caused (crashes alone on a worker, or hangs)
     hangs: int = 0

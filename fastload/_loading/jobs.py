@@ -29,7 +29,7 @@ from fastload._loading.plan import batch_seed
 from fastload._loading.sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
 from fastload._loading.shm import Segment
 from fastload._machine import run_delay_since, thread_run_delay_ns
-from fastload.sources._index import PathIndex, ReadFailure, SampleIndex, target_row
+from fastload.sources._index import SHARED_INDEX_TYPES, PathIndex, ReadFailure, SampleIndex, target_row
 from fastload.transforms import TransformPlan, compile_transforms, from_config, to_config
 
 
@@ -137,8 +137,10 @@ class ImageJob:
 
     def to_config(self, index_segment: str) -> dict[str, Any]:
         """This job as JSON-able data, its index living in the named shared segment."""
+        index_type = next(k for k, t in SHARED_INDEX_TYPES.items() if isinstance(self.index, t))
         return {
             "index_segment": index_segment,
+            "index_type": index_type,
             "transforms": to_config(self.plan.transforms),
             "backend": self.backend_name,
             "seed": self.seed,
@@ -151,8 +153,9 @@ class ImageJob:
         """Rebuild a job from `to_config` data (in a daemon's worker): attach the shared index."""
         segment = Segment.attach(str(config["index_segment"]))
         plan = compile_transforms(from_config(config["transforms"]))
+        index_type = SHARED_INDEX_TYPES[str(config.get("index_type", "paths"))]
         job = cls(
-            PathIndex.from_segment(segment),
+            index_type.from_segment(segment),
             plan,
             str(config["backend"]),
             int(config["seed"]),
@@ -178,7 +181,7 @@ class ImageJob:
         """A folder's layout is known from its transforms: nothing to load."""
         return self.layout
 
-    def run_opaque(self, task: Task, in_trainer: bool) -> Any:
+    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int]:
         raise TypeError("a folder's batches always go into slots")
 
     def run(self, task: Task, arrays: Sequence[np.ndarray], layout: BatchLayout, in_trainer: bool) -> Done:
@@ -303,26 +306,48 @@ class DatasetJob:
         t1 = time.perf_counter_ns()
         read_cpu = time.process_time_ns() - cpu0
         read_runq = run_delay_since(runq0)
-        for row, (i, sample) in enumerate(zip(indices, samples, strict=True)):
-            try:
-                layout.write(sample, arrays, row)
-            except LayoutMismatch as e:
-                failure = failure_of(seq, e, int(i), self._path_of(int(i)), "sample")
-                message = (
-                    f"sample {int(i)} does not match the first sample's structure ({e}); "
-                    "batches need fixed-shape samples unless you pass a collate_fn"
-                )
-                raise JobFailed(dataclasses.replace(failure, message=message)) from e
+        write_samples(seq, samples, layout, arrays, [int(i) for i in indices], self._path_of)
         return Done(seq, len(indices), t1 - t0, time.perf_counter_ns() - t1, 0, read_cpu, read_runq)
 
-    def run_opaque(self, task: Task, in_trainer: bool) -> Any:
+    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int]:
         """Load and collate a batch that cannot live in a slot (the documented slow path)."""
         samples = self._fetch(task.seq, task.epoch, task.batch_index, task.indices, in_trainer)
-        collate = self.collate_fn or torch.utils.data.default_collate
+        return collate_or_fail(task, samples, self.collate_fn, "the batch starting"), len(samples)
+
+
+def write_samples(
+    seq: int,
+    samples: Sequence[Any],
+    layout: BatchLayout,
+    arrays: Sequence[np.ndarray],
+    indices: Sequence[int],
+    path_of: Callable[[int], str],
+) -> None:
+    """Write samples into consecutive rows of a slot (`fast_collate`); one that does not match the
+    layout fails the task, naming it (`indices`: each sample's index, -1 where there is none)."""
+    for row, (i, sample) in enumerate(zip(indices, samples, strict=True)):
         try:
-            return collate(samples)
-        except Exception as e:
-            raise JobFailed(failure_of(task.seq, e, int(task.indices[0]), "", "the batch starting")) from e
+            layout.write(sample, arrays, row)
+        except LayoutMismatch as e:
+            failure = failure_of(seq, e, i, path_of(i) if i >= 0 else "", "sample")
+            which = f"sample {i}" if i >= 0 else f"sample {row} of the batch"
+            message = (
+                f"{which} does not match the first sample's structure ({e}); "
+                "batches need fixed-shape samples unless you pass a collate_fn"
+            )
+            raise JobFailed(dataclasses.replace(failure, message=message)) from e
+
+
+def collate_or_fail(
+    task: Task, samples: list[Any], collate_fn: Callable[[list[Any]], Any] | None, what: str
+) -> Any:
+    """`collate_fn` (default_collate) of the samples; its error fails the task."""
+    collate = collate_fn or torch.utils.data.default_collate
+    try:
+        return collate(samples)
+    except Exception as e:
+        first = int(task.indices[0]) if len(task.indices) else -1
+        raise JobFailed(failure_of(task.seq, e, first, "", what)) from e
 
 
 class Job(Protocol):
@@ -342,8 +367,8 @@ class Job(Protocol):
         """Load the task's samples into `arrays` (the slot's, from the task's row on)."""
         ...
 
-    def run_opaque(self, task: Task, in_trainer: bool) -> Any:
-        """Load and collate the task's samples into a batch object."""
+    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int]:
+        """Load and collate the task's samples into a batch object: (batch, samples in it)."""
         ...
 
     def worker_dataset(self) -> Any:
@@ -366,8 +391,8 @@ def run_task(
             return Probed(task.seq, job.probe(task, in_trainer))
         if not task.slot_name:
             started = time.perf_counter_ns()
-            batch = job.run_opaque(task, in_trainer)
-            return Opaque(task.seq, batch, len(task.indices), time.perf_counter_ns() - started)
+            batch, count = job.run_opaque(task, in_trainer)
+            return Opaque(task.seq, batch, count, time.perf_counter_ns() - started)
         if layout is None:
             raise RuntimeError(f"task {task.seq} names slot {task.slot_name} before any layout was set")
         arrays = [a[task.row :] for a in layout.arrays(slot_buffer(task.slot_name))]

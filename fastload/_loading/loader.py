@@ -20,6 +20,7 @@ import torch
 from fastload._daemon.client import DaemonSession
 from fastload._errors import ConfigError
 from fastload._loading.epoch import EpochIterator
+from fastload._loading.iterable import IterableJob, IterablePlan
 from fastload._loading.jobs import DatasetJob, ImageJob, Job
 from fastload._loading.pipeline import Pipeline
 from fastload._loading.plan import BatchSampler, SamplerPlan, ShuffledPlan
@@ -197,6 +198,11 @@ class FastLoader:
         """Index the folder (or, attached to a daemon, say hello) and build the job; before any
         worker is forked, a ring /dev/shm cannot hold fails here."""
         spec = self._spec
+        if spec.iterable:
+            self._job = IterableJob(
+                spec.dataset, spec.collate_fn, spec.seed, spec.slot_batch_size, spec.drop_last
+            )
+            return
         if spec.source is None:
             self._job = DatasetJob(spec.dataset, spec.collate_fn, spec.seed, spec.slot_batch_size)
             if spec.sampler is None and spec.batch_sampler is None:  # a sampler may stand for __len__
@@ -226,8 +232,11 @@ class FastLoader:
             preflight(job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))  # before any worker is forked
         self._job = job
 
-    def _make_plan(self) -> ShuffledPlan | SamplerPlan:
+    def _make_plan(self) -> ShuffledPlan | SamplerPlan | IterablePlan:
         spec = self._spec
+        if spec.iterable:
+            assert spec.batch_size is not None
+            return IterablePlan(spec.dataset, spec.batch_size, spec.drop_last, max(1, spec.num_workers))
         if spec.batch_sampler is not None:
             return SamplerPlan(spec.batch_sampler)
         assert spec.batch_size is not None
@@ -295,6 +304,7 @@ class FastLoader:
         self._iterator = EpochIterator(
             self._pipeline, self._plan.iter_batches(epoch, start), epoch, start, self._on_yield,
             following=self._following(epoch), carried=carried,
+            on_empty=self._plan.ended if isinstance(self._plan, IterablePlan) else None,
         )
         return self._iterator
 
@@ -318,8 +328,10 @@ class FastLoader:
                 return sampler_epoch, 0
         return epoch, start
 
-    def _on_yield(self, epoch: int, yielded: int) -> None:
+    def _on_yield(self, epoch: int, yielded: int, batch: np.ndarray | None) -> None:
         self._position = (epoch, yielded)
+        if isinstance(self._plan, IterablePlan) and batch is not None:
+            self._plan.delivered(epoch, batch)
         if self._undrawn is not None:
             # NOTE [drawn epochs]: the iteration's first batch puts its epoch under way, so the next
             # iteration runs the next one (unless set_epoch named one meanwhile). An iterator never
@@ -332,7 +344,12 @@ class FastLoader:
     def state_dict(self) -> dict[str, Any]:
         """The position to resume from: after the last batch this loader yielded."""
         epoch, yielded = self._position
-        return {"version": _STATE_VERSION, "seed": self.seed, "epoch": epoch, "batches_yielded": yielded}
+        state: dict[str, Any] = {
+            "version": _STATE_VERSION, "seed": self.seed, "epoch": epoch, "batches_yielded": yielded
+        }
+        if isinstance(self._plan, IterablePlan):  # how far each worker's stream got
+            state["stream_batches"] = self._plan.state(epoch)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration resume exactly after the batch `state` was taken at.
@@ -350,7 +367,9 @@ class FastLoader:
                 self._open_source()  # a job of the new seed (the folder's index is kept)
             self._plan = self._make_plan()
         epoch, yielded = int(state["epoch"]), int(state["batches_yielded"])
-        if yielded >= len(self._plan):
+        if isinstance(self._plan, IterablePlan):
+            self._plan.resume_from(epoch, list(state.get("stream_batches", [])))
+        elif yielded >= len(self._plan):
             epoch, yielded = epoch + 1, 0
         self._epoch, self._resume_at = epoch, yielded
         self._position = (epoch, yielded)

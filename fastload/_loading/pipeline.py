@@ -151,8 +151,9 @@ class Pipeline:
     def next_seq(self) -> int:
         return next(self._seqs)
 
-    def ensure_layout(self, epoch: int, batch_index: int, first_index: int) -> Failure | None:
-        """Learn the batch layout (probing one sample for a Dataset) and build ring + delivery.
+    def ensure_layout(self, epoch: int, batch_index: int, indices: np.ndarray) -> Failure | None:
+        """Learn the batch layout (probing one sample of the batch `indices` for a Dataset) and
+        build ring + delivery.
 
         Returns the Failure when the probed sample could not be loaded: that batch fails, and the
         next batch probes again.
@@ -161,8 +162,10 @@ class Pipeline:
             return None
         if self.layout is None:
             self._probe_seq = seq = self.next_seq()
+            # A map-style sample is its index; an iterable stream's is its batch's (stream, k).
+            probed = indices if self.spec.iterable else indices[:1]
             self.executor.submit(
-                Task(seq, epoch, batch_index, np.asarray([first_index], np.int64), "", probe=True)
+                Task(seq, epoch, batch_index, probed, "", probe=True, worker=self._worker_of(indices))
             )
             deadline = deadline_after(self.spec.timeout_s)
             while self._probed is None or self._probed.seq != seq:
@@ -232,9 +235,10 @@ class Pipeline:
             self._slot_of[seq] = slot
             slot_name = self.ring.name(slot)
         self._wanted.add(seq)
-        parts = self._split_count(len(indices))
+        parts = 1 if self.spec.iterable else self._split_count(len(indices))
         if parts == 1:
-            self.executor.submit(Task(seq, epoch, batch_index, indices, slot_name))
+            worker = self._worker_of(indices)
+            self.executor.submit(Task(seq, epoch, batch_index, indices, slot_name, worker=worker))
             return seq
         # NOTE [split batches]: one worker decoding a whole batch makes a batch take batch-time
         # (256 x 2 ms = 0.5 s) to exist, and batches complete in bursts, out of plan order; so
@@ -248,6 +252,13 @@ class Pipeline:
             self._part_of[part] = seq
             self.executor.submit(Task(part, epoch, batch_index, indices[row:end], slot_name, row=int(row)))
         return seq
+
+    def _worker_of(self, indices: np.ndarray) -> int | None:
+        """The worker an iterable stream's batch must run on (its stream's: NOTE [iterable
+        streams]); any worker for other batches, and on this thread (inline) there is one."""
+        if not self.spec.iterable or self.inline:
+            return None
+        return int(indices[0])
 
     def _split_count(self, n: int) -> int:
         """How many tasks to make of a batch of `n`: one per worker (see NOTE [split batches])."""

@@ -25,7 +25,7 @@ from fastload._loading.delivery import ImageOutput
 from fastload._loading.ranks import process_position
 from fastload._loading.ring import MAX_PREFETCH, default_prefetch
 from fastload._machine import usable_cores
-from fastload.sources import ImageFolder, Source, as_source
+from fastload.sources import DAEMON_SOURCE_KINDS, ImageFolder, Source, as_source
 from fastload.transforms import (
     Transform,
     TransformPlan,
@@ -76,6 +76,11 @@ class LoaderSpec:
     # A testing aid: FASTLOAD_DALI_IN_TRAINER=1 runs backend="dali" on the CPU in the trainer's
     # process, as with CUDA (`decodes_in_trainer`), so that path is tested where no GPU is.
     dali_in_trainer: bool = False
+
+    @property
+    def iterable(self) -> bool:
+        """Whether the dataset is an IterableDataset (NOTE [iterable streams] in `iterable`)."""
+        return isinstance(self.dataset, torch.utils.data.IterableDataset)
 
     @functools.cached_property
     def transforms(self) -> TransformPlan | None:
@@ -159,7 +164,6 @@ class LoaderSpec:
     def hello(self) -> dict[str, Any]:
         """The daemon `hello` for this spec (`_daemon.daemon_link`); prefetch 0: the daemon sizes the ring."""
         assert self.source is not None and self.transforms is not None and self.batch_size is not None
-        assert isinstance(self.source, ImageFolder), "daemon sessions read image folders"
         return {
             "dataset": self.source.where,
             "transforms": to_config(self.worker_transforms.transforms),  # type: ignore[union-attr]
@@ -170,6 +174,8 @@ class LoaderSpec:
             "pid": os.getpid(),
             "rank": self.rank,
             "world_size": self.world_size,
+            # A folder is its path alone (what every daemon understands); other sources describe themselves.
+            **({} if isinstance(self.source, ImageFolder) else {"source": self.source.resolved().to_json()}),
         }
 
 
@@ -211,7 +217,7 @@ def build_spec(
     anything DataLoader refuses, and for fastload's own), and resolve their defaults."""
     is_source = isinstance(dataset, (str, os.PathLike, Source))
     if isinstance(dataset, torch.utils.data.IterableDataset):
-        raise ConfigError("FastLoader takes map-style datasets; IterableDataset is not supported")
+        _check_iterable(shuffle, sampler, batch_sampler, shuffle_block)
     if num_workers is None:
         num_workers = default_workers() if is_source else 0
     _check_workers(num_workers, timeout, hang_timeout, prefetch_factor, persistent_workers)
@@ -252,9 +258,8 @@ def build_spec(
     _check_block_shuffle(shuffle_block, shuffle_window, shuffle)
     source = as_source(dataset) if is_source else None
     if daemon is not None:
-        if not isinstance(source, ImageFolder):
-            kind = source.kind if source is not None else "Dataset"
-            raise ConfigError(f"a daemon serves image folders; load this {kind} source without daemon=")
+        if source is not None and source.kind not in DAEMON_SOURCE_KINDS:
+            raise ConfigError(f"a daemon does not serve {source.kind} sources: load them without daemon=")
         daemon = resolve_address(daemon)
     return LoaderSpec(
         source=source,
@@ -337,6 +342,22 @@ def _check_batching(
         raise ConfigError(f"batch_size must be positive, got {batch_size}")
     if sampler is not None and shuffle:
         raise ConfigError("sampler is mutually exclusive with shuffle")
+
+
+def _check_iterable(
+    shuffle: bool | None,
+    sampler: Iterable[int] | None,
+    batch_sampler: Iterable[Sequence[int]] | None,
+    shuffle_block: int | None,
+) -> None:
+    """What DataLoader refuses with an IterableDataset: it orders its own samples."""
+    if shuffle not in (None, False) or shuffle_block is not None:
+        raise ConfigError(
+            "an IterableDataset orders its own samples: expected shuffle unspecified or False "
+            f"(and no shuffle_block), got shuffle={shuffle!r}"
+        )
+    if sampler is not None or batch_sampler is not None:
+        raise ConfigError("an IterableDataset orders its own samples: sampler and batch_sampler do not apply")
 
 
 def _check_block_shuffle(block: int | None, window: int, shuffle: bool | None) -> None:

@@ -9,10 +9,11 @@ A plain path means what it looks like (`as_source`). Every source gives the same
 every worker count, resumes with `state_dict`, and reports its reads to `fastload iostat`.
 """
 
-from fastload.sources._base import Source, as_source, source_from_config
+from fastload.sources._base import DAEMON_SOURCE_KINDS, Source, as_source, source_from_config
 from fastload.sources._filelist import FileList, ImageFolder
 
 __all__ = [
+    "DAEMON_SOURCE_KINDS",
     "FileList",
     "ImageFolder",
     "Source",

@@ -9,6 +9,8 @@ not in the source (DESIGN: "sources as seams").
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -17,6 +19,9 @@ from fastload._errors import ConfigError
 from fastload.sources._index import SampleIndex
 
 _REGISTRY: dict[str, type[Source]] = {}
+
+# What a daemon serves: sources whose index its workers attach from shared memory.
+DAEMON_SOURCE_KINDS = frozenset({"folder", "file_list", "tar", "packed"})
 
 
 class Source(ABC):
@@ -28,6 +33,7 @@ class Source(ABC):
     """
 
     kind: ClassVar[str]  # the name in a config ("folder", "file_list", "tar", "packed", "hdf5")
+    path_fields: ClassVar[tuple[str, ...]] = ()  # fields naming files: made absolute by `resolved`
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -44,14 +50,33 @@ class Source(ABC):
     def where(self) -> str:
         """What iostat and error messages call this source (its main path)."""
 
+    def resolved(self) -> Source:
+        """This source with its paths absolute (what a daemon, whose working directory is not
+        ours, is sent)."""
+        changes: dict[str, Any] = {}
+        for name in self.path_fields:
+            value = getattr(self, name)
+            if isinstance(value, str):
+                changes[name] = os.path.abspath(value)
+            elif isinstance(value, tuple):
+                changes[name] = tuple(os.path.abspath(v) for v in value)
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    def to_json(self) -> str:
+        """`to_config` as canonical JSON text (sorted keys): what identifies the source."""
+        return json.dumps(self.to_config(), sort_keys=True, separators=(",", ":"))
+
     def to_config(self) -> dict[str, Any]:
         """This source as JSON-able data (`source_from_config` rebuilds it)."""
         fields = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self).items()}
         return {"kind": self.kind, **fields}
 
 
-def source_from_config(config: dict[str, Any]) -> Source:
-    """The source `Source.to_config` described (ConfigError for an unknown kind or field)."""
+def source_from_config(config: Any) -> Source:
+    """The source `Source.to_config` described (ConfigError for an unknown kind or field); the
+    config may come from a peer, so anything but a JSON object of known fields is refused."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"a source description is a JSON object, got {type(config).__name__}")
     fields = dict(config)
     kind = fields.pop("kind", None)
     cls = _REGISTRY.get(str(kind))

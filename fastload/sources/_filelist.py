@@ -34,6 +34,7 @@ class ImageFolder(Source):
     names, as torchvision's ImageFolder (a plain path to a folder means this)."""
 
     kind: ClassVar[str] = "folder"
+    path_fields: ClassVar[tuple[str, ...]] = ("root",)
     root: str
 
     @property
@@ -61,6 +62,7 @@ class FileList(Source):
     """
 
     kind: ClassVar[str] = "file_list"
+    path_fields: ClassVar[tuple[str, ...]] = ("path", "root")
     path: str
     root: str | None = None
     classes: tuple[str, ...] | None = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -146,6 +146,10 @@ class PathIndex:
         """An index over a segment made by `to_segment` (views, no copy)."""
         offsets, labels, blob = _shared_views(segment)
         return cls(root, (), blob, offsets, labels)
+
+
+# Index types a worker can rebuild from a shared segment, by the name `ImageJob.to_config` sends.
+SHARED_INDEX_TYPES: dict[str, Any] = {"paths": PathIndex}
 
 
 def _align8(n: int) -> int:
