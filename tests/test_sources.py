@@ -238,3 +238,19 @@ def test_sources_namespace_is_curated() -> None:
     public = {n for n in dir(sources) if not n.startswith("_")}
     assert public == set(sources.__all__)
     assert sources.__all__ == sorted(sources.__all__)
+
+
+def test_a_file_lists_reads_are_counted_for_iostat(image_folder: Path, tmp_path: Path) -> None:
+    files = _files(image_folder)
+    listing = tmp_path / "list.csv"
+    listing.write_text("".join(f"{image_folder / p},{c}\n" for p, c in files))
+    sizes = [(image_folder / p).stat().st_size for p, _ in files]
+    with _loader(FileList(str(listing)), workers=2, shuffle=False) as loader:
+        list(loader)
+        stats = loader.stats()
+    assert stats is not None
+    # The epoch, and what the next one decoded ahead of it (NOTE [no drain]): its first files.
+    ahead = stats.samples - len(files)
+    assert 0 <= ahead <= 2 * 5
+    assert stats.bytes_read == sum(sizes) + sum(sizes[:ahead])
+    assert stats.read_s > 0 and stats.decode_s > 0
