@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from fastload._errors import DatasetError
 from fastload._loading.shm import Segment
 from fastload.sources import ImageFolder, Source
+from fastload.sources._arrays import ArrayIndex
 from fastload.sources._folder import scan_image_folder
 from fastload.sources._index import SampleIndex
 
@@ -68,7 +69,10 @@ class _Scan(threading.Thread):
     def run(self) -> None:
         try:
             if not isinstance(self.source, ImageFolder):
-                self.result = self.source.open()
+                index = self.source.open()
+                if isinstance(index, ArrayIndex):  # its batches are arrays, not images to decode
+                    raise DatasetError(f"{self.source.where} holds arrays: a daemon serves encoded images")
+                self.result = index
                 return
             self.result = scan_image_folder(
                 self.path,

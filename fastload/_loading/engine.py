@@ -468,3 +468,4 @@ class InlineExecutor:
 
     def close(self) -> None:
         self._queue.clear()
+        self._job.close()  # what the job opened in this process to read (an HDF5 file)

@@ -14,7 +14,7 @@ import random
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -29,8 +29,17 @@ from fastload._loading.plan import batch_seed
 from fastload._loading.sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
 from fastload._loading.shm import Segment
 from fastload._machine import run_delay_since, thread_run_delay_ns
-from fastload.sources._index import SHARED_INDEX_TYPES, PathIndex, ReadFailure, SampleIndex, target_row
+from fastload.sources._index import (
+    SHARED_INDEX_TYPES,
+    IndexBase,
+    PathIndex,
+    ReadFailure,
+    SampleIndex,
+    target_row,
+)
 from fastload.transforms import TransformPlan, compile_transforms, from_config, to_config
+
+T = TypeVar("T")
 
 
 class JobFailed(Exception):
@@ -79,7 +88,39 @@ def failure_of(seq: int, exc: BaseException, index: int, path: str, what: str) -
 # Slots are 4x larger; `ring.default_prefetch` sizes the ring from their bytes.
 
 
-class ImageJob:
+class SourceJob:
+    """What the jobs of a source fastload reads itself share: the source's index, and a batch
+    layout known before any sample is loaded (batches always go into slots)."""
+
+    index: IndexBase
+    layout: BatchLayout | None
+
+    def worker_dataset(self) -> Any:
+        """What `get_worker_info().dataset` is in this job's workers: the source's root (a folder,
+        a file)."""
+        return self.index.root
+
+    def probe(self, task: Task, in_trainer: bool) -> BatchLayout | None:
+        """The layout is known up front (from the transforms, or an array's rows): nothing to load."""
+        return self.layout
+
+    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int]:
+        raise TypeError(f"{self.index.root}: a source's batches always go into slots")
+
+    def _read_stage(self, task: Task, what: str, read: Callable[[np.ndarray], T]) -> tuple[T, int, int]:
+        """`read(task.indices)` with its CPU and run-queue time (ns); a `ReadFailure` becomes the
+        task's failure, naming the sample (`what`, and where it lives)."""
+        cpu0 = time.process_time_ns()
+        runq0 = thread_run_delay_ns()
+        try:
+            result = read(task.indices)
+        except ReadFailure as e:
+            i = int(task.indices[e.position])
+            raise JobFailed(failure_of(task.seq, e.cause, i, self.index.name(i), what)) from e.cause
+        return result, time.process_time_ns() - cpu0, run_delay_since(runq0)
+
+
+class ImageJob(SourceJob):
     """Loads batches of encoded images from a source (`SampleIndex`: a folder, a file list, tar
     shards, a packed file): read a batch's bytes, decode + crop + flip into NHWC uint8, then the
     pixel stage (colour, policies) in place when `plan` has one (NOTE [transform stages]), labels.
@@ -95,7 +136,7 @@ class ImageJob:
         batch_size: int,
         normalize: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> None:
-        self.index = index
+        self.index: SampleIndex = index
         self.plan = plan
         self.backend_name = backend
         self.seed = seed
@@ -166,39 +207,24 @@ class ImageJob:
         return job
 
     def close(self) -> None:
-        """Let go of the shared index, if this job attached one."""
+        """Let go of the shared index, if this job attached one, and of the files its index opened
+        in this process (an HDF5 file's handle)."""
+        close_files = getattr(self.index, "close", None)
+        if callable(close_files):
+            close_files()
         if self._index_segment is not None:
             empty = np.empty(0, np.int64)
             self.index = PathIndex("", (), np.empty(0, np.uint8), np.zeros(1, np.int64), empty)
             self._index_segment.close()
             self._index_segment = None
 
-    def worker_dataset(self) -> Any:
-        """What `get_worker_info().dataset` is in this job's workers: the folder."""
-        return self.index.root
-
-    def probe(self, task: Task, in_trainer: bool) -> BatchLayout | None:
-        """A folder's layout is known from its transforms: nothing to load."""
-        return self.layout
-
-    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int]:
-        raise TypeError("a folder's batches always go into slots")
-
     def run(self, task: Task, arrays: Sequence[np.ndarray], layout: BatchLayout, in_trainer: bool) -> Done:
         seq, epoch, indices = task.seq, task.epoch, task.indices
         n = len(indices)
         images, labels = arrays
-        cpu0 = time.process_time_ns()
-        runq0 = thread_run_delay_ns()
         t0 = time.perf_counter_ns()
-        try:
-            blobs = self.index.read(indices)
-        except ReadFailure as e:
-            i = int(indices[e.position])
-            raise JobFailed(failure_of(seq, e.cause, i, self.index.name(i), "image")) from e.cause
+        blobs, read_cpu, read_runq = self._read_stage(task, "image", self.index.read)
         t1 = time.perf_counter_ns()
-        read_cpu = time.process_time_ns() - cpu0
-        read_runq = run_delay_since(runq0)
         rngs = sample_randoms(self.seed, epoch, indices)
         pixels = images[:n] if self.normalize is None else self._uint8_rows(n)
         try:
@@ -351,7 +377,7 @@ def collate_or_fail(
 
 
 class Job(Protocol):
-    """What every job offers the executors (`ImageJob`, `DatasetJob`)."""
+    """What every job offers the executors (`ImageJob`, `ArrayJob`, `DatasetJob`)."""
 
     seed: int
     batch_size: int

@@ -19,6 +19,7 @@ import torch
 
 from fastload._daemon.client import DaemonSession
 from fastload._errors import ConfigError
+from fastload._loading.array_job import ArrayJob
 from fastload._loading.epoch import EpochIterator
 from fastload._loading.iterable import IterableJob, IterablePlan
 from fastload._loading.jobs import DatasetJob, ImageJob, Job
@@ -28,6 +29,7 @@ from fastload._loading.ring import EXTRA_SLOTS
 from fastload._loading.shm import preflight
 from fastload._loading.spec import build_spec
 from fastload._loading.stats import LoaderStats, format_summary
+from fastload.sources._arrays import ArrayIndex
 from fastload.sources._index import SampleIndex
 from fastload.transforms import Transform
 
@@ -152,7 +154,7 @@ class FastLoader:
         self.dataset = dataset
         self.classes: tuple[str, ...] = ()
         self._job: Job | None = None
-        self._index: SampleIndex | None = None
+        self._index: SampleIndex | ArrayIndex | None = None
         self._session: DaemonSession | None = None
         self._num_samples = 0
         self._open_source()
@@ -216,6 +218,13 @@ class FastLoader:
         if self._index is None:
             self._index = spec.source.open()
             self.classes, self._num_samples = self._index.classes, len(self._index)
+        if isinstance(self._index, ArrayIndex):  # rows as stored: no decoding, no transforms
+            self._spec = spec = spec.for_arrays()
+            self._job = ArrayJob(self._index, spec.seed, spec.slot_batch_size)
+            assert self._job.layout is not None
+            slot_bytes = self._job.layout.slot_bytes
+            preflight(slot_bytes * (spec.ring_prefetch(spec.num_workers, slot_bytes) + EXTRA_SLOTS))
+            return
         assert spec.transforms is not None and spec.worker_transforms is not None
         if spec.transforms.batch is not None and self._index.labels.ndim != 1:
             raise ConfigError(

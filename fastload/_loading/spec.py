@@ -87,7 +87,7 @@ class LoaderSpec:
         """The folder's transform chain, compiled (ConfigError when it cannot give a fixed size, or
         when it needs normalized images and has none). The loader compiles it right after indexing
         the folder, so a bad path is reported first."""
-        if self.source is None:
+        if self.source is None or self.images is None:  # a Dataset, or an array source (`for_arrays`)
             return None
         plan = compile_transforms(self.transform)
         if (plan.tensor or plan.batch is not None) and (self.images is None or self.images.mean is None):
@@ -156,6 +156,18 @@ class LoaderSpec:
         """Batches in flight for batches of `slot_bytes`: `prefetch` as given, else sized from the
         bytes (`ring.default_prefetch`)."""
         return self.prefetch or default_prefetch(workers, slot_bytes)
+
+    def for_arrays(self) -> LoaderSpec:
+        """This spec for a source of arrays (rows delivered as stored): no image output, and a
+        ConfigError for what only encoded images take."""
+        if self.transform is not None or (self.images is not None and self.images.mean is not None):
+            raise ConfigError(
+                f"{self.label} holds arrays, delivered as stored: transform and normalize apply to encoded "
+                "images; apply transforms to the batch in your training step, or store encoded images"
+            )
+        if self.backend != "native":
+            raise ConfigError(f"backend={self.backend!r} decodes images; {self.label} holds arrays")
+        return dataclasses.replace(self, images=None)
 
     def with_seed(self, seed: int) -> LoaderSpec:
         """This spec with another base seed (`load_state_dict` of a state saved with it)."""

@@ -4,6 +4,7 @@
     FastLoader("data/train")                                    # an ImageNet-layout folder
     FastLoader(sources.FileList("train.csv", root="images"))    # path,label lines
     FastLoader(sources.FileList("tags.tsv", multi_label=True))  # multi-hot targets
+    FastLoader(sources.HDF5("train.h5", data="x", labels="y"))  # encoded images, or arrays as stored
 
 A plain path means what it looks like (`as_source`). Every source gives the same batches for
 every worker count, resumes with `state_dict`, and reports its reads to `fastload iostat`.
@@ -11,9 +12,11 @@ every worker count, resumes with `state_dict`, and reports its reads to `fastloa
 
 from fastload.sources._base import DAEMON_SOURCE_KINDS, Source, as_source, source_from_config
 from fastload.sources._filelist import FileList, ImageFolder
+from fastload.sources._hdf5 import HDF5
 
 __all__ = [
     "DAEMON_SOURCE_KINDS",
+    "HDF5",
     "FileList",
     "ImageFolder",
     "Source",

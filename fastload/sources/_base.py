@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from fastload._errors import ConfigError
+from fastload.sources._arrays import ArrayIndex
 from fastload.sources._index import SampleIndex
 
 _REGISTRY: dict[str, type[Source]] = {}
@@ -41,8 +42,9 @@ class Source(ABC):
             _REGISTRY[cls.kind] = cls
 
     @abstractmethod
-    def open(self) -> SampleIndex:
-        """Read the source's index (paths or places, and targets); DatasetError saying what is
+    def open(self) -> SampleIndex | ArrayIndex:
+        """Read the source's index (paths or places, and targets): a `SampleIndex` of encoded
+        samples, or an `ArrayIndex` of rows delivered as stored; DatasetError saying what is
         wrong when it cannot."""
 
     @property

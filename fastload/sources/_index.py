@@ -33,12 +33,12 @@ class ReadFailure(Exception):
         self.cause = cause
 
 
-class SampleIndex(Protocol):
-    """The contract a job reads an encoded-sample source through (see the module docstring)."""
+class IndexBase(Protocol):
+    """What every opened source offers, whatever its samples: its name, targets and sample names."""
 
     @property
     def root(self) -> str:
-        """What the source is called (a folder, a list file, a shard pattern)."""
+        """What the source is called (a folder, a list file, a shard pattern, an HDF5 file)."""
         ...
 
     @property
@@ -52,8 +52,13 @@ class SampleIndex(Protocol):
     def __len__(self) -> int: ...
 
     def name(self, index: int) -> str:
-        """The sample's file path, or where it lives inside a container (`SHARD.tar:KEY`)."""
+        """The sample's file path, or where it lives inside a container (`SHARD.tar:KEY`,
+        `FILE.h5:/images[7]`)."""
         ...
+
+
+class SampleIndex(IndexBase, Protocol):
+    """The contract a job reads an encoded-sample source through (see the module docstring)."""
 
     def read(self, indices: np.ndarray) -> list[bytes]:
         """The encoded bytes of `indices`, in that order; `ReadFailure` names the one that failed."""

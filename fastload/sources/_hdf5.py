@@ -1,0 +1,397 @@
+"""HDF5 files: encoded images (decoded like a folder's) or fixed-shape arrays (delivered as stored).
+
+`HDF5(path, data="images", labels="labels")` reads one dataset of samples and one of targets.
+What the `data` dataset holds decides how it is loaded:
+
+- a 1-D dataset of variable-length uint8 (`h5py.vlen_dtype(np.uint8)`), or of fixed-length opaque
+  or bytes values, holds encoded images (JPEG, PNG, ...): `HDF5BytesIndex`, a `SampleIndex` that
+  the image job decodes, crops and augments exactly as it does a folder's files;
+- a numeric dataset (N, ...) holds arrays (decoded images, feature rows): `HDF5ArrayIndex`, an
+  `ArrayIndex` whose rows go into the batch as stored, without transforms.
+
+Targets are a 1-D integer dataset (int64 class indices) or a 2-D one (N, K) (float32, multi-hot),
+read into memory when the source is opened; class names come from `classes`, or else from a
+`classes` attribute of the targets' (or the data's) dataset.
+
+NOTE [HDF5 handles and fork]: an HDF5 file handle must not cross a fork (the library's state,
+caches and locks would be shared by accident). The trainer opens the file to read its metadata
+and targets and closes it before any worker exists; each process that reads samples opens its own
+handle on first use (`PerProcess`, keyed by pid), and a pickled index carries none. Arrays whose
+bytes lie raw in the file (contiguous, or uncompressed chunks of whole rows) are not read through
+HDF5 at all: their block offsets are found at open, and workers map the file (`MappedRows`).
+Compressed or otherwise transformed arrays are read through HDF5 a block (chunk) at a time into a
+decoded copy in each process, while it fits `cache_mb`; larger ones by one sorted selection per
+batch through HDF5's chunk cache, sized to `cache_mb`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fastload._errors import ConfigError, DatasetError
+from fastload._loading.shm import Segment
+from fastload.sources._arrays import MappedRows, PerProcess
+from fastload.sources._base import Source
+from fastload.sources._index import ReadFailure
+
+# HDF5's chunk cache hash table: a prime, many times the chunks a cache of cache_mb holds.
+_CHUNK_CACHE_SLOTS = 100_003
+# Rows per block read at once from a dataset that is not chunked (e.g. contiguous, big-endian).
+_BLOCK_BYTES = 1 << 20
+# Datasets named in a "no such dataset" message, at most.
+_LISTED = 20
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _h5py() -> Any:
+    """The h5py module (the `hdf5` extra), imported only when an HDF5 source is opened or read."""
+    try:
+        import h5py
+    except ImportError as e:
+        raise ConfigError(
+            f"HDF5 sources need h5py, which is not installed ({e}): pip install fastload[hdf5]"
+        ) from e
+    return h5py
+
+
+def _open_for_reading(path: str, cache_bytes: int) -> Any:
+    """A read-only handle with a chunk cache of `cache_bytes` (HDF5's default is 1 MiB)."""
+    return _h5py().File(path, "r", rdcc_nbytes=cache_bytes, rdcc_nslots=_CHUNK_CACHE_SLOTS)
+
+
+@dataclass(frozen=True)
+class HDF5(Source):
+    """Samples in an HDF5 file: the `data` dataset, targets in the `labels` dataset.
+
+    - `data`: encoded images (1-D variable-length uint8, or fixed-length opaque/bytes), decoded,
+      transformed and normalized as a folder's images are; or a numeric array (N, ...) whose rows
+      are delivered as stored, `[rows, targets]` (no `transform` or `normalize`).
+    - `labels`: a 1-D integer dataset (int64 targets) or a 2-D one (N, K) (float32 multi-hot
+      targets); None: no targets (every label is -1).
+    - `classes`: class names (default: the `classes` attribute of the labels' or data's dataset).
+    - `cache_mb`: memory each reading process may keep of a compressed array decoded (and HDF5's
+      chunk cache size).
+    Needs h5py (`pip install fastload[hdf5]`).
+    """
+
+    kind: ClassVar[str] = "hdf5"
+    path: str
+    data: str = "images"
+    labels: str | None = "labels"
+    classes: tuple[str, ...] | None = None
+    cache_mb: int = 256
+
+    def __post_init__(self) -> None:
+        if self.classes is not None:
+            object.__setattr__(self, "classes", tuple(str(c) for c in self.classes))
+
+    @property
+    def where(self) -> str:
+        return os.path.abspath(self.path)
+
+    def open(self) -> HDF5BytesIndex | HDF5ArrayIndex:
+        h5py = _h5py()
+        path = self.where
+        if not os.path.isfile(path):
+            what = "is not a file" if os.path.exists(path) else "does not exist"
+            raise DatasetError(f"HDF5 file {path} {what}")
+        try:
+            f = h5py.File(path, "r")
+        except OSError as e:
+            raise DatasetError(f"cannot open {path} as an HDF5 file: {e}") from e
+        with f:  # closed before any worker is forked (NOTE [HDF5 handles and fork])
+            dset = _dataset(f, path, self.data, "data")
+            if dset.ndim == 0 or dset.shape[0] == 0:
+                raise DatasetError(f"{path}:{dset.name} holds no samples (shape {dset.shape})")
+            encoded = _holds_encoded(h5py, dset, path)
+            classes, labels = self._targets(f, path, dset)
+            cache_bytes = int(self.cache_mb) << 20
+            if encoded:
+                return HDF5BytesIndex(path, dset.name, classes, labels, cache_bytes)
+            return _array_index(dset, path, classes, labels, cache_bytes)
+
+    def _targets(self, f: Any, path: str, dset: Any) -> tuple[tuple[str, ...], np.ndarray]:
+        """(class names, targets): int64 (N,) or float32 (N, K), read into memory."""
+        n = int(dset.shape[0])
+        named = _class_names(dset.attrs.get("classes"))
+        if self.labels is None:
+            return self.classes or named, np.full(n, -1, np.int64)
+        source = _dataset(f, path, self.labels, "labels")
+        raw = source[()]
+        where = f"{path}:{source.name}"
+        if raw.ndim == 1 and np.issubdtype(raw.dtype, np.integer):
+            labels = raw.astype(np.int64)
+        elif raw.ndim == 2 and (np.issubdtype(raw.dtype, np.number) or raw.dtype == np.bool_):
+            labels = raw.astype(np.float32)
+        else:
+            raise DatasetError(
+                f"{where} has shape {raw.shape} and dtype {raw.dtype}: targets are a 1-D integer dataset "
+                "(class indices) or a 2-D (samples, classes) one (multi-hot)"
+            )
+        if labels.shape[0] != n:
+            raise DatasetError(f"{where} holds {labels.shape[0]} targets for the {n} samples of {dset.name}")
+        classes = self.classes or _class_names(source.attrs.get("classes")) or named
+        width = labels.shape[1] if labels.ndim == 2 else int(labels.max()) + 1
+        if classes and width > len(classes):
+            raise DatasetError(f"{where}: {width} classes' targets, but {len(classes)} class names")
+        return classes, labels
+
+
+def _dataset(f: Any, path: str, name: str, what: str) -> Any:
+    """The dataset `name`, or a DatasetError listing the datasets the file holds."""
+    h5py = _h5py()
+    found = f.get(name)
+    if isinstance(found, h5py.Dataset):
+        return found
+    present: list[str] = []
+
+    def note(key: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset) and len(present) <= _LISTED:
+            present.append(f"/{key} {obj.shape} {_describe_dtype(h5py, obj.dtype)}")
+
+    f.visititems(note)
+    listing = ", ".join(present[:_LISTED]) + (", ..." if len(present) > _LISTED else "")
+    problem = "no dataset" if found is None else "a group, not a dataset, at"
+    raise DatasetError(
+        f"{path} has {problem} {name!r} (the {what}: pass {what}=NAME); datasets present: {listing or 'none'}"
+    )
+
+
+def _describe_dtype(h5py: Any, dtype: np.dtype) -> str:
+    base = h5py.check_vlen_dtype(dtype)
+    return f"vlen {base}" if base is not None else str(dtype)
+
+
+def _class_names(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return tuple(v.decode() if isinstance(v, bytes) else str(v) for v in np.atleast_1d(value).tolist())
+
+
+def _holds_encoded(h5py: Any, dset: Any, path: str) -> bool:
+    """True for encoded samples (variable-length uint8, opaque or bytes), False for a numeric
+    array; DatasetError for anything else."""
+    dtype = dset.dtype
+    base = h5py.check_vlen_dtype(dtype)
+    encoded = base in (np.dtype(np.uint8), np.dtype(np.int8)) or (
+        base is None and dtype.kind in "VS" and dtype.names is None
+    )
+    if encoded and dset.ndim == 1:
+        return True
+    if base is None and dtype.kind in "biufc" and dtype.names is None:
+        return False
+    raise DatasetError(
+        f"{path}:{dset.name} has shape {dset.shape} and dtype {_describe_dtype(h5py, dtype)}: fastload reads "
+        "encoded images (a 1-D dataset of h5py.vlen_dtype(np.uint8), or opaque/bytes values) or numeric "
+        "arrays (samples, ...)"
+    )
+
+
+def _failure_in(read_one: Any, indices: np.ndarray, cause: OSError) -> ReadFailure:
+    """The ReadFailure of a batch whose read failed: the first position that fails alone."""
+    for position, i in enumerate(indices.tolist()):
+        try:
+            read_one(i)
+        except OSError as e:
+            return ReadFailure(position, e)
+    return ReadFailure(0, cause)
+
+
+class _Reader:
+    """A process's own handle on the file and dataset, and what it has decoded of it."""
+
+    def __init__(self, path: str, dataset: str, cache_bytes: int) -> None:
+        """OSError when the file or the dataset cannot be opened (anymore)."""
+        self.file = _open_for_reading(path, cache_bytes)
+        try:
+            self.dset = self.file[dataset]
+        except KeyError as e:
+            self.file.close()
+            raise OSError(f"{path} has no dataset {dataset} anymore: {e}") from e
+        self.decoded: np.ndarray | None = None  # the dataset, filled a block at a time
+        self.have: np.ndarray | None = None  # bool, per block: decoded yet
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@dataclass(frozen=True)
+class _HDF5Index:
+    """What both HDF5 indexes share: the file, the dataset, targets, a handle per process."""
+
+    root: str  # the file
+    dataset: str  # the data's full name in it ("/images")
+    classes: tuple[str, ...]
+    labels: np.ndarray
+    cache_bytes: int
+    _reader: PerProcess = field(default_factory=PerProcess, init=False, repr=False, compare=False)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def name(self, index: int) -> str:
+        return f"{self.root}:{self.dataset}[{index}]"
+
+    def _open(self, cache_bytes: int | None = None) -> _Reader:
+        reader = self._reader.get()
+        if reader is None:
+            size = self.cache_bytes if cache_bytes is None else cache_bytes
+            reader = self._reader.set(_Reader(self.root, self.dataset, size))
+        return reader  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Close this process's handle (a later read opens another)."""
+        reader = self._reader.take()
+        if reader is not None:
+            reader.close()
+
+
+@dataclass(frozen=True)
+class HDF5BytesIndex(_HDF5Index):
+    """Encoded images in an HDF5 dataset: a `SampleIndex` (see the module docstring)."""
+
+    def read_sample(self, index: int) -> bytes:
+        return bytes(self._open().dset[index])
+
+    def read(self, indices: np.ndarray) -> list[bytes]:
+        """The batch's bytes: one sorted selection (each chunk read once), then in batch order."""
+        unique, inverse = np.unique(indices, return_inverse=True)
+        try:
+            values = self._open().dset[unique]
+        except OSError as e:
+            raise _failure_in(self.read_sample, indices, e) from e
+        return [bytes(values[j]) for j in inverse.tolist()]
+
+    def to_segment(self) -> Segment:
+        raise DatasetError("HDF5 sources are read by a loader's own workers, not by a daemon")
+
+
+@dataclass(frozen=True)
+class HDF5ArrayIndex(_HDF5Index):
+    """A numeric HDF5 dataset's rows: an `ArrayIndex` (see the module docstring)."""
+
+    row_shape: tuple[int, ...] = ()
+    row_dtype: np.dtype = _FLOAT32
+    mapped: MappedRows | None = None  # raw in the file: gathered from a memory map
+    block_rows: int = 1  # rows HDF5 reads at once (a chunk's) into the decoded copy
+    fill: bool = False  # keep a decoded copy (it fits cache_bytes); else a selection per batch
+    storage_ratio: float = 1.0  # stored bytes / decoded bytes (compression), for the read statistics
+
+    @property
+    def row_bytes(self) -> int:
+        return int(self.row_dtype.itemsize * math.prod(self.row_shape))
+
+    def read_into(self, indices: np.ndarray, out: np.ndarray) -> int:
+        if self.mapped is not None:
+            return self.mapped.read_into(indices, out)
+        try:  # blocks are read whole into the decoded copy, past HDF5's chunk cache
+            reader = self._open(cache_bytes=0 if self.fill else None)
+        except OSError as e:
+            raise ReadFailure(0, e) from e
+        read = self._read_filled if self.fill else self._read_selected
+        return int(read(reader, indices, out) * self.storage_ratio)
+
+    def _read_filled(self, reader: _Reader, indices: np.ndarray, out: np.ndarray) -> int:
+        """Decode the blocks of the batch not decoded yet (each once, whole), then gather."""
+        if reader.decoded is None or reader.have is None:
+            reader.decoded = np.empty((len(self), *self.row_shape), self.row_dtype)  # pages on first write
+            reader.have = np.zeros(-(-len(self) // self.block_rows), np.bool_)
+        blocks = np.unique(indices // self.block_rows)
+        read = 0
+        for block in blocks[~reader.have[blocks]].tolist():
+            rows = np.s_[block * self.block_rows : min(len(self), (block + 1) * self.block_rows)]
+            try:
+                reader.dset.read_direct(reader.decoded, rows, rows)
+            except OSError as e:
+                raise ReadFailure(int(np.flatnonzero(indices // self.block_rows == block)[0]), e) from e
+            reader.have[block] = True
+            read += (rows.stop - rows.start) * self.row_bytes
+        np.take(reader.decoded, indices, axis=0, out=out, mode="clip")
+        return read
+
+    def _read_selected(self, reader: _Reader, indices: np.ndarray, out: np.ndarray) -> int:
+        """One sorted selection through HDF5's chunk cache (each chunk read once), then in batch order."""
+        dset = reader.dset
+        unique, inverse = np.unique(indices, return_inverse=True)
+        rows = np.empty((len(unique), *self.row_shape), self.row_dtype)
+        try:
+            dset.read_direct(rows, unique)
+        except OSError as e:
+            raise _failure_in(lambda i: dset[i], indices, e) from e
+        np.take(rows, inverse, axis=0, out=out, mode="clip")
+        return int(rows.nbytes)
+
+    def close(self) -> None:
+        super().close()
+        if self.mapped is not None:
+            self.mapped.close()
+
+
+def _array_index(
+    dset: Any, path: str, classes: tuple[str, ...], labels: np.ndarray, cache_bytes: int
+) -> HDF5ArrayIndex:
+    """The index of a numeric dataset, with the way its rows are read (the module docstring)."""
+    row_shape = tuple(int(s) for s in dset.shape[1:])
+    row_dtype = dset.dtype.newbyteorder("=")
+    if math.prod(row_shape) == 0:
+        raise DatasetError(f"{path}:{dset.name} has empty rows (shape {dset.shape})")
+    row_bytes = row_dtype.itemsize * math.prod(row_shape)
+    decoded_bytes = row_bytes * len(labels)
+    stored = int(dset.id.get_storage_size())
+    return HDF5ArrayIndex(
+        path,
+        dset.name,
+        classes,
+        labels,
+        cache_bytes,
+        row_shape=row_shape,
+        row_dtype=row_dtype,
+        mapped=_mapped_rows(dset, path),
+        block_rows=int(dset.chunks[0]) if dset.chunks else max(1, _BLOCK_BYTES // row_bytes),
+        fill=decoded_bytes <= cache_bytes,
+        storage_ratio=stored / decoded_bytes if stored else 1.0,
+    )
+
+
+def _mapped_rows(dset: Any, path: str) -> MappedRows | None:
+    """Where a dataset's rows lie raw in the file, when they all do: contiguous, or chunked in
+    whole rows with no filter, every chunk written, native byte order; else None."""
+    if (
+        dset.is_virtual
+        or dset.external
+        or dset.file.driver != "sec2"
+        or dset.dtype != dset.dtype.newbyteorder("=")
+        or dset.id.get_create_plist().get_nfilters()
+    ):
+        return None
+    n = int(dset.shape[0])
+    row_bytes = dset.dtype.itemsize * math.prod(dset.shape[1:])
+    if dset.chunks is None:
+        offset = dset.id.get_offset()
+        if offset is None:  # never written: every row is the fill value
+            return None
+        block_rows, offsets = n, np.array([offset], np.int64)
+    else:
+        if tuple(dset.chunks[1:]) != tuple(dset.shape[1:]):
+            return None  # chunks split rows: a row's bytes are not in one place
+        block_rows = int(dset.chunks[0])
+        offsets = np.full(-(-n // block_rows), -1, np.int64)
+
+        def note(info: Any) -> None:
+            offsets[info.chunk_offset[0] // block_rows] = info.byte_offset
+
+        if hasattr(dset.id, "chunk_iter"):
+            dset.id.chunk_iter(note)
+        else:  # HDF5 < 1.12.3
+            for i in range(dset.id.get_num_chunks()):
+                note(dset.id.get_chunk_info(i))
+        if (offsets < 0).any():
+            return None  # chunks never written read as the fill value
+    if int(offsets.max()) + block_rows * row_bytes > os.path.getsize(path):
+        return None
+    return MappedRows(path, offsets, block_rows, row_bytes)
