@@ -4,6 +4,9 @@
     FastLoader("data/train")                                    # an ImageNet-layout folder
     FastLoader(sources.FileList("train.csv", root="images"))    # path,label lines
     FastLoader(sources.FileList("tags.tsv", multi_label=True))  # multi-hot targets
+    FastLoader(sources.TarShards("shards/train-{000000..000099}.tar"))  # WebDataset shards
+    sources.pack("data/train", "packed/train")                  # or `fastload pack SRC DST`
+    FastLoader("packed/train")                                  # large files, sequential reads
 
 A plain path means what it looks like (`as_source`). Every source gives the same batches for
 every worker count, resumes with `state_dict`, and reports its reads to `fastload iostat`.
@@ -11,11 +14,16 @@ every worker count, resumes with `state_dict`, and reports its reads to `fastloa
 
 from fastload.sources._base import Source, as_source, source_from_config
 from fastload.sources._filelist import FileList, ImageFolder
+from fastload.sources._packed import Packed, pack
+from fastload.sources._tar import TarShards
 
 __all__ = [
     "FileList",
     "ImageFolder",
+    "Packed",
     "Source",
+    "TarShards",
     "as_source",
+    "pack",
     "source_from_config",
 ]

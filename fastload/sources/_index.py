@@ -55,8 +55,9 @@ class SampleIndex(Protocol):
         """The sample's file path, or where it lives inside a container (`SHARD.tar:KEY`)."""
         ...
 
-    def read(self, indices: np.ndarray) -> list[bytes]:
-        """The encoded bytes of `indices`, in that order; `ReadFailure` names the one that failed."""
+    def read(self, indices: np.ndarray) -> Sequence[bytes | memoryview]:
+        """The encoded bytes of `indices`, in that order (bytes, or views of a larger read: every
+        decoder takes a bytes-like object); `ReadFailure` names the one that failed."""
         ...
 
     def read_sample(self, index: int) -> bytes:
