@@ -41,6 +41,14 @@ def _build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--address", help="daemon address (default: this user's local socket)")
     sub.add_parser("keys", help="print a new CURVE key pair for a TCP daemon or client")
 
+    pack = sub.add_parser(
+        "pack", help="copy a dataset's encoded images into large aligned files with an index (resumable)"
+    )
+    pack.add_argument("src", help="a folder, a file list, or tar shards (a path, glob or {000..099} pattern)")
+    pack.add_argument("dst", help="the pack's directory (new or empty; or a pack of SRC to finish)")
+    pack.add_argument("--shard-size", default="1GiB", help="largest data file, e.g. 1GiB (default), 512MiB")
+    pack.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
     iostat = sub.add_parser("iostat", help="where each running loader's time goes, with a verdict and advice")
     iostat.add_argument(
         "interval", nargs="?", type=float, help="seconds between reports (default: one report)"
@@ -69,6 +77,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_demo(args.data, args.epochs, args.workers, args.batch_size, args.images, not args.no_baseline)
             return 0
         from fastload._daemon import control as _control
+
+        if args.command == "pack":
+            from fastload.sources import pack
+
+            shard_bytes = _control.parse_size(args.shard_size)
+            pack(args.src, args.dst, shard_bytes=shard_bytes, progress=not args.quiet)
+            return 0
 
         if args.command == "serve":
             overrides = {

@@ -15,6 +15,7 @@ import time
 import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -279,3 +280,48 @@ def write_gpu_folder(root: Path, classes: int, seed: int) -> Path:
             img = Image.fromarray(base).resize((160 + i, 120), Image.Resampling.BICUBIC)
             img.save(root / f"c{c}" / f"{i}.jpg", quality=90)
     return root
+
+
+def write_tar_shards(
+    folder: Path, directory: Path, per_shard: int, *, label_as: str = "cls", prefix: str = "train"
+) -> list[Path]:
+    """WebDataset shards of an image folder, in the folder's index order (sample i is key
+    `s{i:05d}`, so shard indices equal folder indices), `per_shard` samples a shard, each image
+    followed by its label as `.cls` text or `.json` {"label": ...} (`label_as`)."""
+    import io
+    import json
+    import tarfile
+
+    from fastload.sources import ImageFolder
+
+    index = ImageFolder(str(folder)).open()
+    directory.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for number, first in enumerate(range(0, len(index), per_shard)):
+        shard = directory / f"{prefix}-{number:06d}.tar"
+        with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tf:
+            for i in range(first, min(len(index), first + per_shard)):
+                path = Path(index.path(i))
+                label = int(index.labels[i])
+                text = json.dumps({"label": label}) if label_as == "json" else str(label)
+                members = ((path.suffix.lower(), path.read_bytes()), (f".{label_as}", text.encode()))
+                for suffix, payload in members:
+                    info = tarfile.TarInfo(f"s{i:05d}{suffix}")
+                    info.size = len(payload)
+                    tf.addfile(info, io.BytesIO(payload))
+        shards.append(shard)
+    return shards
+
+
+def epoch_with_ids(dataset: object, num_workers: int, seed: int) -> list[tuple[Any, Any, Any]]:
+    """One shuffled epoch of a source (batches of 5, RandomResizedCrop(32) + flip, on the CPU) as
+    (images, labels, SampleIds), the tensors cloned."""
+    from fastload import FastLoader
+    from fastload import transforms as T
+
+    augment = [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]
+    with FastLoader(
+        dataset, batch_size=5, shuffle=True, num_workers=num_workers, transform=augment, seed=seed,
+        device="cpu", sample_ids=True,
+    ) as loader:  # fmt: skip
+        return [(images.clone(), labels.clone(), ids) for images, labels, ids in loader]

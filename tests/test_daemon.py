@@ -39,13 +39,13 @@ from daemon_helpers import (
     serve_command,
     take,
 )
-from helpers import wait_until
+from helpers import wait_until, write_tar_shards
 
 from fastload import DaemonError, FastLoader
 from fastload import transforms as T
 from fastload.__main__ import main
 from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
-from fastload.sources import FileList
+from fastload.sources import FileList, Source, TarShards, pack
 from fastload.sources._folder import scan_image_folder
 
 pytestmark = pytest.mark.timeout(180)  # a regression here tends to be a hang
@@ -112,6 +112,24 @@ def test_a_daemon_serves_a_file_list_as_a_local_loader_reads_it(
             assert ia.names is None and ib.names is not None  # a daemon's trainer holds no index
     listed = [row["path"] for row in shared_daemon.status()["datasets"]]
     assert any(str(listing) in path for path in listed)
+
+
+@pytest.mark.parametrize("kind", ["packed", "tar"])
+def test_a_daemon_serves_packed_files_and_tar_shards(
+    shared_daemon: DaemonProcess, image_folder: Path, tmp_path: Path, kind: str
+) -> None:
+    # Sources read as extents of large files: the workers attach their index from shared memory
+    # and open the files themselves.
+    if kind == "packed":
+        source: Source = pack(image_folder, tmp_path / "packed", progress=False)
+    else:
+        source = TarShards([str(p) for p in write_tar_shards(image_folder, tmp_path / "shards", per_shard=7)])
+    kwargs: dict[str, Any] = {"batch_size": 5, "shuffle": True, "seed": 5, "transform": AUGMENT}
+    with (
+        FastLoader(source, num_workers=0, device="cpu", **kwargs) as local,
+        FastLoader(source, num_workers=1, device="cpu", daemon=shared_daemon.address, **kwargs) as attached,
+    ):
+        assert_same_batches(take(attached), take(local))
 
 
 # ---------------------------------------------------------------------------------------------

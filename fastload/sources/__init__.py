@@ -5,6 +5,9 @@
     FastLoader(sources.FileList("train.csv", root="images"))    # path,label lines
     FastLoader(sources.FileList("tags.tsv", multi_label=True))  # multi-hot targets
     FastLoader(sources.HDF5("train.h5", data="x", labels="y"))  # encoded images, or arrays as stored
+    FastLoader(sources.TarShards("shards/train-{000000..000099}.tar"))  # WebDataset shards
+    sources.pack("data/train", "packed/train")                  # or `fastload pack SRC DST`
+    FastLoader("packed/train")                                  # large files, sequential reads
 
 A plain path means what it looks like (`as_source`). Every source gives the same batches for
 every worker count, resumes with `state_dict`, and reports its reads to `fastload iostat`.
@@ -13,13 +16,18 @@ every worker count, resumes with `state_dict`, and reports its reads to `fastloa
 from fastload.sources._base import DAEMON_SOURCE_KINDS, Source, as_source, source_from_config
 from fastload.sources._filelist import FileList, ImageFolder
 from fastload.sources._hdf5 import HDF5
+from fastload.sources._packed import Packed, pack
+from fastload.sources._tar import TarShards
 
 __all__ = [
     "DAEMON_SOURCE_KINDS",
     "HDF5",
     "FileList",
     "ImageFolder",
+    "Packed",
     "Source",
+    "TarShards",
     "as_source",
+    "pack",
     "source_from_config",
 ]

@@ -60,8 +60,9 @@ class IndexBase(Protocol):
 class SampleIndex(IndexBase, Protocol):
     """The contract a job reads an encoded-sample source through (see the module docstring)."""
 
-    def read(self, indices: np.ndarray) -> list[bytes]:
-        """The encoded bytes of `indices`, in that order; `ReadFailure` names the one that failed."""
+    def read(self, indices: np.ndarray) -> Sequence[bytes | memoryview]:
+        """The encoded bytes of `indices`, in that order (bytes, or views of a larger read: every
+        decoder takes a bytes-like object); `ReadFailure` names the one that failed."""
         ...
 
     def read_sample(self, index: int) -> bytes:

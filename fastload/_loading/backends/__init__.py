@@ -34,7 +34,7 @@ class ImageBackend(Protocol):
     name: str
 
     def decode_batch(
-        self, blobs: Sequence[bytes], rngs: Sequence[RandomSource], out: np.ndarray
+        self, blobs: Sequence[bytes | memoryview], rngs: Sequence[RandomSource], out: np.ndarray
     ) -> None:
         """Fill `out[i]` from `blobs[i]` with `rngs[i]`; raise SampleFailure naming the position."""
         ...

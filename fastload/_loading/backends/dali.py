@@ -95,7 +95,7 @@ class DaliBackend:
         self._jpeg = built_native_jpeg()
 
     def decode_batch(
-        self, blobs: Sequence[bytes], rngs: Sequence[RandomSource], out: np.ndarray
+        self, blobs: Sequence[bytes | memoryview], rngs: Sequence[RandomSource], out: np.ndarray
     ) -> None:
         n = len(blobs)
         if n == 0:
@@ -139,7 +139,7 @@ class DaliBackend:
         return 0
 
 
-def image_size(blob: bytes, jpeg: ModuleType | None) -> tuple[int, int]:
+def image_size(blob: bytes | memoryview, jpeg: ModuleType | None) -> tuple[int, int]:
     """(height, width) from the image's header: fastload's extension (`jpeg`) for JPEGs, else Pillow."""
     if jpeg is not None and blob[:3] == _JPEG_MAGIC:
         width, height = jpeg.jpeg_size(blob)
@@ -157,7 +157,10 @@ def image_size(blob: bytes, jpeg: ModuleType | None) -> tuple[int, int]:
 
 
 def sample_inputs(
-    plan: TransformPlan, blobs: Sequence[bytes], rngs: Sequence[RandomSource], jpeg: ModuleType | None
+    plan: TransformPlan,
+    blobs: Sequence[bytes | memoryview],
+    rngs: Sequence[RandomSource],
+    jpeg: ModuleType | None,
 ) -> np.ndarray:
     """(n, 4, 2) float32: each sample's [slice anchor, shape, roi start, end] (`slice_and_roi`) for
     the geometry `plan` draws on its header's size; SampleFailure for a header that cannot be read."""

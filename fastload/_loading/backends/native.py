@@ -32,7 +32,7 @@ class NativeBackend:
         self._filter = _FILTERS[plan.interpolation]
 
     def decode_batch(
-        self, blobs: Sequence[bytes], rngs: Sequence[RandomSource], out: np.ndarray
+        self, blobs: Sequence[bytes | memoryview], rngs: Sequence[RandomSource], out: np.ndarray
     ) -> None:
         jpeg = self._jpeg
         for i, (blob, rng) in enumerate(zip(blobs, rngs, strict=True)):
@@ -49,7 +49,10 @@ class NativeBackend:
                 raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
 
 
-def _pil_decode_into() -> Callable[[bytes, TransformPlan, RandomSource, np.ndarray], SampleGeometry]:
+_Decode = Callable[[bytes | memoryview, TransformPlan, RandomSource, np.ndarray], SampleGeometry]
+
+
+def _pil_decode_into() -> _Decode:
     """Pillow's decoder for non-JPEG files, with an error that says what to install."""
     try:
         from fastload._loading.backends.pil import decode_into

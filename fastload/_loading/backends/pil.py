@@ -30,7 +30,7 @@ _FILTERS = {
 
 
 def decode_into(
-    blob: bytes, plan: TransformPlan, rng: RandomSource, out: np.ndarray, draft: bool = True
+    blob: bytes | memoryview, plan: TransformPlan, rng: RandomSource, out: np.ndarray, draft: bool = True
 ) -> SampleGeometry:
     """Decode one encoded image, apply `plan` with `rng`, write HWC uint8 into `out`."""
     with Image.open(io.BytesIO(blob)) as img:
@@ -76,7 +76,7 @@ class PilBackend:
         self.plan = plan
 
     def decode_batch(
-        self, blobs: Sequence[bytes], rngs: Sequence[RandomSource], out: np.ndarray
+        self, blobs: Sequence[bytes | memoryview], rngs: Sequence[RandomSource], out: np.ndarray
     ) -> None:
         for i, (blob, rng) in enumerate(zip(blobs, rngs, strict=True)):
             try:
