@@ -13,8 +13,7 @@ of each as a markdown table. Configurations:
 Modes (--modes):
   read     `index.read(batch)` for each batch of the plan, in this process: storage alone
   decode   a FastLoader (--workers, RandomResizedCrop(224) + flip, native decode) over the same
-           batches; the block shuffle's plan is put in the loader's place (not yet a FastLoader
-           argument), so this mode reaches into its private `_plan`
+           batches (`shuffle_block=R, shuffle_window=W` for the block shuffle)
 
     python tools/bench/bench_sources.py --folder DIR --packed DIR2 [--generate 16000]
         [--batch-size 256] [--block 256] [--window 8] [--batches 30] [--rounds 3]
@@ -106,9 +105,8 @@ def time_loader(
     transform = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
     with FastLoader(
         dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, transform=transform,
-        seed=0, device="cpu",
+        seed=0, device="cpu", shuffle_block=plan.block, shuffle_window=plan.window,
     ) as loader:  # fmt: skip
-        loader._plan = plan  # the block shuffle is not a FastLoader argument yet
         start, samples = time.perf_counter(), 0
         for b, (images, _) in enumerate(loader):
             samples += len(images)
