@@ -48,6 +48,9 @@ def _build_parser() -> argparse.ArgumentParser:
     pack.add_argument("dst", help="the pack's directory (new or empty; or a pack of SRC to finish)")
     pack.add_argument("--shard-size", default="1GiB", help="largest data file, e.g. 1GiB (default), 512MiB")
     pack.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    pack.add_argument(
+        "--shuffle", type=int, metavar="SEED", help="store the samples in an order shuffled from SEED"
+    )
 
     iostat = sub.add_parser("iostat", help="where each running loader's time goes, with a verdict and advice")
     iostat.add_argument(
@@ -82,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from fastload.sources import pack
 
             shard_bytes = _control.parse_size(args.shard_size)
-            pack(args.src, args.dst, shard_bytes=shard_bytes, progress=not args.quiet)
+            progress = not args.quiet
+            pack(args.src, args.dst, shard_bytes=shard_bytes, progress=progress, shuffle_seed=args.shuffle)
             return 0
 
         if args.command == "serve":

@@ -219,3 +219,31 @@ def test_cli(image_folder: Path, packed: Path, tmp_path: Path) -> None:
     assert done.returncode == 1 and "pack of another source" in done.stderr
     missing = _cli(str(tmp_path / "nope"), str(tmp_path / "out"))
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+def test_a_pack_in_shuffled_order(
+    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Samples stored in an order shuffled once from the seed (a folder is sorted by class): the
+    # same bytes and labels, permuted; names still say where each came from; an interrupted pack
+    # finishes in the same order, and another seed is refused.
+    folder = sources.ImageFolder(str(image_folder)).open()
+    whole = sources.pack(image_folder, tmp_path / "whole", shard_bytes=SHARD, progress=False, shuffle_seed=7)
+    index = whole.open()
+    names = [index.name(i).split(":", 1)[1] for i in range(len(index))]
+    order = [folder.path(i) for i in range(len(folder))]
+    position = [order.index(str(image_folder / name)) for name in names]
+    assert sorted(position) == list(range(len(folder))) and position != sorted(position)
+    assert index.labels.tolist() == folder.labels[position].tolist()
+    assert [bytes(b) for b in index.read(np.arange(len(index)))] == [folder.read_sample(p) for p in position]
+    monkeypatch.setattr(_packed, "BATCH_SAMPLES", 3)
+    monkeypatch.setattr(_packed, "CHECKPOINT_SAMPLES", 4)
+    dst = tmp_path / "resumed"
+    with monkeypatch.context() as patch:
+        _interrupt_at(patch, "read", 4)
+        with pytest.raises(Interrupted):
+            sources.pack(image_folder, dst, shard_bytes=SHARD, progress=False, shuffle_seed=7)
+    with pytest.raises(DatasetError, match="shuffle seed 7"):
+        sources.pack(image_folder, dst, shard_bytes=SHARD, progress=False, shuffle_seed=8)
+    sources.pack(image_folder, dst, shard_bytes=SHARD, progress=False, shuffle_seed=7)
+    assert _files(dst) == _files(tmp_path / "whole")

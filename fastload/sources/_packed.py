@@ -42,6 +42,8 @@ from fastload.sources._base import Source, as_source
 from fastload.sources._extents import ExtentIndex, pack_strings
 from fastload.sources._index import ReadFailure, SampleIndex
 
+_PACK_ORDER_STREAM = 0x9AC  # the stream of `pack(shuffle_seed=...)`'s order
+
 FORMAT = "fastload-packed"
 VERSION = 1
 ALIGN = 4096
@@ -136,11 +138,15 @@ def pack(
     *,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: bool = True,
+    shuffle_seed: int | None = None,
 ) -> Packed:
     """Copy `source`'s samples (anything `as_source` takes) into a pack at `dst` (see the module
     docstring) and return it as a source. Run again on the same `dst`, it finishes an interrupted
     pack, or says the pack is complete and does nothing; a `dst` holding anything else (another
-    source's pack, other files) is refused. `progress`: report on stderr."""
+    source's pack, other files) is refused. `progress`: report on stderr. `shuffle_seed`: store
+    the samples in an order shuffled once from this seed instead of the source's (a folder's is
+    sorted by class), so that a block shuffle's runs hold mixed labels and it mixes batches as a
+    full shuffle does (docs/BENCHMARKS.md); names keep saying where each sample came from."""
     src = as_source(source)
     root = os.path.abspath(os.fspath(dst))
     if shard_bytes < ALIGN:
@@ -151,7 +157,14 @@ def pack(
     index = src.open()
     if isinstance(index, ArrayIndex):
         raise ConfigError(f"{where} holds arrays: a pack holds encoded samples (images) only")
-    wanted = _manifest(src, index, shard_bytes)
+    wanted = _manifest(src, index, shard_bytes, shuffle_seed)
+    order = (
+        np.arange(len(index), dtype=np.int64)
+        if shuffle_seed is None
+        else np.random.default_rng(np.random.SeedSequence([int(shuffle_seed), _PACK_ORDER_STREAM]))
+        .permutation(len(index))
+        .astype(np.int64)
+    )
     manifest = read_manifest(root) if os.path.isdir(root) else None
     say = sys.stderr.write if progress else None
     if manifest is not None:
@@ -177,14 +190,14 @@ def pack(
         _write_json(os.path.join(root, MANIFEST), wanted)
     writer = _Writer(root, shard_bytes, _load_checkpoint(root))
     try:
-        _copy(index, writer, _Progress(len(index), where, sys.stderr) if progress else None)
+        _copy(index, order, writer, _Progress(len(index), where, sys.stderr) if progress else None)
     finally:
         writer.out.close()  # after an error too (what came after the checkpoint is cut when resumed)
-    _finish(root, index, src, writer, wanted)
+    _finish(root, index, order, src, writer, wanted)
     return Packed(root)
 
 
-def _manifest(src: Source, index: SampleIndex, shard_bytes: int) -> dict[str, Any]:
+def _manifest(src: Source, index: SampleIndex, shard_bytes: int, shuffle_seed: int | None) -> dict[str, Any]:
     labels = index.labels
     return {
         "format": FORMAT,
@@ -195,6 +208,7 @@ def _manifest(src: Source, index: SampleIndex, shard_bytes: int) -> dict[str, An
         "target": {"dtype": str(labels.dtype), "shape": list(labels.shape[1:])},
         "alignment": ALIGN,
         "shard_bytes": shard_bytes,
+        "shuffle_seed": shuffle_seed,
         "source": src.to_config(),
         "files": [],
     }
@@ -206,6 +220,11 @@ def _check_same(root: str, manifest: dict[str, Any], wanted: dict[str, Any]) -> 
         raise DatasetError(
             f"{root} holds a pack of another source ({json.dumps(manifest.get('source'))}), not of "
             f"{json.dumps(wanted['source'])}: pack into a new directory, or remove {root}"
+        )
+    if manifest.get("shuffle_seed") != wanted["shuffle_seed"]:
+        raise DatasetError(
+            f"{root} is a pack in the order of shuffle seed {manifest.get('shuffle_seed')}, not "
+            f"{wanted['shuffle_seed']}: use that seed, or pack into a new directory"
         )
     for field in ("count", "classes", "target"):
         if manifest.get(field) != wanted[field]:
@@ -309,14 +328,14 @@ def _load_checkpoint(root: str) -> np.ndarray:
         raise DatasetError(f"cannot read {root}'s checkpoint ({e}): remove {root} and pack again") from e
 
 
-def _copy(index: SampleIndex, writer: _Writer, progress: _Progress | None) -> None:
-    """Copy the samples from the writer's position on, checkpointing as it goes."""
+def _copy(index: SampleIndex, order: np.ndarray, writer: _Writer, progress: _Progress | None) -> None:
+    """Copy the samples `order` lists, from the writer's position on, checkpointing as it goes."""
     n = len(index)
     start = len(writer.sizes)
     if progress is not None:
         progress.begin(start)
     for first in range(start, n, BATCH_SAMPLES):
-        indices = np.arange(first, min(n, first + BATCH_SAMPLES), dtype=np.int64)
+        indices = order[first : first + BATCH_SAMPLES]
         try:
             blobs = index.read(indices)
         except ReadFailure as e:
@@ -333,14 +352,17 @@ def _copy(index: SampleIndex, writer: _Writer, progress: _Progress | None) -> No
         progress.end()
 
 
-def _finish(root: str, index: SampleIndex, src: Source, writer: _Writer, manifest: dict[str, Any]) -> None:
-    """Write the index, then the manifest marked complete, then drop the checkpoint."""
-    names, name_offsets = pack_strings(_names(index, src))
+def _finish(
+    root: str, index: SampleIndex, order: np.ndarray, src: Source, writer: _Writer, manifest: dict[str, Any]
+) -> None:
+    """Write the index (in the pack's `order` of the source's samples), then the manifest marked
+    complete, then drop the checkpoint."""
+    names, name_offsets = pack_strings(_names(index, order, src))
     arrays: dict[str, np.ndarray] = {
         "offsets": np.frombuffer(writer.offsets, np.int64),
         "sizes": np.frombuffer(writer.sizes, np.int64),
         "file_ids": np.frombuffer(writer.file_ids, np.int32),
-        "labels": np.ascontiguousarray(index.labels),
+        "labels": np.ascontiguousarray(index.labels[order]),
         "names": names,
         "name_offsets": name_offsets,
     }
@@ -352,12 +374,12 @@ def _finish(root: str, index: SampleIndex, src: Source, writer: _Writer, manifes
         os.unlink(os.path.join(root, CHECKPOINT))
 
 
-def _names(index: SampleIndex, src: Source) -> list[bytes]:
+def _names(index: SampleIndex, order: np.ndarray, src: Source) -> list[bytes]:
     """Each sample's name in the pack: its source name, relative to the source's folder if inside it."""
     base = src.where if os.path.isdir(src.where) else os.path.dirname(src.where)
     prefix = base.rstrip(os.sep) + os.sep
     names = []
-    for i in range(len(index)):
+    for i in order.tolist():
         name = index.name(i)
         names.append(
             (name[len(prefix) :] if name.startswith(prefix) else name).encode("utf-8", "surrogateescape")

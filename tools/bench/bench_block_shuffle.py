@@ -73,9 +73,15 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=1, help="measure rank 0 of this many")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epoch", type=int, default=0)
+    parser.add_argument(
+        "--storage", choices=("sorted", "shuffled"), default="sorted",
+        help="labels in storage order: sorted by class (a folder), or shuffled (fastload pack --shuffle)",
+    )  # fmt: skip
     args = parser.parse_args()
     n, classes, batch_size = args.samples, args.classes, args.batch_size
     labels = np.arange(n, dtype=np.int64) * classes // n
+    if args.storage == "shuffled":
+        labels = np.random.default_rng(12345).permutation(labels)
 
     def plan(shuffle: bool, block: int | None = None, window: int = 8) -> ShuffledPlan:
         return ShuffledPlan(
@@ -90,7 +96,7 @@ def main() -> None:
     plans.append(("sequential", plan(False), 1))
 
     print(
-        f"{n} samples, {classes} classes sorted in storage order, batch size {batch_size}, "
+        f"{n} samples, {classes} classes {args.storage} in storage order, batch size {batch_size}, "
         f"rank 0 of {args.world_size}, epoch {args.epoch}\n"
     )
     print(
