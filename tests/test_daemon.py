@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import h5py
+import numpy as np
 import pytest
 import torch
 from daemon_helpers import (
@@ -45,7 +47,7 @@ from fastload import DaemonError, FastLoader
 from fastload import transforms as T
 from fastload.__main__ import main
 from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
-from fastload.sources import FileList, Source, TarShards, pack
+from fastload.sources import HDF5, FileList, Source, TarShards, pack
 from fastload.sources._folder import scan_image_folder
 
 pytestmark = pytest.mark.timeout(180)  # a regression here tends to be a hang
@@ -114,16 +116,36 @@ def test_a_daemon_serves_a_file_list_as_a_local_loader_reads_it(
     assert any(str(listing) in path for path in listed)
 
 
-@pytest.mark.parametrize("kind", ["packed", "tar"])
-def test_a_daemon_serves_packed_files_and_tar_shards(
-    shared_daemon: DaemonProcess, image_folder: Path, tmp_path: Path, kind: str
+@pytest.mark.parametrize("kind", ["packed", "tar", "hdf5"])
+def test_a_daemon_serves_packed_files_tar_shards_and_hdf5(
+    shared_daemon: DaemonProcess,
+    image_folder: Path,
+    tmp_path: Path,
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Sources read as extents of large files: the workers attach their index from shared memory
-    # and open the files themselves.
+    # Sources read from large files: the workers attach their index from shared memory and open
+    # the files themselves; given relative paths, the daemon (another working directory) is sent
+    # them absolute.
+    monkeypatch.chdir(tmp_path)
+    source: Source
     if kind == "packed":
-        source: Source = pack(image_folder, tmp_path / "packed", progress=False)
+        source = pack(image_folder, "packed", progress=False)
+    elif kind == "tar":
+        write_tar_shards(image_folder, tmp_path / "shards", per_shard=7)
+        source = TarShards("shards/train-{000000..000003}.tar")
     else:
-        source = TarShards([str(p) for p in write_tar_shards(image_folder, tmp_path / "shards", per_shard=7)])
+        index = scan_image_folder(image_folder)
+        with h5py.File("images.h5", "w") as f:
+            data = f.create_dataset("images", (len(index),), dtype=h5py.vlen_dtype(np.uint8))
+            for i in range(len(index)):
+                data[i] = np.frombuffer(Path(index.path(i)).read_bytes(), np.uint8)
+            f.create_dataset("labels", data=index.labels)
+            f.create_dataset("rows", data=np.zeros((len(index), 4), np.float32))
+        source = HDF5("images.h5")
+        with pytest.raises(DaemonError, match="holds arrays"):
+            arrays = HDF5("images.h5", data="rows")
+            FastLoader(arrays, batch_size=4, transform=RESIZE, daemon=shared_daemon.address)
     kwargs: dict[str, Any] = {"batch_size": 5, "shuffle": True, "seed": 5, "transform": AUGMENT}
     with (
         FastLoader(source, num_workers=0, device="cpu", **kwargs) as local,

@@ -21,8 +21,9 @@ from fastload.sources._index import SampleIndex
 
 _REGISTRY: dict[str, type[Source]] = {}
 
-# What a daemon serves: sources whose index its workers attach from shared memory.
-DAEMON_SOURCE_KINDS = frozenset({"folder", "file_list", "tar", "packed"})
+# What a daemon serves: sources of encoded images whose index its workers attach from shared memory
+# (an HDF5 file of numeric arrays is refused when the daemon opens it: nothing there to decode).
+DAEMON_SOURCE_KINDS = frozenset({"folder", "file_list", "tar", "packed", "hdf5"})
 
 
 class Source(ABC):

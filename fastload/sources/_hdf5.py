@@ -26,8 +26,10 @@ batch through HDF5's chunk cache, sized to `cache_mb`.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -37,7 +39,7 @@ from fastload._errors import ConfigError, DatasetError
 from fastload._loading.shm import Segment
 from fastload.sources._arrays import MappedRows, PerProcess
 from fastload.sources._base import Source
-from fastload.sources._index import ReadFailure
+from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadFailure
 
 # HDF5's chunk cache hash table: a prime, many times the chunks a cache of cache_mb holds.
 _CHUNK_CACHE_SLOTS = 100_003
@@ -80,6 +82,7 @@ class HDF5(Source):
     """
 
     kind: ClassVar[str] = "hdf5"
+    path_fields: ClassVar[tuple[str, ...]] = ("path",)
     path: str
     data: str = "images"
     labels: str | None = "labels"
@@ -268,7 +271,36 @@ class HDF5BytesIndex(_HDF5Index):
         return [bytes(values[j]) for j in inverse.tolist()]
 
     def to_segment(self) -> Segment:
-        raise DatasetError("HDF5 sources are read by a loader's own workers, not by a daemon")
+        """The targets and where the data is (file, dataset, cache size), for a daemon's workers:
+        each opens the file itself on its first read."""
+        place = {"root": self.root, "dataset": self.dataset, "cache_bytes": self.cache_bytes}
+        where = json.dumps(place).encode()
+        labels = self.labels
+        width = int(labels.shape[1]) if labels.ndim == 2 else 0
+        head = (len(self), width, TARGET_DTYPES.index(labels.dtype), len(where))
+        at = _BYTES_HEAD.size + len(where)
+        at += -at % 8
+        segment = Segment.create(at + max(int(labels.nbytes), 1))
+        _BYTES_HEAD.pack_into(segment.buf, 0, *head)
+        segment.buf[_BYTES_HEAD.size : _BYTES_HEAD.size + len(where)] = where
+        np.ndarray(labels.shape, labels.dtype, buffer=segment.buf, offset=at)[:] = labels
+        return segment
+
+    @classmethod
+    def from_segment(cls, segment: Segment, root: str = "") -> HDF5BytesIndex:
+        """An index over a segment made by `to_segment` (the targets viewed, not copied)."""
+        n, width, dtype_code, where_len = _BYTES_HEAD.unpack_from(segment.buf, 0)
+        where = json.loads(bytes(segment.buf[_BYTES_HEAD.size : _BYTES_HEAD.size + where_len]))
+        at = _BYTES_HEAD.size + where_len
+        at += -at % 8
+        shape = (n, width) if width else (n,)
+        labels = np.ndarray(shape, TARGET_DTYPES[dtype_code], buffer=segment.buf, offset=at)
+        return cls(str(where["root"]), str(where["dataset"]), (), labels, int(where["cache_bytes"]))
+
+
+# A shared HDF5BytesIndex: (samples, target width (0: class indices), target dtype code, JSON bytes).
+_BYTES_HEAD = struct.Struct("<qqqq")
+SHARED_INDEX_TYPES["hdf5_bytes"] = HDF5BytesIndex  # a daemon's workers attach it (`ImageJob.from_config`)
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ class Packed(Source):
     """A directory written by `fastload pack` (`pack`); a plain path to one means this."""
 
     kind: ClassVar[str] = "packed"
+    path_fields: ClassVar[tuple[str, ...]] = ("path",)
     path: str
 
     @property

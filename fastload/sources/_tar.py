@@ -49,6 +49,7 @@ class TarShards(Source):
     pattern's matches sorted. Labels are class indices; `classes` is empty."""
 
     kind: ClassVar[str] = "tar"
+    path_fields: ClassVar[tuple[str, ...]] = ("paths",)
     paths: str | tuple[str, ...]
 
     def __post_init__(self) -> None:
