@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,10 @@ from helpers import write_tar_shards
 from fastload import FastLoader
 from fastload import transforms as T
 from fastload.sources import HDF5, FileList, ImageFolder, Source, TarShards, pack
+from fastload.sources._extents import ExtentIndex
 from fastload.sources._folder import scan_image_folder
+from fastload.sources._hdf5 import HDF5BytesIndex
+from fastload.sources._index import PathIndex
 
 KINDS = ["folder", "file_list", "tar", "packed", "hdf5"]
 TF = [T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3)]
@@ -86,16 +91,33 @@ def test_every_source_gives_the_folders_batches_for_any_worker_count(
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_killed_worker_changes_nothing(
-    sources: dict[str, Source], reference: list[tuple[torch.Tensor, torch.Tensor]], kind: str
+    sources: dict[str, Source],
+    reference: list[tuple[torch.Tensor, torch.Tensor]],
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Killed as the epoch starts: whatever it was given is given again to its replacement.
+    # Every read takes 50 ms (forked workers inherit the patch), so the epoch outlasts the
+    # engine's liveness checks and the victim still holds tasks when it is killed after the first
+    # batch: they are given again to its replacement.
+    for index_type in (PathIndex, ExtentIndex, HDF5BytesIndex):
+        monkeypatch.setattr(index_type, "read", _slowed(index_type.read))
     with _loader(sources[kind], 2) as loader:
-        it = iter(loader)
-        victim = loader.worker_pids[0]
-        os.kill(victim, signal.SIGKILL)
-        got = [(images.clone(), labels.clone()) for images, labels in it]
+        got = []
+        for b, (images, labels) in enumerate(loader):
+            got.append((images.clone(), labels.clone()))
+            if b == 0:
+                victim = loader.worker_pids[0]
+                os.kill(victim, signal.SIGKILL)
         assert victim not in loader.worker_pids and len(loader.worker_pids) == 2
     assert _same(got, reference)
+
+
+def _slowed(read: Callable[..., Any]) -> Callable[..., Any]:
+    def slow(*args: Any) -> Any:
+        time.sleep(0.05)
+        return read(*args)
+
+    return slow
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -58,6 +58,7 @@ def _parse() -> argparse.Namespace:
         help="basic: RandomResizedCrop + flip; deit (fastload only): + RandAugment(2, 9), "
         "ColorJitter(0.4, 0.4, 0.4), RandomErasing(0.25), MixUp/CutMix (soft targets)",
     )
+    parser.add_argument("--prefetch", type=int, help="fastload's batches in flight (default: its own)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=5, help="batches not timed at the start")
     parser.add_argument("--rounds", type=int, default=3)
@@ -130,6 +131,7 @@ def _fastload(args: argparse.Namespace, device: torch.device) -> Any:
         drop_last=True,
         seed=0,
         num_workers=args.workers,
+        prefetch=args.prefetch,
         device=device,
         normalize=normalize,
         dtype=torch.bfloat16,
