@@ -87,6 +87,18 @@ def _no_leaks_per_test() -> Iterator[None]:
         pytest.fail("\n".join(problems), pytrace=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Caches the suite makes (tar shard scans) go to a temporary directory, not the user's."""
+    before = os.environ.get("FASTLOAD_CACHE_DIR")
+    os.environ["FASTLOAD_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if before is None:
+        del os.environ["FASTLOAD_CACHE_DIR"]
+    else:
+        os.environ["FASTLOAD_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """3 classes x 8 images (24), mixed sizes incl. portrait, grayscale JPEGs and one PNG."""

@@ -28,6 +28,7 @@ from fastload import DatasetError, FastLoader, SampleError, sources
 from fastload import transforms as T
 from fastload._loading.shm import Segment
 from fastload.sources import _extents
+from fastload.sources import _tar as tar_module
 from fastload.sources._extents import ExtentIndex
 
 AUGMENT = [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]
@@ -289,3 +290,40 @@ def test_compressed_and_foreign_files_are_refused(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="is not a tar file"):
         sources.TarShards(str(foreign)).open()
     assert sources.TarShards(str(plain)).open().labels.tolist() == [0]
+
+
+def _same_index(a: ExtentIndex, b: ExtentIndex) -> bool:
+    fields = ("file_ids", "offsets", "sizes", "labels", "key_blob", "key_offsets")
+    return all(np.array_equal(getattr(a, name), getattr(b, name)) for name in fields)
+
+
+def test_a_shards_scan_is_cached_until_it_changes(
+    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NOTE [shard index cache]: opened again, the shards are not scanned; a rewritten shard is.
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    written = write_tar_shards(image_folder, tmp_path / "shards", per_shard=10)
+    source = sources.TarShards([str(p) for p in written])
+    scans: list[str] = []
+    real = tar_module._scan_shard
+
+    def counted(shard: str, *args: Any) -> int:
+        scans.append(os.path.basename(shard))
+        return real(shard, *args)
+
+    monkeypatch.setattr(tar_module, "_scan_shard", counted)
+    first = source.open()
+    assert len(scans) == 3
+    again = source.open()
+    assert len(scans) == 3  # all three from the cache
+    assert _same_index(first, again)
+    os.utime(written[1], ns=(1, 1))  # the same bytes, another modification time: scanned again
+    source.open()
+    assert scans[3:] == [written[1].name]
+    for kept in (tmp_path / "cache" / "tar-index").iterdir():  # a damaged cache file is ignored
+        kept.write_bytes(b"not an npz")
+    assert _same_index(first, source.open())
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", "")  # off: scanned every time, nothing written
+    before = len(scans)
+    source.open()
+    assert len(scans) == before + 3
