@@ -27,7 +27,8 @@ DAEMON_SOURCE_KINDS = frozenset({"folder", "file_list", "tar", "packed", "hdf5"}
 
 
 class Source(ABC):
-    """A dataset that fastload reads itself, its samples encoded images with targets.
+    """A dataset that fastload reads itself: encoded images (or an HDF5 file's fixed-shape rows)
+    with targets.
 
     Subclasses are frozen dataclasses; `FastLoader(source, ...)` opens one in the trainer's
     process. Targets are class indices (int64) or, for multi-label sources, float32 multi-hot rows
