@@ -253,3 +253,14 @@ def test_a_file_lists_reads_are_counted_for_iostat(image_folder: Path, tmp_path:
     assert 0 <= ahead <= 2 * 5
     assert stats.bytes_read == sum(sizes) + sum(sizes[:ahead])
     assert stats.read_s > 0 and stats.decode_s > 0
+
+
+def test_a_list_saved_by_a_spreadsheet_reads_the_same(image_folder: Path, tmp_path: Path) -> None:
+    # A UTF-8 byte-order mark and CRLF line ends (Excel's CSV) change nothing.
+    files = _files(image_folder)
+    listing = tmp_path / "excel.csv"
+    text = "path,label\r\n" + "".join(f"{p},{c}\r\n" for p, c in files)
+    listing.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    index = FileList(str(listing), root=str(image_folder)).open()
+    assert len(index) == len(files) and index.name(0) == str(image_folder / files[0][0])
+    assert index.classes == scan_image_folder(image_folder).classes

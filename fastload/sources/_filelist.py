@@ -102,7 +102,8 @@ class FileList(Source):
         delimiter = self.delimiter
         if delimiter is None:
             delimiter = {".csv": ",", ".tsv": "\t"}.get(os.path.splitext(list_path)[1].lower())
-        with open(list_path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+        # utf-8-sig: a byte-order mark (a spreadsheet's CSV) is skipped.
+        with open(list_path, newline="", encoding="utf-8-sig", errors="surrogateescape") as f:
             if delimiter is None:  # whitespace-separated text
                 for number, line in enumerate(f, 1):
                     fields = line.split()
