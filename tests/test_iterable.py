@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from fastload import ConfigError, FastLoader, SampleError
+from fastload import ConfigError, FastLoader, SampleError, WorkerError
 
 
 class Shards(IterableDataset[Any]):
@@ -133,3 +133,37 @@ def test_what_dataloader_refuses_is_refused() -> None:
         len(loader)
     with FastLoader(Unsized(), batch_size=2) as loader:
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
+
+
+class CrashesAt(IterableDataset[Any]):
+    """Sample i of the worker's share; the worker process dies (SIGSEGV) when it reaches `crash`."""
+
+    def __init__(self, n: int, crash: int) -> None:
+        self.n, self.crash = n, crash
+
+    def __iter__(self) -> Iterator[int]:
+        info = get_worker_info()
+        assert info is not None
+        for i in range(info.id, self.n, info.num_workers):
+            if i == self.crash:
+                os.kill(os.getpid(), signal.SIGSEGV)
+            yield i
+
+
+def test_a_stream_that_crashes_its_worker_ends_there() -> None:
+    # Replayed, the crash comes back: after three workers, that batch raises WorkerError and its
+    # stream ends (its later batches are not asked for); the other stream goes on to its end.
+    got: list[list[int]] = []
+    errors: list[Exception] = []
+    with FastLoader(CrashesAt(20, crash=9), batch_size=2, num_workers=2) as loader:
+        it = iter(loader)
+        while True:
+            try:
+                got.append(next(it).tolist())
+            except StopIteration:
+                break
+            except WorkerError as e:
+                errors.append(e)
+    assert len(errors) == 1 and "killed 3 worker processes" in str(errors[0])
+    assert [b for b in got if b[0] % 2 == 0] == [[0, 2], [4, 6], [8, 10], [12, 14], [16, 18]]
+    assert [b for b in got if b[0] % 2 == 1] == [[1, 3], [5, 7]]  # then 9 crashes its worker

@@ -249,13 +249,15 @@ class Engine:
         kept: deque[Task] = deque()
         for task in self._queue:
             worker = by_id.get(task.worker) if task.worker is not None else None
-            if worker is None or len(worker.tasks) >= _MAX_TASKS_PER_WORKER:
-                kept.append(task)
+            full = worker is not None and len(worker.tasks) >= _MAX_TASKS_PER_WORKER
+            if worker is None or full or (task.suspect and worker.tasks):
+                kept.append(task)  # a suspect waits until its worker holds nothing else
                 continue
             if not worker.tasks:
                 worker.busy_since = time.monotonic()
             worker.tasks[task.seq] = task
-            if not self._send(worker, proto.encode_task(task, proto.PROBE if task.probe else proto.TASK)):
+            sent = self._send(worker, proto.encode_task(task, proto.PROBE if task.probe else proto.TASK))
+            if not sent or task.suspect:  # a lost worker takes nothing more; a suspect runs alone
                 del by_id[worker.worker_id]
         self._queue = kept
 

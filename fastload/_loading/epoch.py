@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError
-from fastload._loading.executor import Opaque
+from fastload._loading.executor import Failure, Opaque
 from fastload._loading.pipeline import Outcome, Pipeline, deadline_after
 
 
@@ -172,6 +172,8 @@ class EpochIterator(Iterator[Any]):
             outcome = self._lane.ready.pop(self._next_yield)
             samples = self._lane.samples.pop(self._next_yield, None)
             self._next_yield += 1
+            if isinstance(outcome, Failure) and self._on_empty is not None and samples is not None:
+                self._end_stream(samples)  # it cannot be replayed past the failure
             if not _loaded_nothing(outcome):
                 break
             pipe.discard(outcome)  # an iterable stream that has ended (NOTE [iterable streams])
@@ -180,6 +182,25 @@ class EpochIterator(Iterator[Any]):
         self._on_yield(self._lane.epoch, self._next_yield, samples)
         self._fill()
         return pipe.deliver(outcome, self._lane.epoch, samples)
+
+    def _end_stream(self, failed: np.ndarray) -> None:
+        """An iterable stream's batch failed (its iterator raised, or it crashed or hung its
+        worker three times): the stream ends there, its later batches in flight are cancelled
+        and skipped, and the plan asks it for no more."""
+        assert self._on_empty is not None
+        lane, stream = self._lane, int(failed[0])
+        self._on_empty(lane.epoch, failed)
+        later = [b for b, batch in lane.samples.items() if int(batch[0]) == stream]
+        tickets = [t for t, b in lane.batch_of_ticket.items() if b in later]
+        self._pipeline.cancel(tickets)
+        for ticket in tickets:
+            del lane.batch_of_ticket[ticket]
+        for b in later:
+            del lane.samples[b]
+            dropped = lane.ready.pop(b, None)
+            if dropped is not None:
+                self._pipeline.discard(dropped)
+            lane.ready[b] = _SKIPPED
 
     def supersede(self) -> None:
         """End this epoch early because a newer iteration starts: a later `next()` says so."""
@@ -205,6 +226,9 @@ class EpochIterator(Iterator[Any]):
             self._pipeline.discard(outcome)
         lane.ready.clear()
         lane.samples.clear()
+
+
+_SKIPPED = Opaque(-1, None, 0, 0)  # a cancelled batch of an ended stream: skipped in its turn
 
 
 def _loaded_nothing(outcome: Any) -> bool:

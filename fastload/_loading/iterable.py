@@ -12,7 +12,11 @@ between tasks; a task for a batch the stream already passed (a replacement worke
 or a resumed epoch) restarts the stream and skips to batch k, which is exact when the dataset
 iterates the same way every time from (seed, epoch): the global random state is seeded per
 (seed, epoch, stream) when a stream starts and kept per stream between its batches. A stream that
-has ended answers with an empty batch, which the loader skips, and stops asking that stream.
+has ended answers with an empty batch, which the loader skips, and stops asking that stream. A
+stream whose batch fails (its iterator raised, or it crashed or hung three workers: a replay
+would meet the same fault) ends there too: the error is raised in its turn, the stream's later
+batches are cancelled, and the other streams go on. A pinned task lost with a crashed worker
+runs alone on its replacement before anything else is sent there, so crashes count against it.
 Samples whose leaves are fixed-shape go straight into the slot, as a map-style Dataset's do.
 """
 
