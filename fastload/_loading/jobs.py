@@ -381,7 +381,7 @@ class Job(Protocol):
 
     seed: int
     batch_size: int
-    layout: BatchLayout | None  # known before any sample is loaded (a folder), else None
+    layout: BatchLayout | None  # known before any sample is loaded (a source's), else None
 
     def probe(self, task: Task, in_trainer: bool) -> BatchLayout | None:
         """The layout the task's (first) sample implies; None: batches take the opaque path."""

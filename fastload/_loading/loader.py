@@ -1,7 +1,7 @@
 """`FastLoader`: the drop-in replacement for `torch.utils.data.DataLoader` (a facade only).
 
 Its arguments become a `LoaderSpec` (`spec`: checked as DataLoader checks them); it opens the
-source (indexes the folder, or says hello to a daemon), chooses the epoch plan, and delegates the
+source (opens its index, or says hello to a daemon), chooses the epoch plan, and delegates the
 work to a `Pipeline`; it keeps the position (epoch, batches yielded) that `state_dict` saves.
 """
 
@@ -197,7 +197,7 @@ class FastLoader:
         return self._spec.device
 
     def _open_source(self) -> None:
-        """Index the folder (or, attached to a daemon, say hello) and build the job; before any
+        """Open the source's index (or, attached to a daemon, say hello) and build the job; before any
         worker is forked, a ring /dev/shm cannot hold fails here."""
         spec = self._spec
         if spec.iterable:
@@ -373,7 +373,7 @@ class FastLoader:
             self._close_pipeline()
             self._spec = self._spec.with_seed(seed)
             if self._spec.daemon is None:
-                self._open_source()  # a job of the new seed (the folder's index is kept)
+                self._open_source()  # a job of the new seed (the source's index is kept)
             self._plan = self._make_plan()
         epoch, yielded = int(state["epoch"]), int(state["batches_yielded"])
         if isinstance(self._plan, IterablePlan):

@@ -66,11 +66,11 @@ class LoaderSpec:
     hang_timeout_s: float | None
     mp_context: str | BaseContext | None
     worker_init_fn: Callable[[int], Any] | None
-    daemon: str | None  # a daemon's address (image folders only)
+    daemon: str | None  # a daemon's address (sources of encoded images only)
     # Where they go.
     device: torch.device
     pin_memory: bool
-    images: ImageOutput | None  # a folder's image output (dtype, normalization, memory format)
+    images: ImageOutput | None  # a source's image output (dtype, normalization, memory format)
     summary: bool
     sample_ids: bool  # each batch ends with its SampleIds
     # A testing aid: FASTLOAD_DALI_IN_TRAINER=1 runs backend="dali" on the CPU in the trainer's
@@ -84,9 +84,9 @@ class LoaderSpec:
 
     @functools.cached_property
     def transforms(self) -> TransformPlan | None:
-        """The folder's transform chain, compiled (ConfigError when it cannot give a fixed size, or
+        """The source's transform chain, compiled (ConfigError when it cannot give a fixed size, or
         when it needs normalized images and has none). The loader compiles it right after indexing
-        the folder, so a bad path is reported first."""
+        the source, so a bad path is reported first."""
         if self.source is None or self.images is None:  # a Dataset, or an array source (`for_arrays`)
             return None
         plan = compile_transforms(self.transform)
@@ -121,7 +121,7 @@ class LoaderSpec:
 
     @property
     def decodes_in_trainer(self) -> bool:
-        """Whether the folder's batches are decoded by a DALI pipeline in the trainer's process
+        """Whether the source's batches are decoded by a DALI pipeline in the trainer's process
         (`dali_executor`): backend="dali" with CUDA (nvJPEG), unless a daemon serves them (its
         workers decode on the CPU); with `dali_in_trainer`, on the CPU too (a testing aid)."""
         return (
