@@ -23,8 +23,9 @@ import numpy as np
 import pytest
 import torch
 from daemon_helpers import AUGMENT, DaemonProcess, assert_same_batches, take
+from helpers import write_tar_shards
 
-from fastload import ConfigError, FastLoader, SampleError
+from fastload import ConfigError, FastLoader, SampleError, sources
 from fastload import transforms as T
 from fastload._loading.backends import SampleFailure, make_backend
 from fastload._loading.sample_random import sample_randoms
@@ -57,7 +58,7 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def epoch(
-    folder: Path, backend: str, num_workers: int, transform: list[Any], **kwargs: Any
+    folder: Path | sources.Source, backend: str, num_workers: int, transform: list[Any], **kwargs: Any
 ) -> list[list[torch.Tensor]]:
     with FastLoader(
         folder, num_workers=num_workers, transform=transform, backend=backend, **{**KWARGS, **kwargs}
@@ -112,6 +113,17 @@ def test_bit_identical_for_any_worker_count_and_epoch(image_folder: Path) -> Non
         for e in (0, 1):
             assert_same_batches(runs[workers][e], runs[0][e])
     assert not torch.equal(runs[0][0][0][0], runs[0][1][0][0]), "epochs 0 and 1 gave the same batch"
+
+
+def test_every_source_of_encoded_images_gives_the_folders_batches(
+    image_folder: Path, tmp_path: Path
+) -> None:
+    # DALI decodes what the source reads (views of merged reads for packed files and shards).
+    shards = write_tar_shards(image_folder, tmp_path / "shards", per_shard=7)
+    packed = sources.pack(image_folder, tmp_path / "packed", progress=False)
+    expected = epoch(image_folder, "dali", 0, CHAINS["rrc-flip"])
+    for source in (packed, sources.TarShards([str(s) for s in shards])):
+        assert_same_batches(epoch(source, "dali", 2, CHAINS["rrc-flip"]), expected)
 
 
 def test_spawned_workers_get_the_backend_by_pickle_and_the_same_batches(
