@@ -264,3 +264,16 @@ def test_a_list_saved_by_a_spreadsheet_reads_the_same(image_folder: Path, tmp_pa
     index = FileList(str(listing), root=str(image_folder)).open()
     assert len(index) == len(files) and index.name(0) == str(image_folder / files[0][0])
     assert index.classes == scan_image_folder(image_folder).classes
+
+
+def test_a_block_shuffle_shards_ranks_with_equal_batch_counts(image_folder: Path) -> None:
+    # 24 samples on 3 ranks in runs of 4: each rank 8 samples (2 batches), whole runs, all covered.
+    shards = []
+    for rank in range(3):
+        options = {"batch_size": 4, "sample_ids": True, "shuffle_block": 4, "shuffle_window": 1}
+        with _loader(image_folder, 1, rank=rank, world_size=3, **options) as loader:
+            shards.append([batch[2].indices.tolist() for batch in loader])
+            assert len(loader) == 2
+    assert [len(s) for s in shards] == [2, 2, 2]
+    assert sorted(i for s in shards for batch in s for i in batch) == list(range(24))
+    assert all(sorted(b) == list(range(min(b), min(b) + 4)) for s in shards for b in s)
