@@ -337,6 +337,14 @@ def _hostile_headers(dataset: Path) -> Iterator[tuple[str, list[bytes]]]:
         {"transforms": [{"type": "Resize", "size": [60000, 60000]}]},  # over the budget
         {"transforms": [{"type": "Resize", "size": [24, 24]}, "x"]},
         {"backend": "nope"}, {"backend": ""}, {"extra": 1},
+        # A source description comes from the peer too: JSON text, known kinds and fields only.
+        {"source": "not json"}, {"source": "[]"}, {"source": '{"kind": "pickle"}'}, {"source": 5},
+        {"source": '{"kind": "file_list"}'}, {"source": '{"kind": "file_list", "path": 5}'},
+        {"source": '{"kind": "file_list", "path": "rel.csv"}'},
+        {"source": '{"kind": "tar", "paths": [[1]]}'},
+        {"source": '{"kind": "folder", "root": "/x", "evil": 1}'},
+        {"source": json.dumps({"kind": "file_list", "path": str(dataset / "missing.csv")})},
+        {"source": json.dumps({"kind": "hdf5", "path": str(dataset)})},
     ]
     for overrides in bad_hello:
         yield f"hello {str(overrides)[:60]}", [wire.encode("hello", **hello_fields(dataset, **overrides))]

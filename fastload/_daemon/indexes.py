@@ -17,7 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from fastload._errors import DatasetError
+from fastload._errors import DatasetError, FastloadError
 from fastload._loading.shm import Segment
 from fastload.sources import ImageFolder, Source
 from fastload.sources._arrays import ArrayIndex
@@ -69,7 +69,12 @@ class _Scan(threading.Thread):
     def run(self) -> None:
         try:
             if not isinstance(self.source, ImageFolder):
-                index = self.source.open()
+                try:
+                    index = self.source.open()
+                except FastloadError:
+                    raise
+                except (TypeError, ValueError, KeyError, AttributeError) as e:  # a peer's odd description
+                    raise DatasetError(f"cannot open {self.source!r}: {type(e).__name__}: {e}"[:1000]) from e
                 if isinstance(index, ArrayIndex):  # its batches are arrays, not images to decode
                     raise DatasetError(f"{self.source.where} holds arrays: a daemon serves encoded images")
                 self.result = index

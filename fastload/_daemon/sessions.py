@@ -140,6 +140,10 @@ def _hello_source(f: dict[str, Any]) -> Source:
     source = source_from_config(config)
     if source.kind not in DAEMON_SOURCE_KINDS:
         raise ConfigError(f"a daemon does not serve {source.kind} sources: load them without daemon=")
-    if source.resolved() != source:
+    try:
+        absolute = source.resolved() == source
+    except (TypeError, ValueError) as e:  # a field of the wrong type, from a peer
+        raise ConfigError(f"bad {source.kind} source description: {e}") from None
+    if not absolute:
         raise ConfigError("a source's paths must be absolute (the daemon's working directory is not ours)")
     return source

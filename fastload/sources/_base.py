@@ -62,8 +62,10 @@ class Source(ABC):
             value = getattr(self, name)
             if isinstance(value, str):
                 changes[name] = os.path.abspath(value)
-            elif isinstance(value, tuple):
+            elif isinstance(value, tuple) and all(isinstance(v, str) for v in value):
                 changes[name] = tuple(os.path.abspath(v) for v in value)
+            elif value is not None:
+                raise TypeError(f"{self.kind} source field {name} must be a path, got {value!r}"[:300])
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
     def to_json(self) -> str:
