@@ -61,7 +61,7 @@ def _build_parser() -> argparse.ArgumentParser:
     iostat.add_argument("--json", action="store_true", help="one JSON object per report")
     iostat.add_argument("--plot", metavar="FILE.png", help="draw throughput and stage times over the run")
     iostat.add_argument(
-        "--probe", metavar="PATH", help="measure storage and decode speed of a folder, no training"
+        "--probe", metavar="PATH", help="storage and decode speed of a dataset (any source), no training"
     )
     iostat.add_argument("--workers", type=int, help="with --probe: workers you plan to use")
     iostat.add_argument("--target", type=float, help="with --probe: images/s you need")

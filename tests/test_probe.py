@@ -11,9 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import h5py
+import numpy as np
 import pytest
 from helpers import write_image
 
+from fastload import sources
 from fastload._diagnostics.probe import (
     KB,
     ProbeResult,
@@ -22,7 +25,7 @@ from fastload._diagnostics.probe import (
     images_per_s_from_storage,
     probe,
     probe_to_json,
-    sample_paths,
+    sample_indices,
     workers_needed,
 )
 from fastload._diagnostics.sysinfo import MB, BlockDevice
@@ -48,7 +51,8 @@ def jpeg_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_probe_measures_a_folder(jpeg_folder: Path) -> None:
     r = probe(jpeg_folder, target=500, sample=12, seconds=0.3)
     assert (r.path, r.images, r.classes, r.sampled) == (str(jpeg_folder), 40, 4, 12)
-    sampled = sample_paths(scan_image_folder(jpeg_folder), 12)
+    index = scan_image_folder(jpeg_folder)
+    sampled = [index.path(int(i)) for i in sample_indices(len(index), 12)]
     assert r.mean_file_bytes == sum(os.path.getsize(p) for p in sampled) / 12
     assert r.cold_mb_per_s > 0 and r.warm_mb_per_s > 0 and r.decode_images_per_s > 0
     assert r.backend in ("native", "pil") and r.decode_failures == ()
@@ -66,9 +70,9 @@ def test_probe_measures_a_folder(jpeg_folder: Path) -> None:
 
 def test_sample_is_deterministic_and_distinct(jpeg_folder: Path) -> None:
     index = scan_image_folder(jpeg_folder)
-    picks = sample_paths(index, 15)
-    assert picks == sample_paths(index, 15) and len(set(picks)) == 15
-    assert sorted(sample_paths(index, 1000)) == sorted(index.path(i) for i in range(40))
+    picks = sample_indices(len(index), 15).tolist()
+    assert picks == sample_indices(len(index), 15).tolist() and len(set(picks)) == 15
+    assert sorted(sample_indices(len(index), 1000).tolist()) == list(range(40))
 
 
 def test_undecodable_files_are_reported(tmp_path: Path) -> None:
@@ -253,3 +257,20 @@ def test_plot_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     with pytest.raises(ConfigError, match="--plot needs matplotlib: pip install matplotlib"):
         plot_history(_history(), str(tmp_path / "x.png"))
+
+
+def test_probe_measures_any_source(jpeg_folder: Path, tmp_path: Path) -> None:
+    # A pack of the folder: the same samples, read from one data file (evicted whole).
+    packed = sources.pack(jpeg_folder, tmp_path / "packed", progress=False)
+    r = probe(packed, sample=12, seconds=0.2)
+    assert (r.path, r.images, r.classes, r.sampled) == (str(tmp_path / "packed"), 40, 4, 12)
+    assert r.cold_mb_per_s > 0 and r.decode_images_per_s > 0 and r.decode_failures == ()
+    folder = probe(jpeg_folder, sample=12, seconds=0.2)
+    assert r.mean_file_bytes == folder.mean_file_bytes  # the same 12 samples, the same bytes
+    arrays = tmp_path / "rows.h5"
+    with h5py.File(arrays, "w") as f:
+        f.create_dataset("images", data=np.zeros((4, 8), np.float32))
+        f.create_dataset("labels", data=np.zeros(4, np.int64))
+    with pytest.raises(DatasetError, match="nothing to decode"):
+        probe(arrays)
+

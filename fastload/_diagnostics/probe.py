@@ -1,4 +1,4 @@
-"""`fastload iostat --probe`: how fast a dataset folder can be read and decoded here, without training.
+"""`fastload iostat --probe`: how fast a dataset can be read and decoded here, without training.
 
 A probe reads a fixed sample of the dataset's files twice (cold, after dropping them from the page
 cache, then warm), times one core decoding and augmenting them with fastload's default backend,
@@ -21,8 +21,9 @@ import numpy as np
 from fastload._diagnostics.sysinfo import MB, BlockDevice, device_for_path, memory
 from fastload._errors import ConfigError, DatasetError
 from fastload._machine import usable_cores
-from fastload.sources._folder import scan_image_folder
-from fastload.sources._index import PathIndex
+from fastload.sources import Source, as_source
+from fastload.sources._arrays import ArrayIndex
+from fastload.sources._index import SampleIndex
 
 KB = 1 << 10
 GB = 1 << 30
@@ -110,35 +111,40 @@ def images_per_s_from_storage(mb_per_s: float, mean_file_bytes: float) -> float:
 
 
 def probe(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Source,
     workers: int | None = None,
     target: float | None = None,
     sample: int = 200,
     seconds: float = 2.0,
 ) -> ProbeResult:
-    """Measure the dataset folder at `path` (ImageNet layout); `seconds` bounds the decode timing.
+    """Measure the dataset at `path` (a folder, a file list, tar shards, a pack, HDF5 images: what
+    `sources.as_source` takes); `seconds` bounds the decode timing.
 
     Raises:
-        DatasetError: the folder cannot be indexed, a sampled file cannot be read, or no sampled
-            file decodes.
+        DatasetError: the dataset cannot be opened or holds arrays (nothing to decode), a sampled
+            sample cannot be read, or no sampled sample decodes.
         ConfigError: a non-positive `workers`, `target`, `sample` or `seconds`.
     """
     _check_arguments(workers, target, sample, seconds)
-    index = scan_image_folder(path)
-    paths = sample_paths(index, sample)
-    device = device_for_path(index.root)
-    evicted, note = evict(paths, device)
-    cold_blobs, cold_s = read_files(paths)
-    blobs, warm_s = read_files(paths)
+    source = as_source(path)
+    index = source.open()
+    if isinstance(index, ArrayIndex):
+        raise DatasetError(f"{source.where} holds arrays, delivered as stored: there is nothing to decode")
+    picks = sample_indices(len(index), sample)
+    names = [index.name(int(i)) for i in picks]
+    device = device_for_path(source.where)
+    evicted, note = evict(index.files_of(picks), device)
+    cold_blobs, cold_s = read_samples(index, picks)
+    blobs, warm_s = read_samples(index, picks)
     total = sum(len(b) for b in cold_blobs)
     del cold_blobs
-    backend, rate, failures = decode_rate(blobs, paths, seconds)
+    backend, rate, failures = decode_rate(blobs, names, seconds)
     result = ProbeResult(
-        path=index.root,
+        path=source.where,
         images=len(index),
         classes=len(index.classes),
-        sampled=len(paths),
-        mean_file_bytes=total / len(paths),
+        sampled=len(picks),
+        mean_file_bytes=total / len(picks),
         cold_mb_per_s=total / MB / cold_s,
         warm_mb_per_s=total / MB / warm_s,
         evicted=evicted,
@@ -166,11 +172,10 @@ def _check_arguments(workers: int | None, target: float | None, sample: int, sec
         raise ConfigError(f"the probe needs a positive decode time, got {seconds} s")
 
 
-def sample_paths(index: PathIndex, sample: int) -> list[str]:
-    """`sample` paths of the index (all when it has fewer), the same ones on every run, shuffled
-    as a training epoch reads them."""
-    picks = np.random.default_rng(0).choice(len(index), size=min(sample, len(index)), replace=False)
-    return [index.path(int(i)) for i in picks]
+def sample_indices(count: int, sample: int) -> np.ndarray:
+    """`sample` of `count` samples (all when there are fewer), the same ones on every run,
+    shuffled as a training epoch reads them."""
+    return np.random.default_rng(0).choice(count, size=min(sample, count), replace=False).astype(np.int64)
 
 
 def evict(paths: Sequence[str], device: BlockDevice) -> tuple[bool, str]:
@@ -193,16 +198,18 @@ def evict(paths: Sequence[str], device: BlockDevice) -> tuple[bool, str]:
     return True, "dropped from the page cache with posix_fadvise(DONTNEED) before reading"
 
 
-def read_files(paths: Sequence[str]) -> tuple[list[bytes], float]:
-    """Read every file whole, in order; (their bytes, seconds taken, opening included)."""
+def read_samples(index: SampleIndex, picks: np.ndarray) -> tuple[list[bytes], float]:
+    """Read every sampled sample whole, one at a time, in order; (their bytes, seconds taken,
+    opening included)."""
     blobs = []
     start = time.perf_counter()
-    for p in paths:
+    for i in picks.tolist():
         try:
-            with open(p, "rb", buffering=0) as f:
-                blobs.append(f.readall())
+            blobs.append(index.read_sample(i))
         except OSError as e:
-            raise DatasetError(f"cannot read {p}: {e}; check the file's permissions and the mount") from e
+            raise DatasetError(
+                f"cannot read {index.name(i)}: {e}; check the file's permissions and the mount"
+            ) from e
     return blobs, max(time.perf_counter() - start, 1e-9)
 
 

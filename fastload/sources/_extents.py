@@ -214,6 +214,9 @@ class ExtentIndex:
         handles.fds[file_id] = fd  # now the most recently used
         return fd
 
+    def files_of(self, indices: np.ndarray) -> list[str]:
+        return [self.files[int(f)] for f in np.unique(self.file_ids[np.asarray(indices, np.int64)])]
+
     def read_sample(self, index: int) -> bytes:
         """One sample's bytes, through a descriptor of its own (safe from any thread)."""
         i = int(index)

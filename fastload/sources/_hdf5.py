@@ -261,6 +261,9 @@ class HDF5BytesIndex(_HDF5Index):
     def read_sample(self, index: int) -> bytes:
         return bytes(self._open().dset[index])
 
+    def files_of(self, indices: np.ndarray) -> list[str]:
+        return [self.root]
+
     def read(self, indices: np.ndarray) -> list[bytes]:
         """The batch's bytes: one sorted selection (each chunk read once), then in batch order."""
         unique, inverse = np.unique(indices, return_inverse=True)

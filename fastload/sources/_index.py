@@ -69,6 +69,10 @@ class SampleIndex(IndexBase, Protocol):
         """One sample's bytes (OSError when it cannot be read)."""
         ...
 
+    def files_of(self, indices: np.ndarray) -> list[str]:
+        """The files these samples live in (what to evict from the page cache for a cold read)."""
+        ...
+
     def to_segment(self) -> Segment:
         """Copy the index into a new shared-memory segment, for processes not forked from us."""
         ...
@@ -124,6 +128,9 @@ class PathIndex:
 
     def read_sample(self, index: int) -> bytes:
         return read_file(self.path(index))
+
+    def files_of(self, indices: np.ndarray) -> list[str]:
+        return [self.path(int(i)) for i in indices]
 
     def read(self, indices: np.ndarray) -> list[bytes]:
         blobs = []
