@@ -21,13 +21,12 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
 
 from fastload._loading.shm import Segment
-from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadFailure
+from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadFailure, pack_strings
 
 DEFAULT_GAP = 64 << 10  # bytes between two extents still read as one
 DEFAULT_READAHEAD = 32  # samples past a touched stretch to ask the kernel for
@@ -69,13 +68,6 @@ def _new_lock_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_new_lock_in_child)
-
-
-def pack_strings(strings: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """(uint8 blob, int64 offsets of len + 1) holding `strings` end to end."""
-    offsets = np.zeros(len(strings) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, strings), dtype=np.int64, count=len(strings)), out=offsets[1:])
-    return np.frombuffer(b"".join(strings), dtype=np.uint8).copy(), offsets
 
 
 class _Handles:

@@ -74,22 +74,10 @@ def scan_image_folder(
     # torchvision's order: sorted(os.walk(...)) orders a class's directories by path string.
     for dirs in found:
         dirs.sort(key=lambda item: item[0])
-    n = walk.files
-    lengths = np.fromiter(
-        (len(p) for dirs in found for _, paths in dirs for p in paths), dtype=np.int64, count=n
-    )
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    blob = np.empty(int(offsets[-1]), dtype=np.uint8)
-    labels = np.empty(n, dtype=np.int64)
-    at = 0
-    for label, dirs in enumerate(found):
-        for _, paths in dirs:
-            start, at = at, at + len(paths)
-            joined = b"".join(paths)
-            blob[offsets[start] : offsets[start] + len(joined)] = np.frombuffer(joined, np.uint8)
-            labels[start:at] = label
-    return PathIndex(root_str, tuple(classes), blob, offsets, labels)
+    paths = [p for dirs in found for _, names in dirs for p in names]
+    per_class = [sum(len(names) for _, names in dirs) for dirs in found]
+    labels = np.repeat(np.arange(len(classes), dtype=np.int64), per_class)
+    return PathIndex.from_paths(root_str, classes, paths, labels)
 
 
 class _Walk:

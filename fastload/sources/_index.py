@@ -78,6 +78,15 @@ class SampleIndex(IndexBase, Protocol):
         ...
 
 
+def pack_strings(strings: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 blob, int64 offsets of len + 1) holding `strings` end to end: how every index keeps
+    names and paths (one blob, never a Python list per sample). The blob is a read-only view of
+    the joined bytes, not a second copy of them."""
+    offsets = np.zeros(len(strings) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, strings), dtype=np.int64, count=len(strings)), out=offsets[1:])
+    return np.frombuffer(b"".join(strings), dtype=np.uint8), offsets
+
+
 def read_file(path: str) -> bytes:
     """A sample's bytes from storage (one place, so tests can stand in a slow disk)."""
     with open(path, "rb") as f:
@@ -113,10 +122,7 @@ class PathIndex:
         cls, root: str, classes: Sequence[str], paths: Sequence[bytes], labels: np.ndarray
     ) -> PathIndex:
         """An index of encoded `paths` (bytes, UTF-8 with surrogateescape) and their targets."""
-        lengths = np.fromiter((len(p) for p in paths), dtype=np.int64, count=len(paths))
-        offsets = np.zeros(len(paths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        blob = np.frombuffer(b"".join(paths), dtype=np.uint8).copy()
+        blob, offsets = pack_strings(paths)
         return cls(root, tuple(classes), blob, offsets, labels)
 
     def path(self, index: int) -> str:

@@ -39,8 +39,8 @@ import numpy as np
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._base import Source, as_source
-from fastload.sources._extents import ExtentIndex, pack_strings
-from fastload.sources._index import ReadFailure, SampleIndex
+from fastload.sources._extents import ExtentIndex
+from fastload.sources._index import ReadFailure, SampleIndex, pack_strings
 
 _PACK_ORDER_STREAM = 0x9AC  # the stream of `pack(shuffle_seed=...)`'s order
 

@@ -33,8 +33,9 @@ import numpy as np
 
 from fastload._errors import DatasetError
 from fastload.sources._base import Source
-from fastload.sources._extents import ExtentIndex, pack_strings
+from fastload.sources._extents import ExtentIndex
 from fastload.sources._folder import IMG_EXTENSIONS
+from fastload.sources._index import pack_strings
 
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMG_EXTENSIONS)
 _LABEL_EXTS = ("cls", "json")  # in order of preference
