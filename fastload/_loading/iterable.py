@@ -23,17 +23,24 @@ Samples whose leaves are fixed-shape go straight into the slot, as a map-style D
 from __future__ import annotations
 
 import itertools
-import random
 import time
 from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from fastload._loading.executor import Done, Task
-from fastload._loading.jobs import JobFailed, collate_or_fail, failure_of, write_samples
+from fastload._loading.jobs import (
+    JobFailed,
+    RngState,
+    collate_or_fail,
+    failure_of,
+    rng_state,
+    seed_rng,
+    set_rng_state,
+    write_samples,
+)
 from fastload._loading.layout import BatchLayout
 from fastload._loading.plan import batch_seed
 from fastload._machine import run_delay_since, thread_run_delay_ns
@@ -104,7 +111,7 @@ class _Stream:
     iterator: Iterator[Any]
     produced: int = 0  # batches taken from it
     pending: list[Any] = field(default_factory=list)  # a sample taken by the layout probe
-    rng: tuple[Any, Any, Any] | None = None  # its global random state between batches
+    rng: RngState | None = None  # its global random state between batches
 
 
 class IterableJob:
@@ -136,26 +143,26 @@ class IterableJob:
     def _samples(self, task: Task, count: int, in_trainer: bool) -> list[Any]:
         """The next `count` samples of batch (stream, k) of the task (fewer at the end)."""
         stream_id, k = int(task.indices[0]), int(task.indices[1])
-        caller = _rng_state() if in_trainer else None
+        caller = rng_state() if in_trainer else None
         try:
             stream = self._stream
             if stream is None or stream.epoch != task.epoch or stream.produced > k:
-                _seed_rng(batch_seed(self.seed, task.epoch, _STREAM_SEED + stream_id))
+                seed_rng(batch_seed(self.seed, task.epoch, _STREAM_SEED + stream_id))
                 stream = self._stream = _Stream(task.epoch, iter(self.dataset))
             elif stream.rng is not None:
-                _set_rng(stream.rng)
+                set_rng_state(stream.rng)
             while stream.produced < k:  # replay up to batch k (NOTE [iterable streams])
                 self._take(stream, self.batch_size, task)
                 stream.produced += 1
             samples = self._take(stream, count, task)
             stream.produced += 1
-            stream.rng = _rng_state()
+            stream.rng = rng_state()
             if self.drop_last and len(samples) < self.batch_size:
                 return []
             return samples
         finally:
             if caller is not None:
-                _set_rng(caller)
+                set_rng_state(caller)
 
     def _take(self, stream: _Stream, count: int, task: Task) -> list[Any]:
         taken, stream.pending = stream.pending[:count], stream.pending[count:]
@@ -190,19 +197,3 @@ class IterableJob:
         if not samples:
             return None, 0  # the stream has ended
         return collate_or_fail(task, samples, self.collate_fn, f"batch {task.batch_index}"), len(samples)
-
-
-def _rng_state() -> tuple[Any, Any, Any]:
-    return torch.get_rng_state(), np.random.get_state(), random.getstate()
-
-
-def _set_rng(state: tuple[Any, Any, Any]) -> None:
-    torch.set_rng_state(state[0])
-    np.random.set_state(state[1])
-    random.setstate(state[2])
-
-
-def _seed_rng(seed: int) -> None:
-    torch.default_generator.manual_seed(seed)  # CPU only: torch.manual_seed also queues CUDA seeding
-    np.random.seed(seed % 2**32)
-    random.seed(seed)

@@ -291,11 +291,8 @@ class DatasetJob:
     def _fetch(
         self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, restore_rng: bool
     ) -> list[Any]:
-        states = (torch.get_rng_state(), np.random.get_state(), random.getstate()) if restore_rng else None
-        s = batch_seed(self.seed, epoch, batch_index)
-        torch.default_generator.manual_seed(s)  # CPU only: torch.manual_seed also queues CUDA seeding
-        np.random.seed(s % 2**32)
-        random.seed(s)
+        states = rng_state() if restore_rng else None
+        seed_rng(batch_seed(self.seed, epoch, batch_index))
         try:
             getitems = getattr(self.dataset, "__getitems__", None)
             if callable(getitems):
@@ -312,9 +309,7 @@ class DatasetJob:
             return samples
         finally:
             if states is not None:
-                torch.set_rng_state(states[0])
-                np.random.set_state(states[1])
-                random.setstate(states[2])
+                set_rng_state(states)
 
     def probe(self, task: Task, in_trainer: bool) -> BatchLayout | None:
         """Load the task's sample and return its layout, or None when batches must take the slow path."""
@@ -339,6 +334,27 @@ class DatasetJob:
         """Load and collate a batch that cannot live in a slot (the documented slow path)."""
         samples = self._fetch(task.seq, task.epoch, task.batch_index, task.indices, in_trainer)
         return collate_or_fail(task, samples, self.collate_fn, "the batch starting"), len(samples)
+
+
+RngState = tuple[Any, Any, Any]  # torch's, numpy's and random's global random states
+
+
+def rng_state() -> RngState:
+    """The process's global random states (torch CPU, numpy, random), to put back later."""
+    return torch.get_rng_state(), np.random.get_state(), random.getstate()
+
+
+def set_rng_state(state: RngState) -> None:
+    torch.set_rng_state(state[0])
+    np.random.set_state(state[1])
+    random.setstate(state[2])
+
+
+def seed_rng(seed: int) -> None:
+    """Seed the global random states a Dataset's own randomness draws from."""
+    torch.default_generator.manual_seed(seed)  # CPU only: torch.manual_seed also queues CUDA seeding
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
 
 
 def write_samples(
