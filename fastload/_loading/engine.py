@@ -235,12 +235,17 @@ class Engine:
                 if len(worker.tasks) >= _MAX_TASKS_PER_WORKER:
                     return
             task = self._queue.popleft()
-            if not worker.tasks:
-                worker.busy_since = time.monotonic()
-            worker.tasks[task.seq] = task  # re-run with the others if the send fails
-            sent = self._send(worker, proto.encode_task(task, proto.PROBE if task.probe else proto.TASK))
-            if not sent or task.suspect:  # a lost worker takes nothing more; a suspect runs alone
+            if not self._assign(worker, task):
                 ready.remove(worker)
+
+    def _assign(self, worker: _Worker, task: Task) -> bool:
+        """Give `task` to `worker`; whether the worker may take more now (not if the send failed:
+        a lost worker takes nothing more; nor after a suspect, which runs alone)."""
+        if not worker.tasks:
+            worker.busy_since = time.monotonic()
+        worker.tasks[task.seq] = task  # re-run with the others if the send fails
+        sent = self._send(worker, proto.encode_task(task, proto.PROBE if task.probe else proto.TASK))
+        return sent and not task.suspect
 
     def _dispatch_pinned(self, ready: list[_Worker]) -> None:
         """Send each queued task that names its worker to that worker, once it is ready (an
@@ -253,11 +258,7 @@ class Engine:
             if worker is None or full or (task.suspect and worker.tasks):
                 kept.append(task)  # a suspect waits until its worker holds nothing else
                 continue
-            if not worker.tasks:
-                worker.busy_since = time.monotonic()
-            worker.tasks[task.seq] = task
-            sent = self._send(worker, proto.encode_task(task, proto.PROBE if task.probe else proto.TASK))
-            if not sent or task.suspect:  # a lost worker takes nothing more; a suspect runs alone
+            if not self._assign(worker, task):
                 del by_id[worker.worker_id]
         self._queue = kept
 
