@@ -172,9 +172,9 @@ def _loader(folder: Path, **kw: object) -> FastLoader:
 def slow_storage(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     real = _index.read_file
 
-    def slow(path: str) -> bytes:
+    def slow(path: str, *args: Any) -> bytes | memoryview:
         time.sleep(0.05)  # a 50 ms read per file: a slow network filesystem
-        return real(path)
+        return real(path, *args)
 
     monkeypatch.setattr(_index, "read_file", slow)  # forked workers inherit it
     yield

@@ -33,6 +33,7 @@ from fastload.sources._index import (
     SHARED_INDEX_TYPES,
     IndexBase,
     PathIndex,
+    ReadBuffer,
     ReadFailure,
     SampleIndex,
     target_row,
@@ -155,6 +156,7 @@ class ImageJob(SourceJob):
         self._tensor = SampleProgram(plan.tensor if self.normalize is not None else (), TENSOR_STREAM)
         self._normalizer: HostNormalizer | None = None  # made where the job runs (it holds a module)
         self._scratch: np.ndarray | None = None  # uint8 rows to decode into, before normalizing
+        self._read_buffer = ReadBuffer()  # NOTE [read buffer]
         self._index_segment: Segment | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -223,7 +225,9 @@ class ImageJob(SourceJob):
         n = len(indices)
         images, labels = arrays
         t0 = time.perf_counter_ns()
-        blobs, read_cpu, read_runq = self._read_stage(task, "image", self.index.read)
+        buffer = self._read_buffer
+        buffer.start()  # the previous task's views died with it
+        blobs, read_cpu, read_runq = self._read_stage(task, "image", lambda i: self.index.read(i, buffer))
         t1 = time.perf_counter_ns()
         rngs = sample_randoms(self.seed, epoch, indices)
         pixels = images[:n] if self.normalize is None else self._uint8_rows(n)

@@ -13,6 +13,9 @@ numpy Generator seeded the same way: slower, never different between workers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import overload
+
 import numpy as np
 
 __all__ = [
@@ -22,6 +25,7 @@ __all__ = [
     "PIXELS_STREAM",
     "SPLITMIX_GAMMA",
     "TENSOR_STREAM",
+    "SampleDraws",
     "SampleRandom",
     "sample_randoms",
     "sample_uniforms",
@@ -29,7 +33,7 @@ __all__ = [
     "uniform_integers",
 ]
 
-DRAWS = 48  # per sample: RandomResizedCrop's 10 attempts x 4 draws, a flip, and some room
+DRAWS = 48  # per sample: RandomResizedCrop's 10 tries x 2 draws + 2 for its place, a flip, and room
 _STREAM = 0x5A5A_0000_0000_005A
 SPLITMIX_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -105,7 +109,30 @@ class SampleRandom:
         return low + min(int(self.random() * (high - low)), high - low - 1)
 
 
-def sample_randoms(seed: int, epoch: int, indices: np.ndarray) -> list[SampleRandom]:
-    """The random numbers of each sample of a task, in one vectorized pass."""
-    rows = sample_uniforms(seed, epoch, indices).tolist()
-    return [SampleRandom(row, seed, epoch, int(i)) for row, i in zip(rows, indices.tolist(), strict=True)]
+class SampleDraws(Sequence[SampleRandom]):
+    """A task's geometry draws: `uniforms` (n, DRAWS), row i sample `indices[i]`'s, for code that
+    takes them a batch at a time (`transforms._batch_geometry`), and sample i's `SampleRandom`
+    over the same row as `draws[i]`, made when asked for."""
+
+    def __init__(self, seed: int, epoch: int, indices: np.ndarray) -> None:
+        self.seed, self.epoch = seed, epoch
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.uniforms = sample_uniforms(seed, epoch, self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @overload
+    def __getitem__(self, i: int) -> SampleRandom: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[SampleRandom]: ...
+    def __getitem__(self, i: int | slice) -> SampleRandom | list[SampleRandom]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        row = self.uniforms[i].tolist()
+        return SampleRandom(row, self.seed, self.epoch, int(self.indices[i]))
+
+
+def sample_randoms(seed: int, epoch: int, indices: np.ndarray) -> SampleDraws:
+    """The geometry draws of each sample of a task, in one vectorized pass."""
+    return SampleDraws(seed, epoch, indices)

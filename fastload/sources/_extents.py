@@ -26,7 +26,7 @@ from dataclasses import KW_ONLY, dataclass, field
 import numpy as np
 
 from fastload._loading.shm import Segment
-from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadFailure, pack_strings
+from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure, pack_strings
 
 DEFAULT_GAP = 64 << 10  # bytes between two extents still read as one
 DEFAULT_READAHEAD = 32  # samples past a touched stretch to ask the kernel for
@@ -220,10 +220,11 @@ class ExtentIndex:
             os.close(fd)
         if len(data) < size:
             raise _short_read(self.files[int(self.file_ids[i])], offset, size, len(data))
-        return data
+        return bytes(data)
 
-    def read(self, indices: np.ndarray) -> list[bytes | memoryview]:
-        """The encoded bytes of `indices` in that order, as views of a few coalesced reads."""
+    def read(self, indices: np.ndarray, into: ReadBuffer | None = None) -> list[bytes | memoryview]:
+        """The encoded bytes of `indices` in that order, as views of a few coalesced reads (into
+        `into`'s memory when given)."""
         idx = np.asarray(indices, dtype=np.int64)
         n = len(idx)
         out: list[bytes | memoryview] = [b""] * n
@@ -246,7 +247,7 @@ class ExtentIndex:
                 j += 1
             group = order[k:j]
             try:
-                data = _pread_all(self._fd(file_id), hi - lo, lo)
+                data = _pread_all(self._fd(file_id), hi - lo, lo, into)
             except OSError as e:
                 raise ReadFailure(min(group), e) from e
             view = memoryview(data)
@@ -363,8 +364,17 @@ def _shared_views(segment: Segment) -> list[np.ndarray]:
     return views
 
 
-def _pread_all(fd: int, length: int, offset: int) -> bytes:
-    """`length` bytes at `offset`, fewer only at the end of the file."""
+def _pread_all(fd: int, length: int, offset: int, into: ReadBuffer | None = None) -> bytes | memoryview:
+    """`length` bytes at `offset` (in `into`'s memory when given), fewer only at the end of the file."""
+    if into is not None:
+        view = into.take(length)
+        got = 0
+        while got < length:
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n == 0:
+                break
+            got += n
+        return view[:got]
     data = os.pread(fd, length, offset)
     if len(data) == length or not data:
         return data

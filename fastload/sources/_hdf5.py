@@ -39,7 +39,7 @@ from fastload._errors import ConfigError, DatasetError
 from fastload._loading.shm import Segment
 from fastload.sources._arrays import MappedRows, PerProcess
 from fastload.sources._base import Source
-from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadFailure
+from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure
 
 # HDF5's chunk cache hash table: a prime, many times the chunks a cache of cache_mb holds.
 _CHUNK_CACHE_SLOTS = 100_003
@@ -264,8 +264,9 @@ class HDF5BytesIndex(_HDF5Index):
     def files_of(self, indices: np.ndarray) -> list[str]:
         return [self.root]
 
-    def read(self, indices: np.ndarray) -> list[bytes]:
-        """The batch's bytes: one sorted selection (each chunk read once), then in batch order."""
+    def read(self, indices: np.ndarray, into: ReadBuffer | None = None) -> list[bytes]:
+        """The batch's bytes: one sorted selection (each chunk read once), then in batch order
+        (h5py reads into arrays of its own: `into` is not used)."""
         unique, inverse = np.unique(indices, return_inverse=True)
         try:
             values = self._open().dset[unique]

@@ -14,7 +14,9 @@ from types import ModuleType
 import numpy as np
 
 from fastload._loading.backends import SampleFailure
+from fastload._loading.sample_random import SampleDraws
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
+from fastload.transforms._batch_geometry import sample_batch
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 # Pillow's Image.Resampling numbering, which the extension takes.
@@ -34,19 +36,57 @@ class NativeBackend:
     def decode_batch(
         self, blobs: Sequence[bytes | memoryview], rngs: Sequence[RandomSource], out: np.ndarray
     ) -> None:
-        jpeg = self._jpeg
-        for i, (blob, rng) in enumerate(zip(blobs, rngs, strict=True)):
+        """Decode the batch; a task's `SampleDraws` get their geometry drawn a batch at a time
+        (NOTE [per-batch geometry]), other random sources a sample at a time."""
+        jpegs = [i for i, blob in enumerate(blobs) if blob[:3] == _JPEG_MAGIC]
+        sizes = np.empty((len(jpegs), 2), np.int64)  # (width, height), as the header says
+        for k, i in enumerate(jpegs):
             try:
-                if blob[:3] != _JPEG_MAGIC:
-                    _pil_decode_into()(blob, self.plan, rng, out[i])
-                    continue
-                width, height = jpeg.jpeg_size(blob)
-                g = self.plan.sample(height, width, rng)
-                jpeg.decode_crop_resize(
-                    blob, g.box, out[i], g.out_height, g.out_width, g.flip, self._filter, g.clip
-                )
+                sizes[k] = self._jpeg.jpeg_size(blobs[i])
+            except Exception as e:
+                raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+        geometry = None
+        if isinstance(rngs, SampleDraws) and jpegs:
+            geometry = sample_batch(self.plan, sizes[:, 1], sizes[:, 0], rngs.uniforms[jpegs])
+        if geometry is None:
+            for i, blob in enumerate(blobs):
+                self._decode_one(i, blob, rngs[i], out)
+            return
+        boxes, clips, flips = geometry.boxes.tolist(), geometry.clips.tolist(), geometry.flips.tolist()
+        heights, widths = geometry.out_heights.tolist(), geometry.out_widths.tolist()
+        decode, filter_ = self._jpeg.decode_crop_resize, self._filter
+        k = 0
+        for i, blob in enumerate(blobs):
+            if k == len(jpegs) or jpegs[k] != i:
+                self._decode_one(i, blob, rngs[i], out)
+                continue
+            try:
+                decode(blob, boxes[k], out[i], heights[k], widths[k], flips[k], filter_, clips[k])
             except Exception as e:  # any decoder failure is reported against its sample
                 raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+            k += 1
+
+    def _decode_one(self, i: int, blob: bytes | memoryview, rng: RandomSource, out: np.ndarray) -> None:
+        """Sample i alone, its geometry drawn from `rng` by the plan's per-sample walk."""
+        try:
+            if blob[:3] != _JPEG_MAGIC:
+                _pil_decode_into()(blob, self.plan, rng, out[i])
+                return
+            width, height = self._jpeg.jpeg_size(blob)
+            g = self.plan.sample(height, width, rng)
+            self._jpeg.decode_crop_resize(
+                blob, g.box, out[i], g.out_height, g.out_width, g.flip, self._filter, g.clip
+            )
+        except Exception as e:  # any decoder failure is reported against its sample
+            raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+
+
+# NOTE [per-batch geometry]: a task's crops are drawn for all its JPEGs at once
+# (`transforms._batch_geometry.sample_batch`: the same draws, the same boxes as the per-sample
+# walk, tested sample for sample), after one pass reading their headers' sizes; what it cannot
+# decide (a chain that could use more draws than a task has, a CenterCrop larger than an image)
+# and files that are not JPEGs go a sample at a time. The per-sample walk cost ~10 µs an image,
+# ~1% of a worker's time beside the decode.
 
 
 _Decode = Callable[[bytes | memoryview, TransformPlan, RandomSource, np.ndarray], SampleGeometry]
