@@ -296,7 +296,10 @@ class Engine:
             remaining = deadline - time.monotonic()
             wait_ms = int(max(0.0, min(remaining, _LIVENESS_INTERVAL_S)) * 1000)
             events = self.drain() if self._sock.poll(wait_ms) else []
-            if time.monotonic() - self._last_liveness >= _LIVENESS_INTERVAL_S or not events:
+            # Waited for nothing: a worker may be dead. A look without waiting (the trainer found
+            # its batch ready) supervises only once per liveness interval.
+            waited_in_vain = not events and timeout_s > 0
+            if time.monotonic() - self._last_liveness >= _LIVENESS_INTERVAL_S or waited_in_vain:
                 self.supervise()
                 events.extend(self._supervision_events)
                 self._supervision_events = []

@@ -10,6 +10,7 @@ become lists, numbers become tensors of their default dtype).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ class Leaf:
     dtype: str
     shape: tuple[int, ...]
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return int(np.dtype(self.dtype).itemsize * int(np.prod(self.shape, dtype=np.int64)))
 
@@ -48,7 +49,7 @@ class BatchLayout:
     tree: Any  # JSON: {"leaf": i} | {"list": [...]} | {"dict": [[key, subtree], ...]}
     batch_size: int
 
-    @property
+    @functools.cached_property  # read on every batch the trainer takes: worked out once
     def offsets(self) -> tuple[int, ...]:
         offsets, pos = [], 0
         for leaf in self.leaves:
@@ -56,7 +57,7 @@ class BatchLayout:
             pos += (leaf.nbytes * self.batch_size + _ALIGN - 1) // _ALIGN * _ALIGN
         return tuple(offsets)
 
-    @property
+    @functools.cached_property
     def slot_bytes(self) -> int:
         last = self.leaves[-1]
         return max(_ALIGN, self.offsets[-1] + last.nbytes * self.batch_size)

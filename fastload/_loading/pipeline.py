@@ -245,12 +245,12 @@ class Pipeline:
         # every batch is split into row ranges of its slot, one per worker, and is ready in
         # about batch-time / workers, in plan order (the first batch of an epoch too). Per-sample
         # seeds make the result identical to one task's; parts report into the same slot.
-        bounds = np.linspace(0, len(indices), parts + 1).astype(int)
+        n = len(indices)
         self._split[seq] = _Parts(left=parts)
-        for row, end in itertools.pairwise(bounds):
+        for row, end in itertools.pairwise([n * k // parts for k in range(parts + 1)]):
             part = self.next_seq()
             self._part_of[part] = seq
-            self.executor.submit(Task(part, epoch, batch_index, indices[row:end], slot_name, row=int(row)))
+            self.executor.submit(Task(part, epoch, batch_index, indices[row:end], slot_name, row=row))
         return seq
 
     def _worker_of(self, indices: np.ndarray) -> int | None:
