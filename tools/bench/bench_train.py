@@ -1,6 +1,7 @@
 """Does the loader keep a trainer fed? A training loop, timed three ways, for each loader:
 
-- **loader alone**: the loop takes batches and does nothing with them;
+- **loader alone**: the loop takes batches and does nothing with them (run before and after the
+  fed run, and averaged: the machine's speed drifts between runs; `loader_drift` says how much);
 - **consumer alone**: the training step, repeated on one fixed batch (what the step can eat);
 - **fed**: the loader feeding the step, the way training runs;
 
@@ -262,15 +263,21 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
         t1 = time.perf_counter()
         fed = run_loop(loader, step, args.epochs, args.warmup, device)
         busy = _workers_busy(loader, before, time.perf_counter() - t1, args.workers)
+        # Alone again: on a shared machine the loader's rate drifts between runs (up to 15%
+        # here), and a fed run compared with a rate taken before it alone would count a slower
+        # machine as the pipeline's loss. The bound is the mean of the two alone runs around it.
+        after = run_loop(loader, lambda batch: None, args.epochs, args.warmup, device)
         del t0
     finally:
         loader.close()
-    bound = min(alone["images_per_s"], consumer)
+    loader_rate = (alone["images_per_s"] + after["images_per_s"]) / 2
+    bound = min(loader_rate, consumer)
     return {
         "loader": name,
         "step": args.step,
         "step_ms": round(batch_ms, 1) if args.step.endswith(":auto") else None,
-        "loader_alone": alone["images_per_s"],
+        "loader_alone": loader_rate,
+        "loader_drift": after["images_per_s"] / alone["images_per_s"] - 1,
         "consumer_alone": consumer,
         "fed": fed["images_per_s"],
         "fed_share": fed["images_per_s"] / bound,
