@@ -14,7 +14,8 @@ back (`--epochs`), so what happens at epoch ends counts.
 The step: `--step sleep:MS` or `--step spin:MS` (runs anywhere; `sleep:auto` takes as long per
 batch as the loader alone delivers one, the hardest case for overlap), or `--step resnet18` /
 `--step resnet50` (torchvision's model, forward + backward + SGD, bf16 autocast, channels_last, on
-CUDA; needs torchvision and a GPU). Loaders: `fastload`, and `dataloader` (torch DataLoader +
+CUDA; needs torchvision and a GPU). Loaders: `fastload`, `fastload-dali` (backend="dali": DALI's
+`mixed` decode on a GPU, its CPU operators otherwise), and `dataloader` (torch DataLoader +
 torchvision ImageFolder with the same transforms and Apex-style uint8 collation; needs
 torchvision). Images: RandomResizedCrop + horizontal flip, uint8, normalized on the device by the
 step (fastload: by the loader) when it is a model; `--recipe deit` adds DeiT's augmentations
@@ -122,7 +123,7 @@ def recipe(name: str, size: int, classes: int) -> list[T.Transform]:
     return chain
 
 
-def _fastload(args: argparse.Namespace, device: torch.device) -> Any:
+def _fastload(args: argparse.Namespace, device: torch.device, backend: str = "native") -> Any:
     normalize = (MEAN, STD) if device.type == "cuda" or args.recipe == "deit" else None
     classes = sum(1 for entry in os.scandir(args.data) if entry.is_dir())
     return FastLoader(
@@ -137,7 +138,13 @@ def _fastload(args: argparse.Namespace, device: torch.device) -> Any:
         normalize=normalize,
         dtype=torch.bfloat16,
         transform=recipe(args.recipe, args.size, classes),
+        backend=backend,
     )
+
+
+def _fastload_dali(args: argparse.Namespace, device: torch.device) -> Any:
+    """backend="dali": nvJPEG decoding and GPU augmentation where `device` is CUDA (`mixed`)."""
+    return _fastload(args, device, backend="dali")
 
 
 def _dataloader(args: argparse.Namespace, device: torch.device) -> Any:
@@ -188,7 +195,7 @@ class _OnDevice:
         self.loader = None
 
 
-LOADERS = {"fastload": _fastload, "dataloader": _dataloader}
+LOADERS = {"fastload": _fastload, "fastload-dali": _fastload_dali, "dataloader": _dataloader}
 
 
 def _sync(device: torch.device) -> None:
