@@ -219,6 +219,8 @@ def test_corrupt_and_truncated_files_raise_sample_errors_naming_them(
         assert error.index == index
         assert "Traceback" in error.worker_traceback
     assert "DALI could not decode" in str(errors[0])
+    # Why, as DALI's decoder logged it (to stderr, where the message alone would not say).
+    assert "Premature end of JPEG data" in str(errors[0]), str(errors[0])
 
 
 def test_a_failure_dali_does_not_place_is_found_sample_by_sample(

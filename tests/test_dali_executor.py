@@ -152,6 +152,8 @@ def test_a_corrupt_file_raises_sample_error_naming_it_and_the_batches_behind_it_
         assert error.path == str(path) and str(path) in str(error)
         assert error.index == index
     assert "DALI could not decode" in str(errors[0])
+    # Why, as DALI's decoder logged it (to stderr, where the message alone would not say).
+    assert "Premature end of JPEG data" in str(errors[0]), str(errors[0])
     # The batches queued behind the failed run were fed again to a fresh pipeline: the same
     # pixels as the worker path.
     in_trainer(False)

@@ -305,24 +305,30 @@ class DaliExecutor:
         self._outbox.put(_Decoded(task, out, labels, time.perf_counter_ns() - request.started_ns))
 
     def _decode_failure(self, request: _Request, error: RuntimeError) -> Failure:
-        """The Failure of a run DALI could not decode, naming the file (see the module docstring)."""
+        """The Failure of a run DALI could not decode, naming the file (see the module docstring)
+        and saying why in its CPU decoder's words where they say more than the run's error."""
         task, n = request.task, len(request.task.indices)
         position = failed_position(str(error), n)
-        if position is None:
-            position = self._first_failing(request)
-        failure = decode_failure(error, position)
+        rows = range(n) if position is None else range(position, position + 1)
+        failure = self._cpu_failure(request, rows)
+        if failure is None or (position is not None and failure.position != position):
+            failure = decode_failure(error, 0 if position is None else position)
         return self._failure_at(task, request.paths, failure)
 
-    def _first_failing(self, request: _Request) -> int:
-        """The first sample DALI's CPU operators cannot decode on its own; 0 if none."""
+    def _cpu_failure(self, request: _Request, rows: range) -> SampleFailure | None:
+        """The first of `rows` DALI's CPU operators cannot decode, as their SampleFailure at its
+        position in the task; None if they all decode."""
         task = request.task
         backend = DaliBackend(self._plan, self._jpeg)
-        out = np.empty((len(task.indices), self._plan.out_height, self._plan.out_width, 3), np.uint8)
+        out = np.empty((len(rows), self._plan.out_height, self._plan.out_width, 3), np.uint8)
+        draws = sample_randoms(self._seed, task.epoch, task.indices[rows.start : rows.stop])
         try:
-            backend.decode_batch(request.blobs, sample_randoms(self._seed, task.epoch, task.indices), out)
+            backend.decode_batch(request.blobs[rows.start : rows.stop], draws, out)
         except SampleFailure as e:
-            return e.position
-        return 0
+            failure = SampleFailure(rows.start + e.position, str(e))
+            failure.__cause__ = e.__cause__
+            return failure
+        return None
 
     def _failure_at(self, task: Task, paths: Sequence[str], failure: SampleFailure) -> Failure:
         cause = failure.__cause__ or failure

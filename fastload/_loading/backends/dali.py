@@ -14,9 +14,11 @@ frees one it inherited (NOTE [DALI pipelines and fork]). It runs DALI's CPU oper
 and each output is copied once into its row of the slot. Image sizes for the geometry come from
 the header (the native extension's `jpeg_size`, else Pillow). A decode failure drops the pipeline
 (DALI invalidates it) and is reported as `SampleFailure` at the sample DALI names (or, if it
-names none, the first that fails alone). The pieces both DALI paths share (header sizes, each
-sample's slice and box, the pipeline's graph, DALI's error text) are this module's functions: the
-in-process executor (`dali_executor`, GPU `mixed` decoding) builds the same graph on other devices.
+names none, the first that fails alone), with the reason its decoder logged to stderr (that
+sample is run once more to catch it: DALI's exception says only which sample failed). The
+pieces both DALI paths share (header sizes, each sample's slice and box, the pipeline's graph,
+DALI's error text) are this module's functions: the in-process executor (`dali_executor`, GPU
+`mixed` decoding) builds the same graph on other devices.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import io
 import math
 import os
 import re
+import sys
+import tempfile
 import weakref
 from collections.abc import Sequence
 from types import ModuleType
@@ -47,6 +51,8 @@ _INTERP = {
 }
 # DALI names the failing sample of a batch: "Failed to decode sample #3 : ...".
 _FAILED_SAMPLE = re.compile(r"sample #(\d+)")
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")  # DALI colours its log lines
+_MAX_LOG_BYTES = 1 << 16
 _EPS = 1e-6  # as the Pillow backend: a clip edge within this of a whole pixel is that pixel
 
 # NOTE [DALI pipelines and fork]: a pipeline's C++ side owns threads. A forked child has the
@@ -109,7 +115,8 @@ class DaliBackend:
             position = failed_position(str(e), n)
             if position is None:
                 position = self._first_failing(arrays, inputs)
-            failure = decode_failure(e, position)
+            detail = self._logged_reason(arrays[position], inputs[position : position + 1])
+            failure = decode_failure(e, position, detail)
             raise failure from failure.__cause__
         for i in range(n):  # DALI's output, viewed, copied once into the slot
             out[i] = np.asarray(images[i])
@@ -127,6 +134,27 @@ class DaliBackend:
         feed(pipe, self.plan, arrays, inputs)
         (images,) = pipe.run()
         return images
+
+    def _logged_reason(self, array: np.ndarray, inputs: np.ndarray) -> str:
+        """Why DALI cannot decode this one sample, in its own words: its decoders log the reason
+        to the process's stderr and raise a bare "Failed to decode sample #i", so the sample is
+        run once more with fd 2 going to a file (only ever after a failure). "" if it decodes."""
+        with tempfile.TemporaryFile() as log:
+            sys.stderr.flush()
+            saved = os.dup(2)
+            try:
+                os.dup2(log.fileno(), 2)
+                try:
+                    self._run([array], inputs)
+                except RuntimeError:
+                    self._pipe = None
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            log.seek(0)
+            text = _ANSI_ESCAPE.sub("", log.read(_MAX_LOG_BYTES).decode("utf-8", "replace"))
+        errors = [line.split("]", 1)[-1].strip() for line in text.splitlines() if "[ERROR]" in line]
+        return "; ".join(dict.fromkeys(e for e in errors if e))
 
     def _first_failing(self, arrays: list[np.ndarray], inputs: np.ndarray) -> int:
         """The first sample that fails on its own (DALI's error named none); 0 if none does."""
@@ -235,10 +263,14 @@ def feed(pipe: Pipeline, plan: TransformPlan, arrays: list[np.ndarray], inputs: 
     pipe.feed_input("size", np.tile(size, (len(arrays), 1)))
 
 
-def decode_failure(error: RuntimeError, position: int) -> SampleFailure:
-    """The SampleFailure for DALI's decode `error` at `position`, its cause a ValueError in DALI's words."""
+def decode_failure(error: RuntimeError, position: int, detail: str = "") -> SampleFailure:
+    """The SampleFailure for DALI's decode `error` at `position`, its cause a ValueError in DALI's
+    words (and `detail`: what its decoder logged about the sample)."""
+    reason = decode_reason(str(error))
+    if detail:
+        reason = f"{reason.rstrip(' :')}: {detail}"
     try:
-        raise ValueError(f"DALI could not decode the image: {decode_reason(str(error))}") from error
+        raise ValueError(f"DALI could not decode the image: {reason}") from error
     except ValueError as cause:
         failure = SampleFailure(position, f"ValueError: {cause}")
         failure.__cause__ = cause
