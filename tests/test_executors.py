@@ -23,8 +23,9 @@ from daemon_helpers import DaemonProcess, hello_fields
 
 from fastload import transforms as T
 from fastload._daemon.client import DaemonSession
-from fastload._loading.engine import Engine, InlineExecutor
+from fastload._loading.engine import Engine
 from fastload._loading.executor import Done, Event, Executor, Failure, Task
+from fastload._loading.inline import InlineExecutor
 from fastload._loading.jobs import ImageJob
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import Ring

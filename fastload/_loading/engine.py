@@ -1,4 +1,4 @@
-"""The engine: run batch tasks on a supervised pool of worker processes (or inline).
+"""The engine: run batch tasks on a supervised pool of worker processes.
 
 `Engine.submit` queues a task; `Engine.poll` dispatches queued tasks to the least-busy live
 worker over a ROUTER socket, collects replies as events, and supervises: a worker that died
@@ -6,7 +6,8 @@ worker over a ROUTER socket, collects replies as events, and supervises: a worke
 again, so no batch is lost or duplicated; a worker whose task runs past the hang bound is killed
 and replaced the same way. Who is blamed for a death, and when a task is failed instead of
 retried, is `fastload._loading.supervision`'s policy (NOTE [blame]): never a task for kills from outside.
-`InlineExecutor` has the same interface and runs tasks in the caller's process (num_workers=0).
+`inline.InlineExecutor` has the same interface and runs tasks in the caller's process
+(num_workers=0).
 
 NOTE [one socket, addressed workers]: tasks are sent to a chosen worker (ROUTER identity) rather
 than load-balanced by ZeroMQ, because supervision must know which tasks died with which worker.
@@ -36,7 +37,7 @@ import zmq
 from fastload._errors import WorkerError, sample_error
 from fastload._loading import worker_link as proto
 from fastload._loading.executor import Event, Failure, Task
-from fastload._loading.jobs import Job, run_task
+from fastload._loading.jobs import Job
 from fastload._loading.layout import BatchLayout
 from fastload._loading.supervision import (
     MAX_STRIKES,
@@ -442,36 +443,3 @@ class Engine:
         self._ctx.term()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-
-class InlineExecutor:
-    """Runs tasks in the caller's process (num_workers=0), one per `poll`, with the Engine's interface."""
-
-    def __init__(self, job: Job, slot_buffer: Callable[[str], Any]) -> None:
-        """`slot_buffer(name)`: the memory of the ring slot `name` (the trainer's own ring)."""
-        self._job = job
-        self._slot_buffer = slot_buffer
-        self._layout: BatchLayout | None = job.layout
-        self._queue: deque[Task] = deque()
-
-    @property
-    def worker_pids(self) -> list[int]:
-        return []
-
-    def set_layout(self, layout: BatchLayout, job_id: int = 0) -> None:
-        self._layout = layout
-
-    def submit(self, task: Task) -> None:
-        self._queue.append(task)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._queue)
-
-    def poll(self, timeout_s: float) -> list[Event]:
-        if not self._queue:
-            return []
-        return [run_task(self._job, self._queue.popleft(), self._layout, self._slot_buffer, in_trainer=True)]
-
-    def close(self) -> None:
-        self._queue.clear()
-        self._job.close()  # what the job opened in this process to read (an HDF5 file)

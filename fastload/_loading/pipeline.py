@@ -25,9 +25,10 @@ import numpy as np
 from fastload._augment.program import TrainerStages
 from fastload._errors import LoaderTimeout
 from fastload._loading.delivery import CpuDelivery, CudaDelivery, make_delivery
-from fastload._loading.engine import Engine, InlineExecutor, raise_failure
+from fastload._loading.engine import Engine, raise_failure
 from fastload._loading.executor import Done, Event, Executor, Failure, Opaque, Probed, RemoteExecutor, Task
 from fastload._loading.identity import SampleIds
+from fastload._loading.inline import InlineExecutor
 from fastload._loading.jobs import Job
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import EXTRA_SLOTS, Ring
