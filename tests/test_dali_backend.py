@@ -290,3 +290,29 @@ def test_filters_dali_does_not_have_are_refused(image_folder: Path) -> None:
         FastLoader(
             image_folder, batch_size=4, transform=[T.Resize((24, 24), interpolation="box")], backend="dali"
         )
+
+
+@pytest.mark.parametrize(
+    "chain",
+    [
+        [T.RandomResizedCrop(64), T.RandomHorizontalFlip()],
+        [T.Resize(80), T.CenterCrop(64)],
+        [T.RandomHorizontalFlip(), T.Resize((48, 40))],
+    ],
+)
+def test_a_tasks_slices_and_boxes_are_each_samples_own(chain: list[T.Transform]) -> None:
+    """DALI's inputs drawn a batch at a time (NOTE [per-batch geometry]) are the per-sample
+    walk's, sample for sample."""
+    from fastload.transforms._batch_geometry import sample_batch
+
+    plan = compile_transforms(chain)
+    rng = np.random.default_rng(3)
+    heights, widths = rng.integers(80, 2000, 300), rng.integers(80, 2000, 300)
+    draws = sample_randoms(5, 1, rng.permutation(10_000)[:300])
+    geometry = sample_batch(plan, heights, widths, draws.uniforms)
+    assert geometry is not None
+    batched = dali_backend.batch_slice_and_roi(geometry, heights, widths)
+    for i in range(300):
+        h, w = int(heights[i]), int(widths[i])
+        one = dali_backend.slice_and_roi(plan.sample(h, w, draws[i]), h, w)
+        assert np.array_equal(batched[i], one), i

@@ -40,7 +40,9 @@ from nvidia.dali.pipeline import Pipeline
 
 from fastload._errors import ConfigError
 from fastload._loading.backends import SampleFailure
+from fastload._loading.sample_random import SampleDraws
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
+from fastload.transforms._batch_geometry import BatchGeometry, sample_batch
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _INTERP = {
@@ -191,13 +193,25 @@ def sample_inputs(
     jpeg: ModuleType | None,
 ) -> np.ndarray:
     """(n, 4, 2) float32: each sample's [slice anchor, shape, roi start, end] (`slice_and_roi`) for
-    the geometry `plan` draws on its header's size; SampleFailure for a header that cannot be read."""
-    inputs = np.empty((len(blobs), 4, 2), np.float32)
-    for i, (blob, rng) in enumerate(zip(blobs, rngs, strict=True)):
+    the geometry `plan` draws on its header's size; SampleFailure for a header that cannot be read.
+    A task's `SampleDraws` get their geometry a batch at a time (NOTE [per-batch geometry])."""
+    n = len(blobs)
+    sizes = np.empty((n, 2), np.int64)  # (height, width)
+    for i, blob in enumerate(blobs):
         try:
-            height, width = image_size(blob, jpeg)
-            inputs[i] = slice_and_roi(plan.sample(height, width, rng), height, width)
+            sizes[i] = image_size(blob, jpeg)
         except Exception as e:  # a header that cannot be read is reported against its sample
+            raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+    if isinstance(rngs, SampleDraws) and n:
+        geometry = sample_batch(plan, sizes[:, 0], sizes[:, 1], rngs.uniforms)
+        if geometry is not None:
+            return batch_slice_and_roi(geometry, sizes[:, 0], sizes[:, 1])
+    inputs = np.empty((n, 4, 2), np.float32)
+    for i, rng in enumerate(rngs):
+        height, width = int(sizes[i, 0]), int(sizes[i, 1])
+        try:
+            inputs[i] = slice_and_roi(plan.sample(height, width, rng), height, width)
+        except Exception as e:  # e.g. a CenterCrop larger than the image
             raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
     return inputs
 
@@ -288,6 +302,18 @@ def slice_and_roi(g: SampleGeometry, height: int, width: int) -> np.ndarray:
     return np.array(
         [[y0, x0], [y1 - y0, x1 - x0], [top - y0, x_start - x0], [bottom - y0, x_end - x0]], np.float32
     )
+
+
+def batch_slice_and_roi(g: BatchGeometry, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """`slice_and_roi` for every sample of a `BatchGeometry` at once: (n, 4, 2) float32."""
+    left, top, right, bottom = g.boxes.T
+    x0 = np.maximum(0, np.floor(g.clips[:, 0] + _EPS))
+    y0 = np.maximum(0, np.floor(g.clips[:, 1] + _EPS))
+    x1 = np.minimum(widths, np.ceil(g.clips[:, 2] - _EPS))
+    y1 = np.minimum(heights, np.ceil(g.clips[:, 3] - _EPS))
+    x_start, x_end = np.where(g.flips, right, left), np.where(g.flips, left, right)
+    rows = [(y0, x0), (y1 - y0, x1 - x0), (top - y0, x_start - x0), (bottom - y0, x_end - x0)]
+    return np.stack([np.stack(pair, axis=1) for pair in rows], axis=1).astype(np.float32)
 
 
 def failed_position(message: str, n: int) -> int | None:
