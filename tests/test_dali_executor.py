@@ -174,3 +174,27 @@ def test_a_daemon_keeps_decoding_in_its_own_workers(
     assert spec.decodes_in_trainer
     assert not dataclasses.replace(spec, daemon="ipc:///nowhere").decodes_in_trainer
     assert not dataclasses.replace(spec, dali_in_trainer=False).decodes_in_trainer  # CPU: the workers
+
+
+def test_a_file_that_cannot_be_read_raises_sample_error_naming_it(
+    make_folder: Callable[..., Path], in_trainer: Callable[[bool], None]
+) -> None:
+    root = make_folder(classes=2, per_class=6)
+    kwargs: dict[str, Any] = {"batch_size": 4, "transform": [T.Resize((24, 24))], "shuffle": False}
+    in_trainer(True)
+    with _loader(root, 3, **kwargs) as loader:  # 3 threads: a task's reads in three parts
+        gone = next((root / "n01").glob("img_003.*"))  # sample 9: the second of batch 2's three reads
+        gone.unlink()  # after the folder was indexed
+        outcomes: list[Any] = []
+        it = iter(loader)
+        while True:
+            try:
+                outcomes.append([t.clone() for t in next(it)])
+            except StopIteration:
+                break
+            except SampleError as e:
+                outcomes.append(e)
+    assert [isinstance(o, SampleError) for o in outcomes] == [False, False, True]
+    error = outcomes[2]
+    assert error.path == str(gone) and error.index == 9
+    assert "No such file" in str(error)

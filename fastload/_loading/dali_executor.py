@@ -59,7 +59,7 @@ from fastload._loading.host_normalize import HostNormalizer
 from fastload._loading.jobs import failure_of
 from fastload._loading.layout import BatchLayout
 from fastload._loading.sample_random import sample_randoms
-from fastload.sources._index import SampleIndex
+from fastload.sources._index import ReadFailure, SampleIndex
 from fastload.transforms import TransformPlan
 
 _STOP = None  # the driver's inbox: a task's request, or this to stop
@@ -71,9 +71,9 @@ class _Request:
     """A submitted task and its files being read."""
 
     task: Task
-    paths: list[str]
-    reads: list[Future[bytes]]
-    blobs: list[bytes] = field(default_factory=list)  # the encoded files, once read
+    reads: list[Future[Sequence[bytes | memoryview]]]  # a part of the task's samples each
+    starts: list[int]  # where each read's samples start in the task
+    blobs: list[bytes | memoryview] = field(default_factory=list)  # the encoded files, once read
     inputs: np.ndarray | None = None  # `sample_inputs`, once computed
     started_ns: int = field(default_factory=time.perf_counter_ns)  # submitted: its reads began
 
@@ -151,10 +151,14 @@ class DaliExecutor:
     def submit(self, task: Task) -> None:
         if task.probe or task.slot_name:
             raise ValueError("the DALI executor runs opaque folder batches only (no probes, no slots)")
-        paths = [self._index.name(int(i)) for i in task.indices]
-        reads = [self._reads.submit(self._index.read_sample, int(i)) for i in task.indices]
+        # A read per thread, not per file: a future costs the trainer's thread ~10 µs to make.
+        n = len(task.indices)
+        parts = max(1, min(self._threads, n))
+        spans = [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
+        starts = [a for a, b in spans if b > a]
+        reads = [self._reads.submit(self._index.read, task.indices[a:b]) for a, b in spans if b > a]
         self._in_flight += 1
-        self._inbox.put(_Request(task, paths, reads))
+        self._inbox.put(_Request(task, reads, starts))
 
     def poll(self, timeout_s: float) -> list[Event]:
         results: list[_Decoded | Failure] = []
@@ -240,17 +244,19 @@ class DaliExecutor:
         """Read (wait for) the request's files, compute its geometry, feed it and schedule its run."""
         task = request.task
         if request.inputs is None:
-            for i, (path, read) in enumerate(zip(request.paths, request.reads, strict=True)):
+            for start, read in zip(request.starts, request.reads, strict=True):
                 try:
-                    request.blobs.append(read.result())
-                except OSError as e:
-                    self._outbox.put(failure_of(task.seq, e, int(task.indices[i]), path, "image"))
+                    request.blobs.extend(read.result())
+                except ReadFailure as e:
+                    i = start + e.position
+                    name = self._name(task, i)
+                    self._outbox.put(failure_of(task.seq, e.cause, int(task.indices[i]), name, "image"))
                     return
             try:
                 rngs = sample_randoms(self._seed, task.epoch, task.indices)
                 request.inputs = sample_inputs(self._plan, request.blobs, rngs, self._jpeg)
             except SampleFailure as e:
-                self._outbox.put(self._failure_at(task, request.paths, e))
+                self._outbox.put(self._failure_at(task, e))
                 return
         try:
             if self._pipe is None:
@@ -259,7 +265,7 @@ class DaliExecutor:
             self._pipe.schedule_run()
         except Exception as e:
             self._pipe = None
-            self._outbox.put(failure_of(task.seq, e, int(task.indices[0]), request.paths[0], "batch"))
+            self._outbox.put(failure_of(task.seq, e, int(task.indices[0]), self._name(task, 0), "batch"))
             return
         self._scheduled.append(request)
 
@@ -313,7 +319,7 @@ class DaliExecutor:
         failure = self._cpu_failure(request, rows)
         if failure is None or (position is not None and failure.position != position):
             failure = decode_failure(error, 0 if position is None else position)
-        return self._failure_at(task, request.paths, failure)
+        return self._failure_at(task, failure)
 
     def _cpu_failure(self, request: _Request, rows: range) -> SampleFailure | None:
         """The first of `rows` DALI's CPU operators cannot decode, as their SampleFailure at its
@@ -330,10 +336,14 @@ class DaliExecutor:
             return failure
         return None
 
-    def _failure_at(self, task: Task, paths: Sequence[str], failure: SampleFailure) -> Failure:
+    def _failure_at(self, task: Task, failure: SampleFailure) -> Failure:
         cause = failure.__cause__ or failure
         position = failure.position
-        return failure_of(task.seq, cause, int(task.indices[position]), paths[position], "image")
+        return failure_of(task.seq, cause, int(task.indices[position]), self._name(task, position), "image")
+
+    def _name(self, task: Task, position: int) -> str:
+        """The file of the task's sample at `position`, for an error message."""
+        return self._index.name(int(task.indices[position]))
 
 
 def feed_ndarray(dali_tensor: Any, out: torch.Tensor, cuda_stream: Any = None) -> None:
