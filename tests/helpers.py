@@ -325,3 +325,27 @@ def epoch_with_ids(dataset: object, num_workers: int, seed: int) -> list[tuple[A
         device="cpu", sample_ids=True,
     ) as loader:  # fmt: skip
         return [(images.clone(), labels.clone(), ids) for images, labels, ids in loader]
+
+
+def epoch_outcomes(loader: Iterable[Any]) -> list[Any]:
+    """One epoch like a tolerant training loop, in order: each batch's tensors (copied: a slot is
+    reused once its batch is dropped), or the `SampleError` that batch raised."""
+    from fastload import SampleError
+
+    outcomes: list[Any] = []
+    it = iter(loader)
+    while True:
+        try:
+            outcomes.append([t.clone() for t in next(it)])
+        except StopIteration:
+            return outcomes
+        except SampleError as e:
+            outcomes.append(e)
+
+
+def split_outcomes(outcomes: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(the batches, the SampleErrors) of `epoch_outcomes`."""
+    from fastload import SampleError
+
+    errors = [o for o in outcomes if isinstance(o, SampleError)]
+    return [o for o in outcomes if not isinstance(o, SampleError)], errors

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from daemon_helpers import AUGMENT, DaemonProcess, assert_same_batches, take
-from helpers import write_tar_shards
+from helpers import epoch_outcomes, split_outcomes, write_tar_shards
 
 from fastload import ConfigError, FastLoader, SampleError, sources
 from fastload import transforms as T
@@ -187,16 +187,8 @@ def test_through_the_daemon_equals_local(shared_daemon: DaemonProcess, image_fol
 
 
 def _collect(loader: FastLoader) -> tuple[list[torch.Tensor], list[SampleError]]:
-    labels: list[torch.Tensor] = []
-    errors: list[SampleError] = []
-    it = iter(loader)
-    while True:
-        try:
-            labels.append(next(it)[1].clone())
-        except StopIteration:
-            return labels, errors
-        except SampleError as e:
-            errors.append(e)
+    batches, errors = split_outcomes(epoch_outcomes(loader))
+    return [labels for _, labels in batches], errors
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from daemon_helpers import AUGMENT, assert_same_batches, take
+from helpers import epoch_outcomes
 
 from fastload import FastLoader, SampleError
 from fastload import transforms as T
@@ -52,6 +53,7 @@ def in_trainer(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
 
 def _loader(folder: Path, num_workers: int, **kwargs: Any) -> FastLoader:
     return FastLoader(folder, num_workers=num_workers, **{**KWARGS, "transform": AUGMENT, **kwargs})
+
 
 
 def test_uses_the_in_process_executor_and_no_worker_processes(
@@ -137,15 +139,7 @@ def test_a_corrupt_file_raises_sample_error_naming_it_and_the_batches_behind_it_
     kwargs: dict[str, Any] = {"batch_size": 3, "transform": [T.Resize((24, 24))], "shuffle": False}
     in_trainer(True)
     with _loader(root, 1, prefetch=4, **kwargs) as loader:
-        outcomes: list[Any] = []
-        it = iter(loader)
-        while True:
-            try:
-                outcomes.append([t.clone() for t in next(it)])
-            except StopIteration:
-                break
-            except SampleError as e:
-                outcomes.append(e)
+        outcomes = epoch_outcomes(loader)
     errors = [o for o in outcomes if isinstance(o, SampleError)]
     assert [isinstance(o, SampleError) for o in outcomes] == [True, False, False, True]
     for error, path, index in ((errors[0], truncated, 2), (errors[1], corrupt, 10)):
@@ -185,15 +179,7 @@ def test_a_file_that_cannot_be_read_raises_sample_error_naming_it(
     with _loader(root, 3, **kwargs) as loader:  # 3 threads: a task's reads in three parts
         gone = next((root / "n01").glob("img_003.*"))  # sample 9: the second of batch 2's three reads
         gone.unlink()  # after the folder was indexed
-        outcomes: list[Any] = []
-        it = iter(loader)
-        while True:
-            try:
-                outcomes.append([t.clone() for t in next(it)])
-            except StopIteration:
-                break
-            except SampleError as e:
-                outcomes.append(e)
+        outcomes = epoch_outcomes(loader)
     assert [isinstance(o, SampleError) for o in outcomes] == [False, False, True]
     error = outcomes[2]
     assert error.path == str(gone) and error.index == 9

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import fastload_segments, pid_alive, wait_until
+from helpers import epoch_outcomes, fastload_segments, pid_alive, split_outcomes, wait_until
 from torch.utils.data import Dataset
 
 from fastload import FastLoader, LoaderTimeout, SampleError, WorkerError
@@ -54,16 +54,7 @@ class ToyDataset(Dataset[tuple[np.int64, np.ndarray]]):
 
 def _collect(loader: FastLoader) -> tuple[list[list[torch.Tensor]], list[SampleError]]:
     """Iterate one epoch like a tolerant training loop: keep going past SampleErrors."""
-    batches: list[list[torch.Tensor]] = []
-    errors: list[SampleError] = []
-    it = iter(loader)
-    while True:
-        try:
-            batches.append([t.clone() for t in next(it)])
-        except StopIteration:
-            return batches, errors
-        except SampleError as e:
-            errors.append(e)
+    return split_outcomes(epoch_outcomes(loader))
 
 
 def _sleep_ms(ms: float) -> Callable[[int], None]:
