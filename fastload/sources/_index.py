@@ -49,7 +49,10 @@ class ReadBuffer:
         return ReadBuffer, ()  # memory is per process: a copy starts empty
 
     def start(self) -> None:
-        """A new task: reuse the memory from its beginning."""
+        """A new task: reuse the memory from its beginning (let it go instead when it is far
+        larger than the last task needed: one huge file must not pin its size for good)."""
+        if len(self._memory) > 4 * max(self._used, self._FIRST_BYTES):
+            self._memory = memoryview(bytearray(0))
         self._used = 0
 
     def take(self, size: int) -> memoryview:
