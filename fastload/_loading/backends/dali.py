@@ -54,7 +54,7 @@ _INTERP = {
 # DALI names the failing sample of a batch: "Failed to decode sample #3 : ...".
 _FAILED_SAMPLE = re.compile(r"sample #(\d+)")
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")  # DALI colours its log lines
-_MAX_LOG_BYTES = 1 << 16
+_MAX_REASON_CHARS = 2000
 _EPS = 1e-6  # as the Pillow backend: a clip edge within this of a whole pixel is that pixel
 
 # NOTE [DALI pipelines and fork]: a pipeline's C++ side owns threads. A forked child has the
@@ -154,9 +154,15 @@ class DaliBackend:
                 os.dup2(saved, 2)
                 os.close(saved)
             log.seek(0)
-            text = _ANSI_ESCAPE.sub("", log.read(_MAX_LOG_BYTES).decode("utf-8", "replace"))
-        errors = [line.split("]", 1)[-1].strip() for line in text.splitlines() if "[ERROR]" in line]
-        return "; ".join(dict.fromkeys(e for e in errors if e))
+            raw = log.read().decode("utf-8", "replace")
+        lines = raw.splitlines(keepends=True)
+        errors = [_ANSI_ESCAPE.sub("", line).split("]", 1)[-1].strip() for line in lines if "[ERROR]" in line]
+        # Whatever else reached fd 2 meanwhile (another thread's logging) goes where it was going.
+        others = "".join(line for line in lines if "[ERROR]" not in line)
+        pending = others.encode("utf-8", "replace")
+        while pending:
+            pending = pending[os.write(2, pending) :]
+        return "; ".join(dict.fromkeys(e for e in errors if e))[:_MAX_REASON_CHARS]
 
     def _first_failing(self, arrays: list[np.ndarray], inputs: np.ndarray) -> int:
         """The first sample that fails on its own (DALI's error named none); 0 if none does."""
