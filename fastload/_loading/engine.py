@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import zmq
 
@@ -266,9 +266,10 @@ class Engine:
     def drain(self) -> list[Event]:
         """Handle every reply already waiting (never blocks), then dispatch queued tasks."""
         events, self._supervision_events = self._supervision_events, []
-        while True:
+        sock = self._sock
+        while cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:  # no exception made to learn it is empty
             try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             event = self._handle(frames)
@@ -296,7 +297,7 @@ class Engine:
         while True:
             remaining = deadline - time.monotonic()
             wait_ms = int(max(0.0, min(remaining, _LIVENESS_INTERVAL_S)) * 1000)
-            events = self.drain() if self._sock.poll(wait_ms) else []
+            events = self.drain() if wait_ms == 0 or self._sock.poll(wait_ms) else []
             # Waited for nothing: a worker may be dead. A look without waiting (the trainer found
             # its batch ready) supervises only once per liveness interval.
             waited_in_vain = not events and timeout_s > 0
