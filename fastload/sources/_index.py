@@ -203,7 +203,7 @@ class PathIndex:
 
     def read(self, indices: np.ndarray, into: ReadBuffer | None = None) -> list[bytes | memoryview]:
         blobs = []
-        for position, i in enumerate(indices.tolist()):
+        for position, i in enumerate(np.asarray(indices).tolist()):
             try:
                 blobs.append(read_file(self.path(i), into))
             except OSError as e:
