@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -20,6 +18,15 @@ import torch
 
 from fastload._daemon.client import resolve_address
 from fastload._errors import ConfigError
+from fastload._loading.arguments import (
+    check_batching,
+    check_block_shuffle,
+    check_device,
+    check_iterable,
+    check_mp_context,
+    check_workers,
+    normalize_values,
+)
 from fastload._loading.backends import BACKENDS
 from fastload._loading.delivery import ImageOutput
 from fastload._loading.ranks import process_position
@@ -229,12 +236,12 @@ def build_spec(
     anything DataLoader refuses, and for fastload's own), and resolve their defaults."""
     is_source = isinstance(dataset, (str, os.PathLike, Source))
     if isinstance(dataset, torch.utils.data.IterableDataset):
-        _check_iterable(shuffle, sampler, batch_sampler, shuffle_block)
+        check_iterable(shuffle, sampler, batch_sampler, shuffle_block)
     if num_workers is None:
         num_workers = default_workers() if is_source else 0
-    _check_workers(num_workers, timeout, hang_timeout, prefetch_factor, persistent_workers)
-    _check_mp_context(multiprocessing_context, num_workers)
-    _check_batching(batch_size, shuffle, sampler, batch_sampler, drop_last)
+    check_workers(num_workers, timeout, hang_timeout, prefetch_factor, persistent_workers)
+    check_mp_context(multiprocessing_context, num_workers)
+    check_batching(batch_size, shuffle, sampler, batch_sampler, drop_last)
     if is_source and (sampler is not None or batch_sampler is not None or collate_fn is not None):
         raise ConfigError(
             "sampler, batch_sampler and collate_fn apply to Dataset inputs, not to folders and other sources"
@@ -257,7 +264,7 @@ def build_spec(
         if device is not None
         else torch.device("cuda" if is_source and torch.cuda.is_available() else "cpu")
     )
-    _check_device(resolved_device)
+    check_device(resolved_device)
     # Unless told (prefetch, or DataLoader's prefetch_factor), the ring is sized from the batch's
     # bytes once they are known; a daemon sizes the rings of its sessions.
     if prefetch is None and prefetch_factor is not None:
@@ -267,7 +274,7 @@ def build_spec(
     if is_source:
         rank, world_size = process_position(rank, world_size)
     images = _image_output(normalize, dtype, memory_format) if is_source else None
-    _check_block_shuffle(shuffle_block, shuffle_window, shuffle)
+    check_block_shuffle(shuffle_block, shuffle_window, shuffle)
     source = as_source(dataset) if is_source else None
     if daemon is not None:
         if source is not None and source.kind not in DAEMON_SOURCE_KINDS:
@@ -317,106 +324,6 @@ def default_workers() -> int:
     return max(1, usable_cores() // local_ranks)
 
 
-def _check_workers(
-    num_workers: int,
-    timeout: float,
-    hang_timeout: float | None,
-    prefetch_factor: int | None,
-    persistent_workers: bool,
-) -> None:
-    if num_workers < 0:
-        raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
-    if timeout < 0:
-        raise ConfigError(f"timeout must be >= 0, got {timeout}")
-    if hang_timeout is not None and not 0 <= hang_timeout < math.inf:
-        raise ConfigError(f"hang_timeout must be a number of seconds >= 0 (0: off), got {hang_timeout}")
-    if prefetch_factor is not None and num_workers == 0:
-        raise ConfigError("prefetch_factor needs num_workers > 0, as in DataLoader")
-    if persistent_workers and num_workers == 0:
-        raise ConfigError("persistent_workers=True needs num_workers > 0, as in DataLoader")
-
-
-def _check_batching(
-    batch_size: int | None,
-    shuffle: bool | None,
-    sampler: Iterable[int] | None,
-    batch_sampler: Iterable[Sequence[int]] | None,
-    drop_last: bool,
-) -> None:
-    if batch_sampler is not None:
-        if batch_size != 1 or shuffle or sampler is not None or drop_last:
-            raise ConfigError(
-                "batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last"
-            )
-    elif batch_size is None:
-        raise ConfigError("batch_size=None (no batching) is not supported: give a batch size")
-    elif batch_size <= 0:
-        raise ConfigError(f"batch_size must be positive, got {batch_size}")
-    if sampler is not None and shuffle:
-        raise ConfigError("sampler is mutually exclusive with shuffle")
-
-
-def _check_iterable(
-    shuffle: bool | None,
-    sampler: Iterable[int] | None,
-    batch_sampler: Iterable[Sequence[int]] | None,
-    shuffle_block: int | None,
-) -> None:
-    """What DataLoader refuses with an IterableDataset: it orders its own samples."""
-    if shuffle not in (None, False) or shuffle_block is not None:
-        raise ConfigError(
-            "an IterableDataset orders its own samples: expected shuffle unspecified or False "
-            f"(and no shuffle_block), got shuffle={shuffle!r}"
-        )
-    if sampler is not None or batch_sampler is not None:
-        raise ConfigError("an IterableDataset orders its own samples: sampler and batch_sampler do not apply")
-
-
-def _check_block_shuffle(block: int | None, window: int, shuffle: bool | None) -> None:
-    for name, value in (("shuffle_block", block), ("shuffle_window", window)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-    if block is not None and not shuffle:
-        raise ConfigError(
-            "shuffle_block orders a shuffled epoch by runs of consecutive samples: it needs shuffle=True"
-        )
-
-
-def _check_device(device: torch.device) -> None:
-    """Refuse, at construction, a device batches cannot be delivered to."""
-    if device.type == "cpu":
-        return
-    if device.type != "cuda":
-        raise ConfigError(f"device must be 'cpu' or 'cuda[:N]', got {str(device)!r}")
-    if not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
-        raise ConfigError(
-            f"device={str(device)!r} but CUDA is not available to this process (torch {torch.__version__}, "
-            f"{build}; no GPU visible): pass device='cpu', or run where a GPU and a CUDA build of torch are"
-        )
-    if device.index is not None and device.index >= torch.cuda.device_count():
-        raise ConfigError(
-            f"device={str(device)!r} but this process sees {torch.cuda.device_count()} GPU(s) "
-            "(CUDA_VISIBLE_DEVICES?): pick one of them"
-        )
-
-
-def _check_mp_context(context: str | BaseContext | None, num_workers: int) -> None:
-    """DataLoader's rules: a start method only with workers, and only one multiprocessing knows."""
-    if context is None:
-        return
-    if num_workers == 0:
-        raise ConfigError(
-            "multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
-            "as in DataLoader"
-        )
-    if isinstance(context, BaseContext):
-        return
-    methods = mp.get_all_start_methods()
-    if not isinstance(context, str) or context not in methods:
-        raise ConfigError(f"multiprocessing_context must be one of {methods} (or a context), got {context!r}")
-
-
 def _fastload_transforms(
     transform: Any, normalize: tuple[Sequence[float], Sequence[float]] | None
 ) -> tuple[tuple[Transform, ...], tuple[Sequence[float], Sequence[float]] | None]:
@@ -425,7 +332,7 @@ def _fastload_transforms(
     if isinstance(transform, Sequence) and all(isinstance(t, Transform) for t in transform):
         return tuple(transform), normalize
     converted, found = from_torchvision(transform)
-    if found is not None and normalize is not None and _normalize_values(normalize) != found:
+    if found is not None and normalize is not None and normalize_values(normalize) != found:
         raise ConfigError(
             f"the torchvision pipeline normalizes with (mean, std) = {found} and normalize= says "
             f"{tuple(tuple(v) for v in normalize)}: give the normalization once"
@@ -440,26 +347,10 @@ def _image_output(
 ) -> ImageOutput:
     if normalize is None:
         return ImageOutput(memory_format=memory_format)
-    mean, std = _normalize_values(normalize)
+    mean, std = normalize_values(normalize)
     if not dtype.is_floating_point:
         raise ConfigError(f"normalize needs a floating dtype, got {dtype}")
     return ImageOutput(mean, std, dtype, memory_format)
-
-
-def _normalize_values(normalize: tuple[Sequence[float], Sequence[float]]) -> tuple[tuple[float, ...], ...]:
-    """(mean, std) in torchvision's units, checked: fastload normalizes images scaled to [0, 1]."""
-    mean, std = (tuple(float(v) for v in normalize[0]), tuple(float(v) for v in normalize[1]))
-    if len(mean) != 3 or len(std) != 3:
-        raise ConfigError("normalize takes (mean, std) with 3 values each (R, G, B)")
-    if not all(0.0 <= v <= 1.0 for v in mean) or not all(0.0 < v <= 1.0 for v in std):
-        scaled = max((*mean, *std)) > 1.0
-        raise ConfigError(
-            f"normalize=(mean={mean}, std={std}) is not in fastload's units: means in [0, 1] and stds "
-            "in (0, 1], of pixels scaled to [0, 1] (torchvision's convention, e.g. mean=(0.485, 0.456, "
-            "0.406), std=(0.229, 0.224, 0.225))"
-            + ("; these look like 0-255 units (DALI's convention): divide them by 255" if scaled else "")
-        )
-    return mean, std
 
 
 def _seed_from(generator: torch.Generator | None) -> int:
