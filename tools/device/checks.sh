@@ -16,13 +16,15 @@ cd "$repo"
 out=${OUT:-/tmp/fastload-out}
 mkdir -p "$out"
 py=${PYTHON:-python3}
-pip=("$py" -m pip install -q --no-deps)
-"$py" -m pip install --help | grep -q -- --break-system-packages && pip+=(--break-system-packages)
+install=("$py" -m pip install -q)
+"$py" -m pip install --help | grep -q -- --break-system-packages && install+=(--break-system-packages)
+pip=("${install[@]}" --no-deps)
 log() { echo "[$(date +%T)] $*" | tee -a "$out/checks.log"; }
 
 setup() {
     log "install carried wheels"
-    "${pip[@]}" --no-index .device/wheels/*.whl >>"$out/checks.log" 2>&1 || { log "wheel install failed"; return 1; }
+    "${install[@]}" --no-index --find-links .device/wheels pyzmq pytest pytest-timeout hypothesis psutil \
+        setuptools wheel >>"$out/checks.log" 2>&1 || { log "wheel install failed"; return 1; }
     log "build native/ against the carried libjpeg-turbo"
     rm -rf /tmp/jpeg && mkdir -p /tmp/jpeg
     for deb in .device/debs/*.deb; do dpkg -x "$deb" /tmp/jpeg; done
@@ -70,7 +72,7 @@ train() {  # ~4 minutes on 16 cores: issue 11's figures (its targets: 97% / 97% 
 dali() {
     if ! "$py" -c "import nvidia.dali" 2>/dev/null; then
         mkdir -p /tmp/dali && cat /tmp/dali-parts/dali.tar.* | tar -xf - -C /tmp/dali \
-            && "${pip[@]}" --no-index --find-links /tmp/dali /tmp/dali/nvidia_dali*.whl >>"$out/checks.log" 2>&1 \
+            && "${install[@]}" --no-index --find-links /tmp/dali nvidia-dali-cuda120 >>"$out/checks.log" 2>&1 \
             || { log "DALI install failed"; return 1; }
     fi
     dataset || return 1

@@ -28,6 +28,8 @@ if [ "${1:-}" = "--dali" ]; then
     "$py" -m pip download -q -d "$dest/dali" --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
         --platform manylinux_2_17_x86_64 --platform any "nvidia-dali-cuda120>=1.30"
+    rm -f "$dest"/dali/numpy-*.whl  # the GPU machine's numpy stays: pip keeps a satisfied dependency
+    rm -f "$dest"/dali-parts/dali.tar.*
     (cd "$dest/dali" && tar -cf - ./*.whl) | split -b 60M -d -a 2 - "$dest/dali-parts/dali.tar."
     rm -rf "$dest/dali"
 fi
