@@ -73,10 +73,10 @@ def sample_uniforms(
     return (bits >> np.uint64(11)).astype(np.float64) * _U53
 
 
-def uniform_integers(u: np.ndarray | float, high: int) -> np.ndarray:
+def uniform_integers(u: np.ndarray | float, high: int | np.ndarray) -> np.ndarray:
     """Integers in [0, high) from uniforms in [0, 1), torch.randint's distribution: floor(u * high),
     at most high - 1 (u * high may round up to high). The one mapping the batched draws use;
-    `SampleRandom.integers` is its per-sample twin, kept scalar for the geometry's hot loop."""
+    `SampleRandom.integers` is its per-sample twin, for the geometry's per-sample walk."""
     return np.minimum((np.asarray(u, dtype=np.float64) * high).astype(np.int64), high - 1)
 
 

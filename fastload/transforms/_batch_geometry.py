@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastload._loading.sample_random import uniform_integers
 from fastload.transforms._base import pair
 from fastload.transforms._geometric import (
     CenterCrop,
@@ -141,21 +142,17 @@ def _random_resized_crop(
     first = np.argmax(fits, axis=1)
     crop_w, crop_h = w[rows[:, 0], first], h[rows[:, 0], first]
     place = cursor + 2 * first + 2
-    top = _integers(uniforms[rows[:, 0], np.minimum(place, uniforms.shape[1] - 1)], height - crop_h + 1)
-    left = _integers(uniforms[rows[:, 0], np.minimum(place + 1, uniforms.shape[1] - 1)], width - crop_w + 1)
+    # `SampleRandom.integers(0, high)` per sample; high < 1 only where no try fit (then unused).
+    top_u = uniforms[rows[:, 0], np.minimum(place, uniforms.shape[1] - 1)]
+    left_u = uniforms[rows[:, 0], np.minimum(place + 1, uniforms.shape[1] - 1)]
+    top = uniform_integers(top_u, np.maximum(height - crop_h + 1, 1))
+    left = uniform_integers(left_u, np.maximum(width - crop_w + 1, 1))
     used = np.where(found, 2 * first + 4, 2 * _RRC_TRIES)
     if not bool(found.all()):
         fb_top, fb_left, fb_h, fb_w = _central_fallback(t, height, width)
         top, left = np.where(found, top, fb_top), np.where(found, left, fb_left)
         crop_h, crop_w = np.where(found, crop_h, fb_h), np.where(found, crop_w, fb_w)
     return top, left, crop_h, crop_w, used
-
-
-def _integers(u: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """`SampleRandom.integers(0, high)`, element-wise (high >= 1 where it is used)."""
-    high = np.maximum(high, 1)
-    picked: np.ndarray = np.minimum((u * high).astype(np.int64), high - 1)
-    return picked
 
 
 def _central_fallback(
