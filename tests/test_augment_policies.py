@@ -55,6 +55,11 @@ def _tv_fill(fill: Any) -> Any:
     return list(fill) if isinstance(fill, tuple) else fill
 
 
+def _tv_mode(interpolation: str) -> Any:
+    """torchvision's InterpolationMode for fastload's name: torchvision before 0.28 refuses a string."""
+    return _v2().InterpolationMode(interpolation)
+
+
 def _ours_fill(fill: Any) -> affine.Fill:
     return None if fill is None else fill_values(fill)
 
@@ -63,10 +68,10 @@ def _tv_geometric(
     tv_f: Any, image: torch.Tensor, op: str, m: float, interpolation: str, fill: Any
 ) -> torch.Tensor:
     """torchvision's call for a policy's geometric operation (as `_apply_image_or_video_transform`)."""
-    f = _tv_fill(fill)
+    f, mode = _tv_fill(fill), _tv_mode(interpolation)
     if op == "Rotate":
-        return tv_f.rotate(image, angle=m, interpolation=interpolation, fill=f)
-    common: dict[str, Any] = dict(angle=0.0, scale=1.0, interpolation=interpolation, fill=f)
+        return tv_f.rotate(image, angle=m, interpolation=mode, fill=f)
+    common: dict[str, Any] = dict(angle=0.0, scale=1.0, interpolation=mode, fill=f)
     if op == "ShearX":
         return tv_f.affine(
             image, translate=[0, 0], shear=[math.degrees(math.atan(m)), 0.0], center=[0, 0], **common
@@ -155,7 +160,7 @@ def _tv_policy(name: str, interpolation: str, fill: Any) -> Any:
         "AutoAugment": v2.AutoAugment,
         "AugMix": v2.AugMix,
     }
-    return kinds[name](interpolation=interpolation, fill=_tv_fill(fill))
+    return kinds[name](interpolation=_tv_mode(interpolation), fill=_tv_fill(fill))
 
 
 def _ours(name: str, **kwargs: Any) -> policies.PolicyOp:
@@ -293,10 +298,10 @@ def test_policy_equals_torchvision_forward(
     v2 = _v2()
     if name == "AutoAugment":
         theirs = v2.AutoAugment(
-            v2.AutoAugmentPolicy(kwargs["policy"]), interpolation=interpolation, fill=_tv_fill(fill)
+            v2.AutoAugmentPolicy(kwargs["policy"]), interpolation=_tv_mode(interpolation), fill=_tv_fill(fill)
         )
     else:
-        theirs = getattr(v2, name)(**kwargs, interpolation=interpolation, fill=_tv_fill(fill))
+        theirs = getattr(v2, name)(**kwargs, interpolation=_tv_mode(interpolation), fill=_tv_fill(fill))
     ours = _ours(name, **kwargs, interpolation=interpolation, fill=fill)
     n = 24
     u = np.random.default_rng(7).random((n, ours.draws))
