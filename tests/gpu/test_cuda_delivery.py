@@ -11,6 +11,7 @@ from helpers import write_gpu_folder
 
 from fastload import FastLoader
 from fastload import transforms as T
+from fastload._loading.ring import EXTRA_SLOTS
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -47,11 +48,14 @@ def test_normalize_on_gpu_matches_cpu(folder: Path, dtype: torch.dtype) -> None:
 
 
 def test_slots_are_pinned_and_released_after_copy(folder: Path) -> None:
-    with _loader(folder, "cuda") as gpu:
-        batches = list(gpu)  # holding every batch must not starve the ring: slots free after copy
+    # A ring of prefetch + EXTRA_SLOTS = 4 slots, fewer than the epoch's 6 batches: on the CPU path
+    # holding every batch holds every slot and grows the ring; on CUDA a slot is free once copied.
+    with _loader(folder, "cuda", prefetch=2) as gpu:
+        batches = list(gpu)
         pipeline = gpu._pipeline
         assert pipeline is not None and pipeline.ring is not None
-        assert len(pipeline.ring) == gpu._config.prefetch + 2, "ring grew although copies completed"
+        assert len(batches) > pipeline.prefetch + EXTRA_SLOTS
+        assert len(pipeline.ring) == pipeline.prefetch + EXTRA_SLOTS, "ring grew although copies completed"
         segment = next(iter(pipeline.ring.segments.values()))
         view = torch.from_numpy(np.ndarray((segment.size,), np.uint8, buffer=segment.buf))
         assert view.is_pinned()
