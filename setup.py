@@ -15,8 +15,11 @@ setup(
             "fastload._jpeg",
             sources=[
                 f"{NATIVE}/fl_binding.c", f"{NATIVE}/fl_jpeg.c", f"{NATIVE}/fl_resample.c", f"{NATIVE}/fl_pixels.c",
+                f"{NATIVE}/fl_encode.c",
             ],
-            depends=[f"{NATIVE}/fl_jpeg.h", f"{NATIVE}/fl_resample.h", f"{NATIVE}/fl_pixels.h"],
+            depends=[
+                f"{NATIVE}/fl_jpeg.h", f"{NATIVE}/fl_encode.h", f"{NATIVE}/fl_resample.h", f"{NATIVE}/fl_pixels.h",
+            ],
             include_dirs=[NATIVE],
             libraries=["jpeg"],
             # Portable: no -march=native. -O3 lets the vertical pass auto-vectorise (SSE2).

@@ -51,6 +51,27 @@ def _build_parser() -> argparse.ArgumentParser:
     pack.add_argument(
         "--shuffle", type=int, metavar="SEED", help="store the samples in an order shuffled from SEED"
     )
+    pack.add_argument(
+        "--max-side",
+        type=int,
+        metavar="N",
+        help="re-encode images whose longer side exceeds N, resized to N (aspect kept, antialiased), as "
+        "JPEG; smaller ones are stored as they are (FFCV's max_resolution). Less to decode per image: "
+        "docs/BENCHMARKS.md",
+    )
+    pack.add_argument(
+        "--quality",
+        type=int,
+        metavar="Q",
+        help="JPEG quality of re-encoded images, 1..100 (default 90, as FFCV: visually lossless on photos "
+        "at about a third of quality 100's size; higher grows files fast for no visible gain)",
+    )
+    pack.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="processes that re-encode, with --max-side (default: all CPUs); the pack is the same for any N",
+    )
 
     iostat = sub.add_parser("iostat", help="where each running loader's time goes, with a verdict and advice")
     iostat.add_argument(
@@ -86,7 +107,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             shard_bytes = _control.parse_size(args.shard_size)
             progress = not args.quiet
-            pack(args.src, args.dst, shard_bytes=shard_bytes, progress=progress, shuffle_seed=args.shuffle)
+            pack(
+                args.src,
+                args.dst,
+                shard_bytes=shard_bytes,
+                progress=progress,
+                shuffle_seed=args.shuffle,
+                max_side=args.max_side,
+                quality=args.quality,
+                workers=args.workers,
+            )
             return 0
 
         if args.command == "serve":

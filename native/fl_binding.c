@@ -9,6 +9,7 @@
 
 #include <string.h>
 
+#include "fl_encode.h"
 #include "fl_jpeg.h"
 #include "fl_pixels.h"
 #include "fl_resample.h"
@@ -175,6 +176,55 @@ static PyObject *py_entropy_decode_only(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(
+    encode_doc,
+    "encode_jpeg(pixels, width, height, quality) -> bytes\n\n"
+    "Encode `pixels`, a C-contiguous uint8 buffer of height x width RGB pixels (width * height * 3\n"
+    "bytes) or gray ones (width * height bytes), as a baseline JPEG at `quality` (1..100): 4:2:0\n"
+    "chroma for RGB, optimised Huffman tables, no metadata. The same input gives the same bytes.\n"
+    "Raises ValueError for a size, buffer length or quality out of range. The GIL is released.");
+
+static PyObject *py_encode_jpeg(PyObject *self, PyObject *args) {
+    PyObject *pixels_obj, *result;
+    int width, height, quality, channels, status;
+    Py_buffer pixels;
+    unsigned char *out = NULL;
+    size_t out_len = 0;
+    char msg[FL_ERRMSG_LEN] = "";
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Oiii:encode_jpeg", &pixels_obj, &width, &height, &quality)) return NULL;
+    if (width <= 0 || height <= 0) {
+        PyErr_Format(PyExc_ValueError, "encode_jpeg: width and height must be positive, got %d x %d", width,
+                     height);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(pixels_obj, &pixels, PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "pixels must be a C-contiguous uint8 buffer, not %.100s",
+                     Py_TYPE(pixels_obj)->tp_name);
+        return NULL;
+    }
+    if (pixels.len == (Py_ssize_t)width * height * 3) {
+        channels = 3;
+    } else if (pixels.len == (Py_ssize_t)width * height) {
+        channels = 1;
+    } else {
+        PyErr_Format(PyExc_ValueError, "encode_jpeg: %zd bytes are neither %d x %d RGB nor gray pixels",
+                     pixels.len, width, height);
+        PyBuffer_Release(&pixels);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    status = fl_jpeg_encode((const unsigned char *)pixels.buf, width, height, channels, quality, &out,
+                            &out_len, msg);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&pixels);
+    if (status != FL_OK) return raise_status(status, msg, "cannot encode JPEG: ");
+    result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)out_len);
+    free(out);
+    return result;
+}
+
 PyDoc_STRVAR(normalize_doc,
              "normalize_u8(src, dst, scale, bias) -> None\n\n"
              "dst = src * scale + bias per channel: `src` a C-contiguous uint8 buffer of interleaved RGB\n"
@@ -323,6 +373,7 @@ static PyMethodDef methods[] = {
     {"decode_crop_resize", (PyCFunction)(void (*)(void))py_decode_crop_resize,
      METH_VARARGS | METH_KEYWORDS, decode_doc},
     {"entropy_decode_only", py_entropy_decode_only, METH_O, entropy_doc},
+    {"encode_jpeg", py_encode_jpeg, METH_VARARGS, encode_doc},
     {"normalize_u8", py_normalize_u8, METH_VARARGS, normalize_doc},
     {"color_jitter", py_color_jitter, METH_VARARGS, color_jitter_doc},
     {"mixup", py_mixup, METH_VARARGS, mixup_doc},

@@ -5,14 +5,18 @@ Its one responsibility is that format. A pack is a directory:
 
     manifest.json          format name and version, count, classes, target dtype and shape, the
                            data files, the source it came from, and `complete`
-    data-00000.bin, ...    the samples' bytes as the source stores them (never re-encoded), in the
-                           source's order, each starting at a multiple of 4096 bytes (O_DIRECT
-                           reads are possible), each file at most `shard_bytes` (a larger sample
-                           gets a file of its own)
+    data-00000.bin, ...    the samples' bytes as the source stores them (re-encoded only when
+                           `max_side` asks: `_reencode.py`), in the pack's order, each starting
+                           at a multiple of 4096 bytes (O_DIRECT reads are possible), each file
+                           at most `shard_bytes` (a larger sample gets a file of its own)
     offsets.npy sizes.npy file_ids.npy labels.npy names.npy name_offsets.npy
                            the index (int64, int64, int32, int64 (N,) or float32 (N, K), a uint8
                            blob of sample names and its int64 offsets), loaded with mmap_mode="r"
                            so forked workers share its pages
+
+A pack made with `max_side` (`fastload pack --max-side N --quality Q`) records `"max_side": N,
+"quality": Q` in its manifest (null in a pack of the source's bytes, and absent in packs made
+before the option: both read the same); nothing per sample says which were re-encoded.
 
 The alignment costs 2 KiB of zeros per sample on average: ~2% for ImageNet's ~110 KB JPEGs, much
 more for tiny images (a 3 KB PNG becomes 4 KiB on disk).
@@ -20,7 +24,8 @@ more for tiny images (a 3 KB PNG becomes 4 KiB on disk).
 `pack` is resumable: every few thousand samples it fsyncs the data and then a checkpoint (the
 sizes of the samples written so far, `pack-checkpoint.npy`), and the same command run again after
 a kill truncates what came after the checkpoint and goes on; the layout depends only on the
-samples' sizes, so the result is byte-identical to an uninterrupted run.
+samples' sizes, and re-encoding is deterministic, so the result is byte-identical to an
+uninterrupted run (a pack is finished only with the `max_side` and `quality` it was started with).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TextIO
 
@@ -41,6 +47,7 @@ from fastload.sources._arrays import ArrayIndex
 from fastload.sources._base import Source, as_source
 from fastload.sources._extents import ExtentIndex
 from fastload.sources._index import ReadFailure, SampleIndex, pack_strings
+from fastload.sources._reencode import DEFAULT_QUALITY, Blob, Reencoding, check_encoders, reencoded_batches
 
 _PACK_ORDER_STREAM = 0x9AC  # the stream of `pack(shuffle_seed=...)`'s order
 
@@ -140,6 +147,9 @@ def pack(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: bool = True,
     shuffle_seed: int | None = None,
+    max_side: int | None = None,
+    quality: int | None = None,
+    workers: int | None = None,
 ) -> Packed:
     """Copy `source`'s samples (anything `as_source` takes) into a pack at `dst` (see the module
     docstring) and return it as a source. Run again on the same `dst`, it finishes an interrupted
@@ -147,8 +157,12 @@ def pack(
     source's pack, other files) is refused. `progress`: report on stderr. `shuffle_seed`: store
     the samples in an order shuffled once from this seed instead of the source's (a folder's is
     sorted by class), so that a block shuffle's runs hold mixed labels and it mixes batches as a
-    full shuffle does (docs/BENCHMARKS.md); names keep saying where each sample came from."""
+    full shuffle does (docs/BENCHMARKS.md); names keep saying where each sample came from.
+    `max_side`: re-encode images whose longer side exceeds it, resized to it (`_reencode.py`),
+    as JPEG at `quality` (default 90); smaller ones are stored as they are. `workers`: processes
+    that re-encode (default: the CPUs this process may use); the pack's bytes do not depend on it."""
     src = as_source(source)
+    setting = _reencoding(max_side, quality, workers)
     root = os.path.abspath(os.fspath(dst))
     if shard_bytes < ALIGN:
         raise ConfigError(f"shard_bytes must be at least {ALIGN}, got {shard_bytes}")
@@ -158,7 +172,7 @@ def pack(
     index = src.open()
     if isinstance(index, ArrayIndex):
         raise ConfigError(f"{where} holds arrays: a pack holds encoded samples (images) only")
-    wanted = _manifest(src, index, shard_bytes, shuffle_seed)
+    wanted = _manifest(src, index, shard_bytes, shuffle_seed, setting)
     order = (
         np.arange(len(index), dtype=np.int64)
         if shuffle_seed is None
@@ -190,15 +204,40 @@ def pack(
         os.makedirs(root, exist_ok=True)
         _write_json(os.path.join(root, MANIFEST), wanted)
     writer = _Writer(root, shard_bytes, _load_checkpoint(root))
+    start = len(writer.sizes)
+    batches = (
+        _read_batches(index, order, start)
+        if setting is None
+        else reencoded_batches(index, order, start, setting, _worker_count(workers))
+    )
     try:
-        _copy(index, order, writer, _Progress(len(index), where, sys.stderr) if progress else None)
+        _copy(batches, len(index), writer, _Progress(len(index), where, sys.stderr) if progress else None)
     finally:
+        batches.close()  # stops the re-encoding pool, after an error too
         writer.out.close()  # after an error too (what came after the checkpoint is cut when resumed)
     _finish(root, index, order, src, writer, wanted)
     return Packed(root)
 
 
-def _manifest(src: Source, index: SampleIndex, shard_bytes: int, shuffle_seed: int | None) -> dict[str, Any]:
+def _reencoding(max_side: int | None, quality: int | None, workers: int | None) -> Reencoding | None:
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"workers must be a positive integer, got {workers!r}")
+    if max_side is None:
+        if quality is not None:
+            raise ConfigError("quality applies to re-encoded images: give max_side too")
+        return None
+    setting = Reencoding(max_side, DEFAULT_QUALITY if quality is None else quality)
+    check_encoders()
+    return setting
+
+
+def _worker_count(workers: int | None) -> int:
+    return workers if workers is not None else len(os.sched_getaffinity(0))
+
+
+def _manifest(
+    src: Source, index: SampleIndex, shard_bytes: int, shuffle_seed: int | None, setting: Reencoding | None
+) -> dict[str, Any]:
     labels = index.labels
     return {
         "format": FORMAT,
@@ -210,6 +249,8 @@ def _manifest(src: Source, index: SampleIndex, shard_bytes: int, shuffle_seed: i
         "alignment": ALIGN,
         "shard_bytes": shard_bytes,
         "shuffle_seed": shuffle_seed,
+        "max_side": None if setting is None else setting.max_side,
+        "quality": None if setting is None else setting.quality,
         "source": src.to_config(),
         "files": [],
     }
@@ -227,6 +268,13 @@ def _check_same(root: str, manifest: dict[str, Any], wanted: dict[str, Any]) -> 
             f"{root} is a pack in the order of shuffle seed {manifest.get('shuffle_seed')}, not "
             f"{wanted['shuffle_seed']}: use that seed, or pack into a new directory"
         )
+    stored = (manifest.get("max_side"), manifest.get("quality"))
+    if stored != (wanted["max_side"], wanted["quality"]):
+        raise ConfigError(
+            f"{root} is a pack {_describe(*stored)}, not {_describe(wanted['max_side'], wanted['quality'])}: "
+            f"{'use' if manifest.get('complete') else 'finish it with'} those options, or pack into a new "
+            "directory"
+        )
     for field in ("count", "classes", "target"):
         if manifest.get(field) != wanted[field]:
             raise DatasetError(
@@ -239,6 +287,12 @@ def _check_same(root: str, manifest: dict[str, Any], wanted: dict[str, Any]) -> 
             f"{root} is a pack started with shard size {manifest.get('shard_bytes')} bytes: finish it with "
             f"that size, or remove {root} to start over with {wanted['shard_bytes']}"
         )
+
+
+def _describe(max_side: int | None, quality: int | None) -> str:
+    if max_side is None:
+        return "of the source's bytes (no --max-side)"
+    return f"with --max-side {max_side} --quality {quality}"
 
 
 class _Writer:
@@ -292,7 +346,7 @@ class _Writer:
             if number == self.file and have > length:
                 os.truncate(path, length)
 
-    def write(self, blob: bytes | memoryview) -> None:
+    def write(self, blob: Blob) -> None:
         file = self.file
         padding = self._place(len(blob))
         if self.file != file:
@@ -329,25 +383,33 @@ def _load_checkpoint(root: str) -> np.ndarray:
         raise DatasetError(f"cannot read {root}'s checkpoint ({e}): remove {root} and pack again") from e
 
 
-def _copy(index: SampleIndex, order: np.ndarray, writer: _Writer, progress: _Progress | None) -> None:
-    """Copy the samples `order` lists, from the writer's position on, checkpointing as it goes."""
-    n = len(index)
-    start = len(writer.sizes)
-    if progress is not None:
-        progress.begin(start)
-    for first in range(start, n, BATCH_SAMPLES):
+def _read_batches(index: SampleIndex, order: np.ndarray, start: int) -> Generator[Sequence[Blob], None, None]:
+    """The samples `order[start:]` as the source stores them, `BATCH_SAMPLES` at a time."""
+    for first in range(start, len(order), BATCH_SAMPLES):
         indices = order[first : first + BATCH_SAMPLES]
         try:
-            blobs = index.read(indices)
+            yield index.read(indices)
         except ReadFailure as e:
             name = index.name(int(indices[e.position]))
             raise DatasetError(f"cannot read {name}: {e.cause} (run the same command again to go on)") from e
+
+
+def _copy(batches: Iterator[Sequence[Blob]], total: int, writer: _Writer, progress: _Progress | None) -> None:
+    """Write `batches` (the samples from the writer's position on, in order), checkpointing as it
+    goes, until all `total` samples are written."""
+    done = len(writer.sizes)
+    if progress is not None:
+        progress.begin(done)
+    for blobs in batches:
         for blob in blobs:
             writer.write(blob)
             if writer.unsynced >= CHECKPOINT_SAMPLES or writer.unsynced_bytes >= CHECKPOINT_BYTES:
                 writer.checkpoint()
+        done += len(blobs)
         if progress is not None:
-            progress.update(first + len(indices), sum(len(b) for b in blobs))
+            progress.update(done, sum(len(b) for b in blobs))
+    if done != total:
+        raise DatasetError(f"the source gave {done} samples, its index says {total}: pack again")
     writer.close()
     if progress is not None:
         progress.end()
