@@ -3,6 +3,10 @@
     torchrun --nproc_per_node=2 examples/ddp_train.py                       # 2 CPU processes (gloo)
     torchrun --nproc_per_node=8 examples/ddp_train.py --data /path/to/train  # 8 GPUs (nccl)
 
+With more ranks on a machine than it has GPUs (2 ranks on a 1-GPU box: where an example is tried
+first), ranks share them round-robin (local rank r on GPU r % count) over gloo, since NCCL takes
+one GPU per rank; local rank 0 says so on stderr.
+
 Without --data it trains on the demo dataset `fastload demo` makes (rank 0 writes it once, under
 ~/.cache/fastload). The loader is made after `init_process_group`, so it takes its rank and world
 size from torch.distributed: each rank reads DistributedSampler's shard of the folder, with the
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -65,17 +70,39 @@ def demo_dataset() -> Path:
     return root
 
 
+def placement(local_rank: int, local_world_size: int, gpus: int) -> tuple[torch.device, str, str | None]:
+    """This rank's device and the process group's backend, for `gpus` GPUs shared by
+    `local_world_size` ranks on this machine; and, where ranks must share GPUs, a note saying so.
+
+    One GPU per rank: cuda:<local rank> over NCCL. More ranks than GPUs: local rank r on GPU
+    r % gpus over gloo (NCCL refuses two ranks on one GPU), decided alike on every rank of the
+    machine, since all must join the group with the same backend. No GPU: the CPU over gloo.
+    """
+    if gpus == 0:
+        return torch.device("cpu"), "gloo", None
+    device = torch.device("cuda", local_rank % gpus)
+    if local_world_size <= gpus:
+        return device, "nccl", None
+    note = (
+        f"{local_world_size} ranks on this machine, {gpus} GPU(s): local rank r uses cuda:(r % {gpus}); "
+        "process group on gloo, not nccl (nccl needs a GPU of its own per rank)"
+    )
+    return device, "gloo", note
+
+
 def main() -> None:
     args = parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+    local_world_size = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), local_rank + 1)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device, backend, note = placement(local_rank, local_world_size, gpus)
+    if note is not None and local_rank == 0:
+        print(f"ddp_train: {note}", file=sys.stderr, flush=True)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl")
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    dist.init_process_group(backend)
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    print(f"rank {rank}/{world_size} on {device}, process group on {backend}", flush=True)
     data = args.data if args.data is not None else demo_dataset()
 
     classes = sum(1 for p in data.iterdir() if p.is_dir())  # the class folders (MixUp's num_classes)
@@ -88,7 +115,7 @@ def main() -> None:
         nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
         nn.Linear(16, len(loader.classes)),
     ).to(device)
-    model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
     with loader:

@@ -13,6 +13,7 @@ torch.multiprocessing.spawn and under torchrun, and the DDP example under torchr
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import signal
@@ -275,9 +276,39 @@ def test_ddp_example_trains_under_torchrun(odd_folder: Path, recipe: str) -> Non
                   "--batch-size", "2", "--workers", "1", "--recipe", recipe),
         timeout_s=120,
     )
+    # Where each rank trains: the CPU without CUDA, a GPU each where there are two, and on a 1-GPU
+    # machine both on cuda:0 over gloo (NCCL refuses two ranks on one GPU), said once.
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for rank in range(2):
+        device, backend = ("cpu", "gloo") if gpus == 0 else ("cuda:0", "gloo")
+        if gpus >= 2:
+            device, backend = f"cuda:{rank}", "nccl"
+        assert f"rank {rank}/2 on {device}, process group on {backend}" in out, out
         for epoch in range(2):
             assert f"rank {rank}/2 epoch {epoch}: 3 batches, 5 samples" in out, out
+    assert out.count("ddp_train: 2 ranks on this machine, 1 GPU(s)") == (gpus == 1), out
+
+
+def _ddp_example() -> Any:
+    """examples/ddp_train.py as a module (it runs nothing on import)."""
+    spec = importlib.util.spec_from_file_location("ddp_train_example", REPO / "examples" / "ddp_train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ddp_example_shares_gpus_over_gloo_when_ranks_outnumber_them() -> None:
+    placement = _ddp_example().placement
+    assert placement(1, 2, 0) == (torch.device("cpu"), "gloo", None)
+    assert placement(3, 8, 8) == (torch.device("cuda", 3), "nccl", None)
+    # More ranks than GPUs: round-robin, and every rank of the machine picks gloo (one backend).
+    for local_rank in range(2):
+        device, backend, note = placement(local_rank, 2, 1)
+        assert (device, backend) == (torch.device("cuda", 0), "gloo")
+        assert note is not None and "gloo" in note and "cuda:(r % 1)" in note
+    assert placement(5, 8, 4)[:2] == (torch.device("cuda", 1), "gloo")
+    assert placement(0, 8, 4)[:2] == (torch.device("cuda", 0), "gloo")
 
 
 # ---------------------------------------------------------------------------------------------
