@@ -63,8 +63,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--quality",
         type=int,
         metavar="Q",
-        help="JPEG quality of re-encoded images, 1..100 (default 90, as FFCV: visually lossless on photos "
-        "at about a third of quality 100's size; higher grows files fast for no visible gain)",
+        help="JPEG quality of re-encoded images, 1..100 (default 90, FFCV's: on photos about 0.7x the bytes "
+        "of 95 and 0.45x those of 100, so less to read and decode, past the point where JPEG's loss shows)",
     )
     pack.add_argument(
         "--workers",
