@@ -7,7 +7,8 @@ alpha; labels, names and order are the plain pack's; the bytes do not depend on 
 the manifest records the options and old packs without them still load; an interrupted pack
 finishes byte-identical to an uninterrupted one, with the pool or without; resuming with other
 options is refused; unreadable images, and a PNG without Pillow, are errors naming the file; the
-CLI flags work through `main(argv)`; the native encoder is deterministic and checks its arguments.
+CLI flags work through `main(argv)`; without the native extension Pillow makes the same
+images; the native encoder is deterministic and checks its arguments.
 """
 
 from __future__ import annotations
@@ -192,6 +193,19 @@ def test_bad_images_and_missing_pillow_are_named(
     monkeypatch.setattr(_reencode, "_pillow", lambda: None)
     with pytest.raises(ConfigError, match=r"0\.png: .*not a JPEG needs Pillow: pip install pillow"):
         sources.pack(png, tmp_path / "p2", progress=False, max_side=N, workers=1)
+
+
+def test_without_the_native_extension_pillow_re_encodes(
+    folder: Path, reduced: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_reencode, "built_native_jpeg", lambda: None)
+    dst = tmp_path / "pillow"
+    sources.pack(folder, dst, progress=False, max_side=N, workers=1)
+    for blob, native in zip(_samples(dst), _samples(reduced), strict=True):
+        with Image.open(io.BytesIO(blob)) as got, Image.open(io.BytesIO(native)) as want:
+            assert (got.format, got.mode, got.size) == (want.format, want.mode, want.size)
+            mse = np.mean((np.asarray(got, np.float64) - np.asarray(want, np.float64)) ** 2)
+            assert mse < 255**2 / 10**3.5  # PSNR > 35 dB: the same images, other code
 
 
 @pytest.mark.parametrize(
