@@ -78,13 +78,14 @@ def test_batches_match_the_folder(image_folder: Path, packed: Path, num_workers:
 
 
 def test_resume_mid_epoch(packed: Path) -> None:
-    whole = epoch_with_ids(packed, 2, seed=3)
-    with FastLoader(packed, batch_size=5, shuffle=True, num_workers=2, transform=AUGMENT, seed=3) as saver:
+    whole = epoch_with_ids(packed, 2, seed=3)  # on the CPU, as these loaders
+    kwargs: dict[str, Any] = {"batch_size": 5, "shuffle": True, "transform": AUGMENT, "device": "cpu"}
+    with FastLoader(packed, num_workers=2, seed=3, **kwargs) as saver:
         it = iter(saver)
         for _ in range(3):
             next(it)
         state = saver.state_dict()
-    with FastLoader(packed, batch_size=5, shuffle=True, num_workers=0, transform=AUGMENT) as restored:
+    with FastLoader(packed, num_workers=0, **kwargs) as restored:
         restored.load_state_dict(state)
         tail = [(images.clone(), labels.clone()) for images, labels in restored]
     assert len(tail) == 2

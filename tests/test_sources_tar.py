@@ -59,12 +59,13 @@ def test_batches_match_the_folder(image_folder: Path, shards: list[Path], num_wo
 
 def test_resume_mid_epoch_equals_the_uninterrupted_tail(shards: list[Path]) -> None:
     source = sources.TarShards(tuple(str(s) for s in shards))
-    whole = epoch_with_ids(source, 2, seed=7)
-    with FastLoader(source, batch_size=5, shuffle=True, num_workers=2, transform=AUGMENT, seed=7) as saver:
+    whole = epoch_with_ids(source, 2, seed=7)  # on the CPU, as these loaders
+    kwargs: dict[str, Any] = {"batch_size": 5, "shuffle": True, "transform": AUGMENT, "device": "cpu"}
+    with FastLoader(source, num_workers=2, seed=7, **kwargs) as saver:
         it = iter(saver)
         next(it), next(it)
         state = saver.state_dict()
-    with FastLoader(source, batch_size=5, shuffle=True, num_workers=1, transform=AUGMENT, seed=1) as restored:
+    with FastLoader(source, num_workers=1, seed=1, **kwargs) as restored:
         restored.load_state_dict(state)
         tail = [(images.clone(), labels.clone()) for images, labels in restored]
     assert len(tail) == 3
