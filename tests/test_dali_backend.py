@@ -201,7 +201,8 @@ def test_corrupt_and_truncated_files_raise_sample_errors_naming_them(
     corrupt = root / "n01" / "img_004.jpg"  # its header cannot be read: refused before DALI
     corrupt.write_bytes(b"this is not a JPEG at all" * 20)
     with FastLoader(
-        root, batch_size=3, num_workers=num_workers, transform=[T.Resize((24, 24))], backend="dali"
+        root, batch_size=3, num_workers=num_workers, transform=[T.Resize((24, 24))], backend="dali",
+        device="cpu",  # DALI's CPU decoder, in the workers: the messages asserted below are its own
     ) as loader:
         labels, errors = _collect(loader)
     assert [y.tolist() for y in labels] == [[0, 0, 0], [1, 1, 1]]  # iteration went on
@@ -264,7 +265,10 @@ def test_without_dali_the_loader_is_refused_at_construction_with_the_install_com
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # `import nvidia.dali` raises ImportError
     monkeypatch.delitem(sys.modules, "fastload._loading.backends.dali")
     with pytest.raises(ConfigError, match=r"pip install fastload\[dali\]") as info:
-        FastLoader(image_folder, batch_size=4, num_workers=2, transform=[T.Resize((24, 24))], backend="dali")
+        FastLoader(
+            image_folder, batch_size=4, num_workers=2, transform=[T.Resize((24, 24))], backend="dali",
+            device="cpu",
+        )
     assert "nvidia-dali-cuda120" in str(info.value)
 
 
@@ -280,7 +284,8 @@ def test_an_unknown_backend_is_refused_at_construction(image_folder: Path) -> No
 def test_filters_dali_does_not_have_are_refused(image_folder: Path) -> None:
     with pytest.raises(ConfigError, match="DALI backend has no 'box' filter"):
         FastLoader(
-            image_folder, batch_size=4, transform=[T.Resize((24, 24), interpolation="box")], backend="dali"
+            image_folder, batch_size=4, transform=[T.Resize((24, 24), interpolation="box")], backend="dali",
+            device="cpu", num_workers=0,
         )
 
 
