@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +223,18 @@ Batches = list[list[torch.Tensor]]
 def take(loader: FastLoader) -> Batches:
     """One epoch, every batch copied (a batch's memory is reused once the next is taken)."""
     return [[t.clone() for t in batch] for batch in loader]
+
+
+def assert_resumes_after_two(make: Callable[..., FastLoader], full: Batches) -> None:
+    """A loader from `make()` stopped after two batches, its state loaded into `make(seed=99)` (the
+    state's seed wins), gives the rest of the epoch `full`."""
+    with make() as saver:
+        it = iter(saver)
+        next(it), next(it)
+        state = saver.state_dict()
+    with make(seed=99) as restored:
+        restored.load_state_dict(state)
+        assert_same_batches(take(restored), full[2:])
 
 
 def assert_same_batches(got: Batches, expected: Batches) -> None:

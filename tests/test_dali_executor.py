@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from daemon_helpers import AUGMENT, assert_same_batches, take
+from daemon_helpers import AUGMENT, assert_resumes_after_two, assert_same_batches, take
 from helpers import epoch_outcomes
 
 from fastload import FastLoader, SampleError
@@ -97,14 +97,7 @@ def test_state_dict_resume_mid_epoch_gives_the_rest_of_the_epoch(
     in_trainer(True)
     with _loader(image_folder, 1) as loader:
         full = take(loader)
-    with _loader(image_folder, 1) as saver:
-        it = iter(saver)
-        next(it), next(it)
-        state = saver.state_dict()
-    with _loader(image_folder, 1, seed=99) as restored:
-        restored.load_state_dict(state)
-        rest = take(restored)
-    assert_same_batches(rest, full[2:])
+    assert_resumes_after_two(lambda **kw: _loader(image_folder, 1, **kw), full)
 
 
 def test_lookahead_and_an_epoch_broken_off_then_restarted(

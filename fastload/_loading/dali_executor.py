@@ -1,19 +1,27 @@
-"""`DaliExecutor`: an image folder's batches decoded by one DALI pipeline in the trainer's process.
+"""`DaliExecutor`: a source's batches decoded on the GPU in the trainer's process, by DALI or nvJPEG.
 
-With `backend="dali"` and `device="cuda"` the decode runs on the GPU (`mixed`: nvJPEG, then the
-resize on the GPU), so it cannot live in forked CPU workers; this executor takes the pipeline's
-tasks in the trainer's own process and returns each finished batch as an `Opaque` event, so the
-epoch iterator's ordering, lookahead, cancel, exactly-once and `state_dict` work as for any
-executor, without a ring (the batch is already where it goes: no slot, no host copy).
+With `device="cuda"` and `backend="dali"` (DALI's `mixed` nvJPEG decoder, the crop and resize on
+the GPU) or `backend="nvjpeg"` (torchvision's batched nvJPEG, then `crop_resize`'s kernel), the
+decode runs on the GPU, so it cannot live in forked CPU workers; this executor takes the tasks in
+the trainer's own process and returns each finished batch as an `Opaque` event, so the epoch
+iterator's ordering, lookahead, cancel, exactly-once and `state_dict` work as for any executor,
+without a ring (the batch is already where it goes: no slot, no host copy).
 
-    submit(task)     the task's files are read on a small thread pool (reads overlap)
+    submit(task)     the task's files are read on a small thread pool (reads overlap), into
+                     buffers of their own (writable: torch takes them without a copy)
     driver thread    per task, in order: geometry from the plan on each header's size (the
-                     workers' helpers, `backends.dali`), feed + `schedule_run` (DALI decodes
-                     asynchronously, on its own threads); then, oldest first, `outputs()` copied
-                     into a torch tensor on the batch's device (`feed_ndarray`: device to device
-                     on CUDA, one copy on the CPU), labels beside it
+                     workers' helpers, `backends.boxes`); DALI: feed + `schedule_run` (DALI decodes
+                     asynchronously, on its own threads), then, oldest first, `outputs()` copied
+                     into a torch tensor on the batch's device (`feed_ndarray`: device to device on
+                     CUDA, one copy on the CPU); nvJPEG: `NvjpegDecoder.decode` queues the decode
+                     and the kernel on the side stream; labels beside the images
     poll()           the trainer's stages (`present_batch`: pixel stage, normalize, RandomErasing,
                      MixUp/CutMix) keyed by the task's (epoch, indices), then `Opaque(seq, batch)`
+
+The DALI pipeline's shape is a `DaliTuning` (decode whole images on the hardware decoder and
+slice on the GPU, or decode regions; the hardware decoder's share; the queue depth; threads):
+NOTE [GPU decode tuning] in `backends.dali_tuning` says which defaults the measurements chose.
+DALI is imported only when a DALI pipeline is built (`backends.dali`): nvJPEG needs none.
 
 NOTE [DALI executor streams]: on CUDA, the driver thread copies DALI's output on the executor's
 side stream and waits for that copy (its own thread only: DALI's buffers may then be reused);
@@ -25,7 +33,7 @@ waits, as with `CudaDelivery`.
 The pipeline is the only DALI object and the driver thread the only thread that touches it. A
 decode error invalidates it: the batch fails with `Failure` naming the file (DALI's `sample #k`,
 else the first sample that fails alone on the CPU operators), and the batches queued behind it
-are fed again to a fresh pipeline.
+are fed again to a fresh pipeline. nvJPEG's failures are found at once (`NvjpegDecoder`).
 """
 
 from __future__ import annotations
@@ -45,21 +53,16 @@ import torch
 
 from fastload._augment.program import TrainerStages
 from fastload._loading.backends import SampleFailure
-from fastload._loading.backends.dali import (
-    DaliBackend,
-    build_pipeline,
-    decode_failure,
-    failed_position,
-    feed,
-    sample_inputs,
-)
+from fastload._loading.backends.boxes import sample_inputs
+from fastload._loading.backends.dali_tuning import DaliTuning
 from fastload._loading.delivery import ImageOutput, present_batch
 from fastload._loading.executor import Event, Failure, Opaque, Task
 from fastload._loading.host_normalize import HostNormalizer
 from fastload._loading.jobs import failure_of
 from fastload._loading.layout import BatchLayout
+from fastload._loading.nvjpeg_decoder import NvjpegDecoder
 from fastload._loading.sample_random import sample_randoms
-from fastload.sources._index import ReadFailure, SampleIndex
+from fastload.sources._index import ReadBuffer, ReadFailure, SampleIndex
 from fastload.transforms import TransformPlan
 
 _STOP = None  # the driver's inbox: a task's request, or this to stop
@@ -104,9 +107,14 @@ class DaliExecutor:
         pin_memory: bool = False,
         jpeg: ModuleType | None = None,
         cuda: Any = torch.cuda,
+        decoder: str = "dali",
+        tuning: DaliTuning | None = None,
     ) -> None:
-        """`plan`: the whole chain (geometry in DALI, the rest by `TrainerStages` here); `device`:
-        CUDA decodes `mixed` on it, CPU with DALI's CPU operators; `threads`: DALI's and the reads'."""
+        """`plan`: the whole chain (geometry in the decoder, the rest by `TrainerStages` here);
+        `device`: CUDA decodes on it, CPU with DALI's CPU operators (or torchvision's CPU decoder);
+        `threads`: the reads' (and DALI's, unless `tuning` says); `decoder`: "dali" or "nvjpeg"."""
+        if decoder not in ("dali", "nvjpeg"):
+            raise ValueError(f"decoder must be 'dali' or 'nvjpeg', got {decoder!r}")
         self._index = index
         self._plan = plan
         self._seed = seed
@@ -116,6 +124,10 @@ class DaliExecutor:
         self._pin = pin_memory and device.type == "cpu"
         self._jpeg = jpeg
         self._threads = max(1, threads)
+        self._tuning = tuning or DaliTuning.from_environment()
+        self._nvjpeg: NvjpegDecoder | None = None
+        if decoder == "nvjpeg":
+            self._nvjpeg = NvjpegDecoder(plan, device)
         stages = TrainerStages(plan, seed, pixels_here=True)
         self._stages = stages if stages else None
         self._affine = images.affine(device)
@@ -131,7 +143,7 @@ class DaliExecutor:
         self._closed = False
         # Driver-thread state (NOTE in the module docstring: only that thread touches DALI).
         self._pipe: Any = None
-        self._scheduled: deque[_Request] = deque()
+        self._scheduled: deque[_Request | None] = deque()  # None: a filler run (NOTE [pipelined first run])
         self._driver = threading.Thread(target=self._drive, name="fastload-dali", daemon=True)
         self._driver.start()
 
@@ -156,7 +168,9 @@ class DaliExecutor:
         parts = max(1, min(self._threads, n))
         spans = [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
         starts = [a for a, b in spans if b > a]
-        reads = [self._reads.submit(self._index.read, task.indices[a:b]) for a, b in spans if b > a]
+        reads = [
+            self._reads.submit(self._index.read, task.indices[a:b], ReadBuffer()) for a, b in spans if b > a
+        ]
         self._in_flight += 1
         self._inbox.put(_Request(task, reads, starts))
 
@@ -226,6 +240,9 @@ class DaliExecutor:
     def _drive(self) -> None:
         try:
             while True:
+                if len(self._scheduled) >= self._tuning.queue_depth:  # DALI holds that many runs' outputs
+                    self._collect()
+                    continue
                 try:  # feed every request there is; collect the oldest run only when none waits
                     request = self._inbox.get_nowait() if self._scheduled else self._inbox.get()
                 except queue.Empty:
@@ -258,42 +275,79 @@ class DaliExecutor:
             except SampleFailure as e:
                 self._outbox.put(self._failure_at(task, e))
                 return
+        if self._nvjpeg is not None:
+            self._decode_nvjpeg(request)
+            return
         try:
-            if self._pipe is None:
+            fresh = self._pipe is None
+            if fresh:
                 self._pipe = self._build()
-            feed(self._pipe, self._plan, [np.frombuffer(b, np.uint8) for b in request.blobs], request.inputs)
+            arrays = [np.frombuffer(b, np.uint8) for b in request.blobs]
+            feed = _dali().feed
+            feed(self._pipe, self._plan, arrays, request.inputs)
+            # NOTE [pipelined first run]: a pipelined pipeline's first schedule_run runs
+            # queue_depth iterations at once, each needing a fed batch: the first request is fed
+            # again that many times over, and those runs' outputs are dropped (once per pipeline).
+            fillers = self._tuning.queue_depth - 1 if fresh and self._tuning.pipelined else 0
+            for _ in range(fillers):
+                feed(self._pipe, self._plan, arrays, request.inputs)
             self._pipe.schedule_run()
         except Exception as e:
             self._pipe = None
             self._outbox.put(failure_of(task.seq, e, int(task.indices[0]), self._name(task, 0), "batch"))
             return
         self._scheduled.append(request)
+        self._scheduled.extend([None] * fillers)
+
+    def _decode_nvjpeg(self, request: _Request) -> None:
+        """Queue the request's decode and crop on the side stream; its batch is ready in stream order."""
+        assert self._nvjpeg is not None and request.inputs is not None
+        task = request.task
+        labels = torch.from_numpy(self._index.labels[task.indices])
+        try:
+            if self._cuda is None:
+                out = self._nvjpeg.decode(request.blobs, request.inputs)
+            else:
+                with self._cuda.stream(self._stream):
+                    out = self._nvjpeg.decode(request.blobs, request.inputs)
+                    labels = labels.to(self._device, non_blocking=True)
+        except SampleFailure as e:
+            self._outbox.put(self._failure_at(task, e))
+            return
+        except Exception as e:  # a CUDA error, say: the batch's, naming its first sample
+            self._outbox.put(failure_of(task.seq, e, int(task.indices[0]), self._name(task, 0), "batch"))
+            return
+        self._outbox.put(_Decoded(task, out, labels, time.perf_counter_ns() - request.started_ns))
 
     def _build(self) -> Any:
+        threads = self._tuning.threads or self._threads
         if self._cuda is None:
-            return build_pipeline(
-                self._plan, self._batch_size, num_threads=self._threads, exec_async=True
+            return _dali().build_pipeline(
+                self._plan, self._batch_size, num_threads=threads, exec_async=True, tuning=self._tuning
             )
         device_id = self._device.index if self._device.index is not None else self._cuda.current_device()
-        return build_pipeline(
+        return _dali().build_pipeline(
             self._plan, self._batch_size, device_id=device_id, decoder="mixed",
-            num_threads=self._threads, exec_async=True,
+            num_threads=threads, exec_async=True, tuning=self._tuning,
         )
 
     def _collect(self) -> None:
         """The oldest scheduled run's batch, copied out of DALI (or its failure)."""
         request = self._scheduled.popleft()
-        task = request.task
         try:
             (images,) = self._pipe.outputs()
         except RuntimeError as e:  # a decode error: DALI invalidated the pipeline
             self._pipe = None
-            self._outbox.put(self._decode_failure(request, e))
-            behind = list(self._scheduled)
+            behind = [waiting for waiting in self._scheduled if waiting is not None]
             self._scheduled.clear()
+            if request is not None:
+                self._outbox.put(self._decode_failure(request, e))
             for waiting in behind:  # their runs died with the pipeline: feed them again
                 self._start(waiting)
             return
+        if request is None:
+            return  # a filler's output
+        task = request.task
         n = len(task.indices)
         shape = (n, self._plan.out_height, self._plan.out_width, 3)
         labels = torch.from_numpy(self._index.labels[task.indices])
@@ -314,18 +368,19 @@ class DaliExecutor:
         """The Failure of a run DALI could not decode, naming the file (see the module docstring)
         and saying why in its CPU decoder's words where they say more than the run's error."""
         task, n = request.task, len(request.task.indices)
-        position = failed_position(str(error), n)
+        dali = _dali()
+        position = dali.failed_position(str(error), n)
         rows = range(n) if position is None else range(position, position + 1)
         failure = self._cpu_failure(request, rows)
         if failure is None or (position is not None and failure.position != position):
-            failure = decode_failure(error, 0 if position is None else position)
+            failure = dali.decode_failure(error, 0 if position is None else position)
         return self._failure_at(task, failure)
 
     def _cpu_failure(self, request: _Request, rows: range) -> SampleFailure | None:
         """The first of `rows` DALI's CPU operators cannot decode, as their SampleFailure at its
         position in the task; None if they all decode."""
         task = request.task
-        backend = DaliBackend(self._plan, self._jpeg)
+        backend = _dali().DaliBackend(self._plan, self._jpeg)
         out = np.empty((len(rows), self._plan.out_height, self._plan.out_width, 3), np.uint8)
         draws = sample_randoms(self._seed, task.epoch, task.indices[rows.start : rows.stop])
         try:
@@ -344,6 +399,13 @@ class DaliExecutor:
     def _name(self, task: Task, position: int) -> str:
         """The file of the task's sample at `position`, for an error message."""
         return self._index.name(int(task.indices[position]))
+
+
+def _dali() -> ModuleType:
+    """`backends.dali`, imported on first use (it imports DALI)."""
+    from fastload._loading.backends import dali
+
+    return dali
 
 
 def feed_ndarray(dali_tensor: Any, out: torch.Tensor, cuda_stream: Any = None) -> None:

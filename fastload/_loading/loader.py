@@ -75,7 +75,9 @@ class FastLoader:
     where the extension is not built), "pil", or "dali" (NVIDIA DALI's CPU operators, in the same
     workers with the same plan, geometry and randomness: `pip install fastload[dali]`; refused at
     construction without it; with `device="cuda"` it decodes on the GPU, nvJPEG, in this
-    process, except through a daemon, whose workers decode on the CPU).
+    process, except through a daemon, whose workers decode on the CPU), or "nvjpeg"
+    (torchvision's batched GPU decoder, then one kernel crops and resizes: device="cuda" only,
+    no daemon; for where DALI is not installed).
     `daemon="default"` (or "ipc://PATH") attaches to a running
     `fastload serve` instead of starting workers (same batches, bit for bit). `rank` and
     `world_size` give this process its shard, DistributedSampler's: every rank the same number of
@@ -231,8 +233,10 @@ class FastLoader:
                 f"{type(spec.transforms.batch).__name__} mixes class-index labels; this source's targets "
                 "are multi-hot rows (multi_label): mix them in your training step instead"
             )
+        # backend="nvjpeg" decodes only in this process (`decodes_in_trainer`): its job just lays out batches.
+        backend = "native" if spec.backend == "nvjpeg" else spec.backend
         job = ImageJob(
-            self._index, spec.worker_transforms, spec.backend, spec.seed, spec.slot_batch_size,
+            self._index, spec.worker_transforms, backend, spec.seed, spec.slot_batch_size,
             normalize=spec.worker_normalize,
         )
         assert job.layout is not None

@@ -439,16 +439,20 @@ def _close_all(resources: list[Any], owner_pid: int) -> None:
 
 
 def _dali_executor(job: Job, spec: LoaderSpec) -> Executor:
-    """The in-process DALI executor for a source's image job (`spec.decodes_in_trainer`)."""
+    """The in-process GPU-decoding executor for a source's image job (`spec.decodes_in_trainer`)."""
     from fastload._loading.dali_executor import DaliExecutor
     from fastload._loading.jobs import ImageJob
     from fastload._loading.native import built_native_jpeg
+    from fastload._loading.nvjpeg_decoder import NVJPEG_READ_THREADS
 
     if not isinstance(job, ImageJob) or spec.transforms is None or spec.images is None:
         raise ValueError("the DALI executor runs sources of encoded images only")
+    threads = max(1, spec.num_workers)
+    if spec.backend == "nvjpeg":
+        threads = min(threads, NVJPEG_READ_THREADS)
     return DaliExecutor(
         job.index, spec.transforms, spec.seed, spec.slot_batch_size, spec.images, spec.device,
-        threads=max(1, spec.num_workers), pin_memory=spec.pin_memory, jpeg=built_native_jpeg(),
+        threads=threads, pin_memory=spec.pin_memory, jpeg=built_native_jpeg(), decoder=spec.backend,
     )
 
 

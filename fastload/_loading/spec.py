@@ -80,8 +80,8 @@ class LoaderSpec:
     images: ImageOutput | None  # a source's image output (dtype, normalization, memory format)
     summary: bool
     sample_ids: bool  # each batch ends with its SampleIds
-    # A testing aid: FASTLOAD_DALI_IN_TRAINER=1 runs backend="dali" on the CPU in the trainer's
-    # process, as with CUDA (`decodes_in_trainer`), so that path is tested where no GPU is.
+    # A testing aid: FASTLOAD_DALI_IN_TRAINER=1 runs backend="dali" (or "nvjpeg") on the CPU in the
+    # trainer's process, as with CUDA (`decodes_in_trainer`), so that path is tested where no GPU is.
     dali_in_trainer: bool = False
 
     @property
@@ -128,12 +128,12 @@ class LoaderSpec:
 
     @property
     def decodes_in_trainer(self) -> bool:
-        """Whether the source's batches are decoded by a DALI pipeline in the trainer's process
-        (`dali_executor`): backend="dali" with CUDA (nvJPEG), unless a daemon serves them (its
+        """Whether the source's batches are decoded on the GPU in the trainer's process
+        (`dali_executor`): backend="dali" or "nvjpeg" with CUDA, unless a daemon serves them (its
         workers decode on the CPU); with `dali_in_trainer`, on the CPU too (a testing aid)."""
         return (
             self.source is not None
-            and self.backend == "dali"
+            and self.backend in ("dali", "nvjpeg")
             and self.daemon is None
             and (self.device.type == "cuda" or self.dali_in_trainer)
         )
@@ -265,6 +265,8 @@ def build_spec(
         else torch.device("cuda" if is_source and torch.cuda.is_available() else "cpu")
     )
     check_device(resolved_device)
+    if backend == "nvjpeg":
+        check_nvjpeg(resolved_device, daemon, is_source)
     # Unless told (prefetch, or DataLoader's prefetch_factor), the ring is sized from the batch's
     # bytes once they are known; a daemon sizes the rings of its sessions.
     if prefetch is None and prefetch_factor is not None:
@@ -312,6 +314,26 @@ def build_spec(
         sample_ids=bool(sample_ids),
         dali_in_trainer=os.environ.get("FASTLOAD_DALI_IN_TRAINER") == "1",
     )
+
+
+def check_nvjpeg(device: torch.device, daemon: str | None, is_source: bool) -> None:
+    """backend="nvjpeg" decodes sources' images on a CUDA device in this process, with torchvision."""
+    if not is_source:
+        raise ConfigError("backend='nvjpeg' decodes the images of folders and other sources, not a Dataset's")
+    if daemon is not None:
+        raise ConfigError(
+            "backend='nvjpeg' decodes on this process's GPU; a daemon's workers decode on the CPU: "
+            "drop daemon=, or use backend='native' or 'dali' with the daemon"
+        )
+    if device.type != "cuda" and os.environ.get("FASTLOAD_DALI_IN_TRAINER") != "1":
+        raise ConfigError(
+            f"backend='nvjpeg' decodes on a GPU, and the batches go to {device}: pass device='cuda', "
+            "or use backend='native' for CPU batches"
+        )
+    if device.type == "cuda":
+        from fastload._loading.nvjpeg_decoder import torchvision_io
+
+        torchvision_io()
 
 
 def default_workers() -> int:

@@ -15,7 +15,8 @@ The step: `--step sleep:MS` or `--step spin:MS` (runs anywhere; `sleep:auto` tak
 batch as the loader alone delivers one, the hardest case for overlap), or `--step resnet18` /
 `--step resnet50` (torchvision's model, forward + backward + SGD, bf16 autocast, channels_last, on
 CUDA; needs torchvision and a GPU). Loaders: `fastload`, `fastload-dali` (backend="dali": DALI's
-`mixed` decode on a GPU, its CPU operators otherwise), and `dataloader` (torch DataLoader +
+`mixed` decode on a GPU, its CPU operators otherwise), `fastload-nvjpeg` (backend="nvjpeg":
+torchvision's GPU decoder; CUDA only), and `dataloader` (torch DataLoader +
 torchvision ImageFolder with the same transforms and Apex-style uint8 collation; needs
 torchvision). Images: RandomResizedCrop + horizontal flip, uint8, normalized on the device by the
 step (fastload: by the loader) when it is a model; `--recipe deit` adds DeiT's augmentations
@@ -147,6 +148,11 @@ def _fastload_dali(args: argparse.Namespace, device: torch.device) -> Any:
     return _fastload(args, device, backend="dali")
 
 
+def _fastload_nvjpeg(args: argparse.Namespace, device: torch.device) -> Any:
+    """backend="nvjpeg": torchvision's batched nvJPEG, then one kernel crops and resizes (CUDA only)."""
+    return _fastload(args, device, backend="nvjpeg")
+
+
 def _dataloader(args: argparse.Namespace, device: torch.device) -> Any:
     if args.recipe != "basic":
         sys.exit("--recipe deit is fastload's only here: tools/bench/bench_loaders.py times DataLoader + "
@@ -195,7 +201,12 @@ class _OnDevice:
         self.loader = None
 
 
-LOADERS = {"fastload": _fastload, "fastload-dali": _fastload_dali, "dataloader": _dataloader}
+LOADERS = {
+    "fastload": _fastload,
+    "fastload-dali": _fastload_dali,
+    "fastload-nvjpeg": _fastload_nvjpeg,
+    "dataloader": _dataloader,
+}
 
 
 def _sync(device: torch.device) -> None:

@@ -6,6 +6,10 @@
 #
 #   bash tools/device/checks.sh suite   # the whole test suite (tests/gpu included) -> $OUT/suite.txt
 #   bash tools/device/checks.sh train   # issue 11's training benchmarks -> $OUT/train.txt
+#   bash tools/device/checks.sh gpu     # issue 21's GPU-decoding table (bench_gpu_decode.py: native,
+#                                       #   nvjpeg, DALI's shapes if DALI is installed, native on a
+#                                       #   pack at --max-side 320; ResNet-18 fed) and tests/gpu
+#                                       #   -> $OUT/gpu.txt, ~4 minutes with the dataset
 #   bash tools/device/checks.sh dali    # backend="dali" (mixed) benchmarks, DALI installed first
 #                                       #   from /tmp/dali-parts (README.md) -> $OUT/dali.txt
 #
@@ -52,8 +56,30 @@ dataset() {  # 10,000 photo-like JPEGs of ImageNet sizes, 100 classes, made once
 
 suite() {
     log "whole suite"
-    timeout 540 "$py" -m pytest -q -p no:cacheprovider --timeout 300 >"$out/suite.txt" 2>&1
+    local parallel=()  # pytest-xdist where the machine has it (pytest-benchmark off: it refuses xdist)
+    "$py" -c "import xdist" 2>/dev/null && parallel=(-n 12 -p no:benchmark)
+    timeout 500 "$py" -m pytest -q -p no:cacheprovider --timeout 300 "${parallel[@]}" >"$out/suite.txt" 2>&1
     log "suite exit $?: $(tail -1 "$out/suite.txt")"
+}
+
+gpu() {  # issue 21: which GPU decoder, which shape; one table (bench_gpu_decode.py's docstring)
+    dataset || { log "no dataset"; return 1; }
+    local pack=/tmp/bench-pack320 variants=native,nvjpeg[threads=2],nvjpeg[threads=4],nvjpeg[threads=8]
+    if [ ! -f "$pack/manifest.json" ]; then
+        log "pack the dataset at --max-side 320"
+        rm -rf "$pack"
+        timeout 120 "$py" -m fastload pack "$data" "$pack" --max-side 320 --quiet >>"$out/checks.log" 2>&1 \
+            || { log "pack failed"; rm -rf "$pack"; }
+    fi
+    [ -f "$pack/manifest.json" ] && variants+=",native@$pack" && du -sh "$data" "$pack" | tee -a "$out/checks.log"
+    "$py" -c "import nvidia.dali" 2>/dev/null && variants+=",$(PYTHONPATH=tools/bench "$py" -c \
+        'import bench_gpu_decode as b; print(",".join(v for v in b.split_variants(b.DEFAULT_VARIANTS) if v.startswith("dali")))')"
+    log "bench_gpu_decode: $variants"
+    timeout 300 "$py" tools/bench/bench_gpu_decode.py --data "$data" --workers 15 --batch-size 256 \
+        --batches 60 --warmup 10 --model resnet18 --variants "$variants" >>"$out/gpu.txt" 2>&1
+    log "bench_gpu_decode exit $?"
+    timeout 150 "$py" -m pytest -q -p no:cacheprovider -p no:benchmark tests/gpu >>"$out/gpu.txt" 2>&1
+    log "tests/gpu exit $?: $(tail -1 "$out/gpu.txt")"
 }
 
 train() {  # ~4 minutes on 16 cores: issue 11's figures (its targets: 97% / 97% / 95%)
@@ -84,7 +110,7 @@ dali() {
 }
 
 for what in "$@"; do
-    case "$what" in suite | train | dali) ;; *) echo "unknown step $what: suite, train or dali" >&2; exit 2 ;; esac
+    case "$what" in suite | train | dali | gpu) ;; *) echo "unknown step $what: suite, train, dali or gpu" >&2; exit 2 ;; esac
 done
 setup || exit 1
 for what in "$@"; do "$what"; done

@@ -4,7 +4,8 @@ A backend turns a batch of encoded images into uint8 NHWC pixels written straigh
 batch's place in a ring slot, following a compiled `TransformPlan`. `native` (the default) is the
 libjpeg-turbo extension built from native/, falling back to `pil` (Pillow, JPEG draft mode) where
 the extension is not built; `dali` (NVIDIA DALI's CPU operators, an optional extra) does the
-same geometry, drawn by the same plan, in a DALI pipeline.
+same geometry, drawn by the same plan, in a DALI pipeline. `nvjpeg` (torchvision's GPU decoder)
+decodes only on the GPU, in the trainer's process (`dali_executor`): no worker runs it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 from fastload._errors import ConfigError
 from fastload.transforms import RandomSource, TransformPlan
 
-BACKENDS = ("native", "pil", "dali")
+BACKENDS = ("native", "pil", "dali", "nvjpeg")
 
 
 class SampleFailure(Exception):
@@ -73,4 +74,9 @@ def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
         from fastload._loading.native import built_native_jpeg
 
         return DaliBackend(plan, built_native_jpeg())
+    if name == "nvjpeg":
+        raise ConfigError(
+            "backend='nvjpeg' decodes on the GPU, in the training process (device='cuda', no daemon): "
+            "worker processes cannot run it; use backend='native' or 'dali' for CPU workers and daemons"
+        )
     raise ConfigError(f"backend {name!r} is not one of {', '.join(BACKENDS)}")

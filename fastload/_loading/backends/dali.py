@@ -16,15 +16,14 @@ the header (the native extension's `jpeg_size`, else Pillow). A decode failure d
 (DALI invalidates it) and is reported as `SampleFailure` at the sample DALI names (or, if it
 names none, the first that fails alone), with the reason its decoder logged to stderr (that
 sample is run once more to catch it: DALI's exception says only which sample failed). The
-pieces both DALI paths share (header sizes, each sample's slice and box, the pipeline's graph,
-DALI's error text) are this module's functions: the in-process executor (`dali_executor`, GPU
-`mixed` decoding) builds the same graph on other devices.
+pieces both DALI paths share (the pipeline's graph, feeding it, DALI's error text) are this
+module's functions, each sample's slice and box `backends.boxes`': the in-process executor
+(`dali_executor`, GPU `mixed` decoding) builds the same graph on other devices, shaped by a
+`DaliTuning`.
 """
 
 from __future__ import annotations
 
-import io
-import math
 import os
 import re
 import sys
@@ -40,11 +39,10 @@ from nvidia.dali.pipeline import Pipeline
 
 from fastload._errors import ConfigError
 from fastload._loading.backends import SampleFailure
-from fastload._loading.sample_random import SampleDraws
-from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
-from fastload.transforms._batch_geometry import BatchGeometry, sample_batch
+from fastload._loading.backends.boxes import sample_inputs
+from fastload._loading.backends.dali_tuning import DaliTuning
+from fastload.transforms import RandomSource, TransformPlan
 
-_JPEG_MAGIC = b"\xff\xd8\xff"
 _INTERP = {
     "nearest": types.DALIInterpType.INTERP_NN,
     "bilinear": types.DALIInterpType.INTERP_LINEAR,
@@ -55,7 +53,6 @@ _INTERP = {
 _FAILED_SAMPLE = re.compile(r"sample #(\d+)")
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")  # DALI colours its log lines
 _MAX_REASON_CHARS = 2000
-_EPS = 1e-6  # as the Pillow backend: a clip edge within this of a whole pixel is that pixel
 
 # NOTE [DALI pipelines and fork]: a pipeline's C++ side owns threads. A forked child has the
 # parent's pipeline objects but none of their threads, so freeing one there (the child's garbage
@@ -175,53 +172,6 @@ class DaliBackend:
         return 0
 
 
-def image_size(blob: bytes | memoryview, jpeg: ModuleType | None) -> tuple[int, int]:
-    """(height, width) from the image's header: fastload's extension (`jpeg`) for JPEGs, else Pillow."""
-    if jpeg is not None and blob[:3] == _JPEG_MAGIC:
-        width, height = jpeg.jpeg_size(blob)
-        return int(height), int(width)
-    try:
-        from PIL import Image
-    except ImportError as e:
-        raise RuntimeError(
-            "reading this image's size needs Pillow (it is not a JPEG, or fastload's native "
-            "extension is not built): `pip install pillow`"
-        ) from e
-    with Image.open(io.BytesIO(blob)) as img:
-        width, height = img.size
-    return int(height), int(width)
-
-
-def sample_inputs(
-    plan: TransformPlan,
-    blobs: Sequence[bytes | memoryview],
-    rngs: Sequence[RandomSource],
-    jpeg: ModuleType | None,
-) -> np.ndarray:
-    """(n, 4, 2) float32: each sample's [slice anchor, shape, roi start, end] (`slice_and_roi`) for
-    the geometry `plan` draws on its header's size; SampleFailure for a header that cannot be read.
-    A task's `SampleDraws` get their geometry a batch at a time (NOTE [per-batch geometry])."""
-    n = len(blobs)
-    sizes = np.empty((n, 2), np.int64)  # (height, width)
-    for i, blob in enumerate(blobs):
-        try:
-            sizes[i] = image_size(blob, jpeg)
-        except Exception as e:  # a header that cannot be read is reported against its sample
-            raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
-    if isinstance(rngs, SampleDraws) and n:
-        geometry = sample_batch(plan, sizes[:, 0], sizes[:, 1], rngs.uniforms)
-        if geometry is not None:
-            return batch_slice_and_roi(geometry, sizes[:, 0], sizes[:, 1])
-    inputs = np.empty((n, 4, 2), np.float32)
-    for i, rng in enumerate(rngs):
-        height, width = int(sizes[i, 0]), int(sizes[i, 1])
-        try:
-            inputs[i] = slice_and_roi(plan.sample(height, width, rng), height, width)
-        except Exception as e:  # e.g. a CenterCrop larger than the image
-            raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
-    return inputs
-
-
 def build_pipeline(
     plan: TransformPlan,
     capacity: int,
@@ -230,20 +180,24 @@ def build_pipeline(
     decoder: str = "cpu",
     num_threads: int = 1,
     exec_async: bool = False,
+    tuning: DaliTuning | None = None,
 ) -> Pipeline:
     """A pipeline for batches of up to `capacity` images (see the module's docstring).
 
     `decoder` "cpu" (resize on the CPU too) or "mixed" (nvJPEG; resize on the GPU `device_id`).
     `exec_async`: `schedule_run` returns at once and `outputs` waits, runs queued in order (the
-    in-process executor); else `run` decodes in the caller's thread.
+    in-process executor), shaped by `tuning` (NOTE [GPU decode tuning]); else `run` decodes in the
+    caller's thread, one fed batch per run, regions decoded.
     """
+    if not exec_async or tuning is None:
+        tuning = DaliTuning(region=True, queue_depth=1, pipelined=False)
     pipe = Pipeline(
         batch_size=capacity,
         num_threads=num_threads,
         device_id=device_id,  # None: CPU operators only, no CUDA context (the workers)
         exec_async=exec_async,
-        exec_pipelined=False,  # one fed batch per run: schedule_run never runs ahead of the feed
-        prefetch_queue_depth=1,
+        exec_pipelined=tuning.pipelined,
+        prefetch_queue_depth=tuning.queue_depth,
     )
     u8, f32, i32 = types.DALIDataType.UINT8, types.DALIDataType.FLOAT, types.DALIDataType.INT32
     with pipe:
@@ -253,11 +207,17 @@ def build_pipeline(
         roi_start = fn.external_source(name="roi_start", dtype=f32, ndim=1)
         roi_end = fn.external_source(name="roi_end", dtype=f32, ndim=1)
         size = fn.external_source(name="size", dtype=f32, ndim=1)
-        image = fn.decoders.image_slice(
-            encoded, anchor, shape, axis_names="HW", device=decoder,
-            output_type=types.DALIImageType.RGB,
-            adjust_orientation=False,  # as the other backends: the header's size is the image's
+        # As the other backends, EXIF is ignored: the header's size is the image's.
+        options: dict[str, Any] = dict(
+            device=decoder, output_type=types.DALIImageType.RGB, adjust_orientation=False
         )
+        if decoder == "mixed" and tuning.hw_decoder_load is not None:
+            options["hw_decoder_load"] = tuning.hw_decoder_load
+        if tuning.region:
+            image = fn.decoders.image_slice(encoded, anchor, shape, axis_names="HW", **options)
+        else:  # the whole image, then the same pixels cut where it now is (the GPU, for mixed)
+            image = fn.decoders.image(encoded, **options)
+            image = fn.slice(image, anchor, shape, axis_names="HW")
         resized = fn.resize(
             image, roi_start=roi_start, roi_end=roi_end, roi_relative=False, size=size,
             interp_type=_INTERP[plan.interpolation], antialias=True,
@@ -295,31 +255,6 @@ def decode_failure(error: RuntimeError, position: int, detail: str = "") -> Samp
         failure = SampleFailure(position, f"ValueError: {cause}")
         failure.__cause__ = cause
         return failure
-
-
-def slice_and_roi(g: SampleGeometry, height: int, width: int) -> np.ndarray:
-    """[anchor, shape, roi_start, roi_end], each (y, x): the pixels to decode (the clip box rounded
-    outwards, as the filter must not read past it), and the box within them (x reversed: a flip)."""
-    left, top, right, bottom = g.box
-    clip = g.clip or (0.0, 0.0, float(width), float(height))
-    x0, y0 = max(0, math.floor(clip[0] + _EPS)), max(0, math.floor(clip[1] + _EPS))
-    x1, y1 = min(width, math.ceil(clip[2] - _EPS)), min(height, math.ceil(clip[3] - _EPS))
-    x_start, x_end = (right, left) if g.flip else (left, right)
-    return np.array(
-        [[y0, x0], [y1 - y0, x1 - x0], [top - y0, x_start - x0], [bottom - y0, x_end - x0]], np.float32
-    )
-
-
-def batch_slice_and_roi(g: BatchGeometry, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
-    """`slice_and_roi` for every sample of a `BatchGeometry` at once: (n, 4, 2) float32."""
-    left, top, right, bottom = g.boxes.T
-    x0 = np.maximum(0, np.floor(g.clips[:, 0] + _EPS))
-    y0 = np.maximum(0, np.floor(g.clips[:, 1] + _EPS))
-    x1 = np.minimum(widths, np.ceil(g.clips[:, 2] - _EPS))
-    y1 = np.minimum(heights, np.ceil(g.clips[:, 3] - _EPS))
-    x_start, x_end = np.where(g.flips, right, left), np.where(g.flips, left, right)
-    rows = [(y0, x0), (y1 - y0, x1 - x0), (top - y0, x_start - x0), (bottom - y0, x_end - x0)]
-    return np.stack([np.stack(pair, axis=1) for pair in rows], axis=1).astype(np.float32)
 
 
 def failed_position(message: str, n: int) -> int | None:
