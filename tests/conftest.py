@@ -9,6 +9,11 @@ Leak guards (autouse; they run at teardown, so also after a test that failed):
 A leak is reported as an error, which fails the session; it is then cleaned up so that later
 tests are not blamed for it.
 
+Under pytest-xdist (`-n 8`) each worker is a session of its own, and one that ends early would
+take the segments of another worker's subprocess, killed mid-test and not yet reaped, for its
+leak (and unlink them under that test): a worker checks its own segments and children, and the
+segments of dead processes are checked once every worker has ended, by the controller.
+
 Daemon fixtures (`daemon_pool`, `shared_daemon`) run `fastload serve` subprocesses on private
 socket directories and stop them at teardown, checking that each left nothing behind.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -39,8 +45,28 @@ from helpers import (
 CHILD_GRACE_S = 20.0
 
 
+def _xdist_worker(config: pytest.Config) -> bool:
+    """Whether this session is a pytest-xdist worker's, one of several running at once."""
+    return hasattr(config, "workerinput")
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    """Whether this session hands its tests to pytest-xdist workers and runs none itself."""
+    return not _xdist_worker(config) and config.getoption("dist", "no") != "no"
+
+
+def _leaked_segments(before: set[str], dead_owners: bool) -> set[str]:
+    """Segments made since `before` by this process, and by processes now dead if `dead_owners`.
+    Those of unrelated live processes (a demo running beside the tests) are theirs to free."""
+    return {
+        name
+        for name in fastload_segments() - before
+        if segment_owner(name) == os.getpid() or (dead_owners and not pid_alive(segment_owner(name)))
+    }
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _no_leaks_at_session_end() -> Iterator[None]:
+def _no_leaks_at_session_end(request: pytest.FixtureRequest) -> Iterator[None]:
     segments_before = fastload_segments()
     children_before = set(live_children())
     yield
@@ -49,18 +75,38 @@ def _no_leaks_at_session_end() -> Iterator[None]:
     if children:
         problems.append(f"child processes still alive at the end of the session: {children}")
         kill_pids(children)
-    # Segments of unrelated live processes (a demo running beside the tests) are theirs to free;
-    # ours, and those of processes now dead (our subprocesses), must all be gone.
-    leaked = {
-        name
-        for name in fastload_segments() - segments_before
-        if segment_owner(name) == os.getpid() or not pid_alive(segment_owner(name))
-    }
+    # Ours, and those of processes now dead (our subprocesses), must all be gone; under xdist the
+    # dead processes' are the controller's to check (pytest_sessionfinish).
+    leaked = _leaked_segments(segments_before, dead_owners=not _xdist_worker(request.config))
     if leaked:
         problems.append(f"shared-memory segments left in /dev/shm: {sorted(leaked)}")
         unlink_segments(leaked)
     if problems:
         pytest.fail("the test session leaked resources:\n" + "\n".join(problems), pytrace=False)
+
+
+_SEGMENTS_BEFORE = pytest.StashKey[set[str]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _xdist_controller(session.config):
+        session.config.stash[_SEGMENTS_BEFORE] = fastload_segments()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under xdist, after every worker has ended: no segment of a dead process is left."""
+    if not _xdist_controller(session.config) or _SEGMENTS_BEFORE not in session.config.stash:
+        return
+    leaked = _leaked_segments(session.config.stash[_SEGMENTS_BEFORE], dead_owners=True)
+    if leaked:
+        unlink_segments(leaked)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"the test session leaked shared-memory segments of dead processes: {sorted(leaked)}"
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        else:
+            print(message, file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)
