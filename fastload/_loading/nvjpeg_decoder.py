@@ -34,8 +34,8 @@ from fastload._loading.crop_resize import crop_resize
 from fastload.transforms import TransformPlan
 
 # The executor's read threads for backend="nvjpeg" (at most; fewer with fewer num_workers): on an
-# H100 with 16 cores the loader alone gave 10,835 img/s with 2, 8,455 with 4, 6,798 with 8 (more
-# threads in the trainer's process contend for its GIL with the thread that drives the decoder).
+# H100 with 16 cores, 2, 4 and 8 gave the same loader rate within its run-to-run spread (6.4k to
+# 10.8k img/s, docs/BENCHMARKS.md), so the fewest: each is one more thread in the trainer's process.
 NVJPEG_READ_THREADS = 2
 
 

@@ -58,7 +58,7 @@ suite() {
     log "whole suite"
     local parallel=()  # pytest-xdist where the machine has it (pytest-benchmark off: it refuses xdist)
     "$py" -c "import xdist" 2>/dev/null && parallel=(-n 12 -p no:benchmark)
-    timeout 500 "$py" -m pytest -q -p no:cacheprovider --timeout 300 "${parallel[@]}" >"$out/suite.txt" 2>&1
+    timeout "${SUITE_TIMEOUT:-500}" "$py" -m pytest -q -p no:cacheprovider --timeout 300 "${parallel[@]}" >"$out/suite.txt" 2>&1
     log "suite exit $?: $(tail -1 "$out/suite.txt")"
 }
 
