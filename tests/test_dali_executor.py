@@ -20,7 +20,7 @@ import torch
 from daemon_helpers import AUGMENT, assert_resumes_after_two, assert_same_batches, take
 from helpers import epoch_outcomes
 
-from fastload import FastLoader, SampleError
+from fastload import ConfigError, FastLoader, SampleError
 from fastload import transforms as T
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed: `pip install fastload[dali]`")
@@ -177,3 +177,38 @@ def test_a_file_that_cannot_be_read_raises_sample_error_naming_it(
     error = outcomes[2]
     assert error.path == str(gone) and error.index == 9
     assert "No such file" in str(error)
+
+
+@pytest.mark.parametrize(
+    "tuning",
+    ["region=1,pipelined=0,queue_depth=1", "region=1", "region=0,queue_depth=3", "pipelined=0,threads=3"],
+)
+def test_every_pipeline_shape_gives_the_worker_paths_batches(
+    image_folder: Path, in_trainer: Callable[[bool], None], monkeypatch: pytest.MonkeyPatch, tuning: str
+) -> None:
+    """The shapes bench_gpu_decode.py compares (NOTE [GPU decode tuning]) differ in speed only."""
+    in_trainer(False)
+    with _loader(image_folder, 2) as loader:
+        expected = [take(loader), take(loader)]
+    in_trainer(True)
+    monkeypatch.setenv("FASTLOAD_DALI_TUNING", tuning)
+    with _loader(image_folder, 2, prefetch=4) as loader:
+        got = [take(loader), take(loader)]
+    for e in (0, 1):
+        assert_same_batches(got[e], expected[e])
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("region=2x", "invalid literal"),
+        ("depth=3", "no setting 'depth'"),
+        ("queue_depth=0", "must be positive"),
+    ],
+)
+def test_a_bad_tuning_is_refused_naming_it(text: str, problem: str) -> None:
+    from fastload._loading.backends.dali_tuning import DaliTuning
+
+    with pytest.raises(ConfigError, match=problem):
+        DaliTuning.parse(text)
+    assert DaliTuning.parse(" region=1, hw_decoder_load=0.5 ") == DaliTuning(region=True, hw_decoder_load=0.5)

@@ -240,8 +240,8 @@ class DaliExecutor:
     def _drive(self) -> None:
         try:
             while True:
-                if len(self._scheduled) >= self._tuning.queue_depth:  # DALI holds that many runs' outputs
-                    self._collect()
+                if self._tuning.pipelined and len(self._scheduled) >= self._tuning.queue_depth:
+                    self._collect()  # a pipelined DALI holds queue_depth runs' outputs, no more
                     continue
                 try:  # feed every request there is; collect the oldest run only when none waits
                     request = self._inbox.get_nowait() if self._scheduled else self._inbox.get()

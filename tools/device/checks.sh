@@ -10,7 +10,7 @@
 #                                       #   nvjpeg, DALI's shapes if DALI is installed, native on a
 #                                       #   pack at --max-side 320; ResNet-18 fed) and tests/gpu
 #                                       #   -> $OUT/gpu.txt, ~4 minutes with the dataset
-#   bash tools/device/checks.sh dali    # backend="dali" (mixed) benchmarks, DALI installed first
+#   bash tools/device/checks.sh dali    # backend="dali" (mixed) benchmarks, DALI unpacked first
 #                                       #   from /tmp/dali-parts (README.md) -> $OUT/dali.txt
 #
 # Several may be named in one call (`suite train`). Every step is bounded by `timeout`.
@@ -72,7 +72,7 @@ gpu() {  # issue 21: which GPU decoder, which shape; one table (bench_gpu_decode
             || { log "pack failed"; rm -rf "$pack"; }
     fi
     [ -f "$pack/manifest.json" ] && variants+=",native@$pack" && du -sh "$data" "$pack" | tee -a "$out/checks.log"
-    "$py" -c "import nvidia.dali" 2>/dev/null && variants+=",$(PYTHONPATH=tools/bench "$py" -c \
+    use_dali && variants+=",$(PYTHONPATH="tools/bench:${PYTHONPATH:-}" "$py" -c \
         'import bench_gpu_decode as b; print(",".join(v for v in b.split_variants(b.DEFAULT_VARIANTS) if v.startswith("dali")))')"
     log "bench_gpu_decode: $variants"
     timeout 300 "$py" tools/bench/bench_gpu_decode.py --data "$data" --workers 15 --batch-size 256 \
@@ -95,12 +95,24 @@ train() {  # ~4 minutes on 16 cores: issue 11's figures (its targets: 97% / 97% 
     log "train exit $?"
 }
 
-dali() {
-    if ! "$py" -c "import nvidia.dali" 2>/dev/null; then
-        mkdir -p /tmp/dali && cat /tmp/dali-parts/dali.tar.* | tar -xf - -C /tmp/dali \
-            && "${install[@]}" --no-index --find-links /tmp/dali nvidia-dali-cuda120 >>"$out/checks.log" 2>&1 \
-            || { log "DALI install failed"; return 1; }
+use_dali() {  # DALI from the carried parts (prepare.sh --dali), unpacked onto PYTHONPATH once
+    "$py" -c "import nvidia.dali" 2>/dev/null && return 0
+    ls /tmp/dali-parts/dali.tar.xz.* >/dev/null 2>&1 || return 1
+    if [ ! -d /tmp/dali-site/nvidia/dali ]; then
+        log "unpack DALI from $(ls /tmp/dali-parts | wc -l) parts"
+        rm -rf /tmp/dali-site.partial && mkdir -p /tmp/dali-site.partial
+        cat /tmp/dali-parts/dali.tar.xz.* | "$py" -c \
+            'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)' \
+            | tar -xf - -C /tmp/dali-site.partial \
+            && mv /tmp/dali-site.partial /tmp/dali-site || { log "DALI unpack failed"; return 1; }
     fi
+    export PYTHONPATH="/tmp/dali-site${PYTHONPATH:+:$PYTHONPATH}"
+    "$py" -c "import nvidia.dali as d; print('DALI', d.__version__)" >>"$out/checks.log" 2>&1 \
+        || { log "DALI does not import"; return 1; }
+}
+
+dali() {
+    use_dali || { log "no DALI: carry its parts first (README.md)"; return 1; }
     dataset || return 1
     log "bench_train backend=dali (mixed) vs native"
     timeout 400 "$py" tools/bench/bench_train.py --data "$data" --workers 15 --batch-size 256 --epochs 3 \

@@ -7,8 +7,8 @@
 #
 #   bash tools/device/prepare.sh [--dali]
 #
-# --dali also fetches NVIDIA DALI's wheels for backend="dali" (~450 MB) and cuts them into
-# parts of at most 60 MiB under .device/dali-parts/, to carry one a call (README.md).
+# --dali also fetches NVIDIA DALI for backend="dali" and cuts an xz tar of what it needs (~800 MB
+# unpacked) into parts of at most 60 MiB under .device/dali-parts/, to carry one a call (README.md).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
@@ -24,13 +24,22 @@ grep -qxF ".device/" .gitignore || echo ".device/" >> .gitignore
     "pyzmq>=25" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" "psutil>=5.9" "setuptools>=68" wheel
 (cd "$dest/debs" && apt-get download libjpeg62-turbo libjpeg62-turbo-dev)
 if [ "${1:-}" = "--dali" ]; then
-    mkdir -p "$dest/dali" "$dest/dali-parts"
-    "$py" -m pip download -q -d "$dest/dali" --only-binary=:all: --python-version 3.12 \
+    # DALI as an xz tar of its wheels' contents, this Python's ABI only: its extension modules for
+    # other Pythons, its C++ headers and `nvidia/__init__.py` left out (without that file `nvidia`
+    # stays a namespace package, so torch's nvidia.* libraries there stay importable). Only what
+    # the pipelines import: DALI, nvImageCodec, nvJPEG, and DALI's pure-Python needs the GPU
+    # machine lacks. checks.sh unpacks it onto PYTHONPATH.
+    wheels=$(mktemp -d) site=$(mktemp -d)
+    "$py" -m pip download -q -d "$wheels" --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
-        --platform manylinux_2_17_x86_64 --platform any "nvidia-dali-cuda120>=1.30"
-    rm -f "$dest"/dali/numpy-*.whl  # the GPU machine's numpy stays: pip keeps a satisfied dependency
-    rm -f "$dest"/dali-parts/dali.tar.*
-    (cd "$dest/dali" && tar -cf - ./*.whl) | split -b 60M -d -a 2 - "$dest/dali-parts/dali.tar."
-    rm -rf "$dest/dali"
+        --platform manylinux_2_17_x86_64 --platform any "nvidia-dali-cuda120>=2.4"
+    for name in nvidia_dali_cuda120 nvidia_nvimgcodec_cu12 nvidia_nvjpeg_cu12 optree makefun astunparse gast nvtx; do
+        for wheel in "$wheels/$name"-*.whl; do "$py" -m zipfile -e "$wheel" "$site"; done
+    done
+    find "$site" -name '*.cpython-3*' ! -name '*cpython-312-*' -delete
+    rm -rf "$site/nvidia/dali/include" "$site/nvidia/__init__.py"
+    mkdir -p "$dest/dali-parts" && rm -f "$dest"/dali-parts/dali.tar.*
+    tar -C "$site" -cf - . | xz -6 -T0 | split -b 60M -d -a 2 - "$dest/dali-parts/dali.tar.xz."
+    rm -rf "$wheels" "$site"
 fi
 du -sh "$dest"/*
