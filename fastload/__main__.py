@@ -30,6 +30,18 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--dataset", action="append", dest="datasets", help="a folder to index at start")
     serve.add_argument(
+        "--root",
+        action="append",
+        dest="roots",
+        help="serve only files under this directory, links followed (repeatable; required with --listen)",
+    )
+    serve.add_argument(
+        "--ipc-any-path",
+        action="store_const",
+        const=True,
+        help="with --root: local (same-user) sessions may still name any path; TCP ones never",
+    )
+    serve.add_argument(
         "--hang-timeout", type=float, help="seconds a batch may run before its worker is replaced (0: off)"
     )
 
@@ -127,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "socket_dir": args.socket_dir,
                 "datasets": args.datasets,
                 "hang_timeout": args.hang_timeout,
+                "roots": args.roots,
+                "ipc_any_path": args.ipc_any_path,
             }
             return _control.serve(args.config, overrides)
         if args.command == "status":

@@ -158,9 +158,27 @@ def start_daemon(
             daemon.kill()
             raise AssertionError(f"the daemon did not answer within {START_TIMEOUT_S:g} s:\n{daemon.log()}")
         time.sleep(0.05)
-    daemon.worker_pids = [c.pid for c in psutil.Process(proc.pid).children()]
+    daemon.worker_pids = [c.pid for c in psutil.Process(proc.pid).children() if not _helper_process(c)]
     assert len(daemon.worker_pids) == workers, daemon.worker_pids
     return daemon
+
+
+def _helper_process(process: psutil.Process) -> bool:
+    """The fork server a daemon opens sources from, and its resource tracker: not workers."""
+    with contextlib.suppress(psutil.Error):
+        command = " ".join(process.cmdline())
+        return "multiprocessing.forkserver" in command or "multiprocessing.resource_tracker" in command
+    return False
+
+
+def opening_children(daemon: DaemonProcess) -> list[int]:
+    """The processes opening a source for `daemon` now (children of its fork server)."""
+    found = []
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(daemon.pid).children():
+            if "multiprocessing.forkserver" in " ".join(child.cmdline()):
+                found += [c.pid for c in child.children()]
+    return found
 
 
 class DaemonPool:

@@ -226,6 +226,7 @@ def _curve_daemon(
     config = _write_config(
         tmp_path / "fastload.toml", curve_public_key=server_public.decode(),
         curve_secret_key=server_secret.decode(), curve_clients=[client_keys[0].decode()],
+        roots=[str(tmp_path.parent)],  # a TCP listener serves only under its roots: the test's datasets
     )
     daemon = daemon_pool.start(
         workers=workers, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)]

@@ -18,6 +18,8 @@ import zmq
 
 from fastload._daemon import daemon_link as wire
 from fastload._daemon.client import default_address, no_daemon_at, resolve_address
+from fastload._daemon.confine import check_roots
+from fastload._daemon.listeners import check_tcp_config
 from fastload._errors import ConfigError, DaemonError
 from fastload._machine import SHM_DIR, usable_cores
 
@@ -76,7 +78,11 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         "index_max_files",
         "index_timeout",
         "index_idle",
+        "index_memory",
+        "index_parallel",
         "datasets",
+        "roots",
+        "ipc_any_path",
     }
     unknown = set(table) - known
     if unknown:
@@ -84,6 +90,21 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
     listen = table.get("listen")
     if listen is not None and not str(listen).startswith("tcp://"):
         raise ConfigError(f"listen must be tcp://HOST:PORT, got {listen!r}")
+    roots_value = table.get("roots")
+    if roots_value is not None and (
+        not isinstance(roots_value, list | tuple) or not all(isinstance(r, str) for r in roots_value)
+    ):
+        raise ConfigError(f"roots must be a list of directories, got {roots_value!r}")
+    roots = None if roots_value is None else tuple(os.path.abspath(r) for r in roots_value)
+    if not isinstance(table.get("ipc_any_path", False), bool):
+        raise ConfigError("ipc_any_path must be true or false")
+    if listen is not None:  # the keys first, then the roots: what a TCP listener needs, in order
+        check_tcp_config(
+            table.get("curve_secret_key"),
+            table.get("curve_public_key"),
+            tuple(table.get("curve_clients", ())),
+        )
+    check_roots(listen, roots)
     config = DaemonConfig(
         workers=int(table.get("workers", usable_cores())),
         memory_budget_bytes=parse_size(table.get("memory_budget", default_budget())),
@@ -98,7 +119,11 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         index=IndexLimits(
             max_files=int(table.get("index_max_files", IndexLimits.max_files)),
             timeout_s=float(table.get("index_timeout", IndexLimits.timeout_s)),
+            memory_bytes=parse_size(table.get("index_memory", IndexLimits.memory_bytes)),
+            parallel=int(table.get("index_parallel", IndexLimits.parallel)),
         ),
+        roots=roots,
+        ipc_any_path=bool(table.get("ipc_any_path", False)),
         index_idle_s=float(table.get("index_idle", 60.0)),
     )
     if config.workers < 1:
@@ -111,6 +136,8 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         )
     if config.index.max_files < 1 or not 0 < config.index.timeout_s < float("inf") or config.index_idle_s < 0:
         raise ConfigError("index_max_files and index_timeout must be positive, index_idle >= 0")
+    if config.index.memory_bytes < 64 << 20 or config.index.parallel < 1:
+        raise ConfigError("index_memory must be at least 64MiB and index_parallel at least 1")
     return config, [str(d) for d in table.get("datasets", ())]
 
 
@@ -121,6 +148,11 @@ def serve(config_path: str | None, overrides: dict[str, Any]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fastload %(levelname)s %(message)s")
     config, datasets = load_config(config_path, overrides)
     daemon = Daemon(config)
+    if config.roots is None:
+        logging.getLogger("fastload.daemon").warning(
+            "no dataset roots: local sessions may name any file this user can read "
+            "(set `roots`, or --root DIR)"
+        )
     try:
         for path in datasets:
             entry = daemon.warm(path)

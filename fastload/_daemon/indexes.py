@@ -1,38 +1,31 @@
-"""The daemon's dataset indexes: scanned off the serving thread, bounded, shared, evicted.
+"""The daemon's dataset indexes: opened in child processes, bounded, shared, evicted.
 
 A hello names a source (an image folder, a file list, ...); its index (every sample's place and
-target) is made once and shared with the workers through a shared-memory segment. Scans run one
-at a time on a background thread, so the daemon keeps serving (and obeys SIGTERM) while a huge
-tree is walked; a folder's walk is bounded in files, memory (what is left of the daemon's budget)
-and time, and cancelled when the daemon stops. An index no session uses is evicted after
-`idle_s`, or at once when its memory is wanted, except those the configuration warms.
+target) is made once and shared with the workers through a shared-memory segment. Each source is
+opened in a child process (`opener`: several at a time, a deadline, a memory limit, the
+allowlist of `confine`), so the daemon keeps serving (and obeys SIGTERM) while a huge tree is
+walked, and a file that crashes or hangs its parser fails only its own hellos. An index no session
+uses is evicted after `idle_s`, or at once when its memory is wanted, except those the
+configuration warms.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 
-from fastload._errors import DatasetError, FastloadError
+from fastload._daemon.opener import Opened, Opener, Opening, OpenLimits
+from fastload._errors import DatasetError
 from fastload._loading.shm import Segment
 from fastload.sources import ImageFolder, Source
-from fastload.sources._arrays import ArrayIndex
-from fastload.sources._folder import scan_image_folder
-from fastload.sources._index import SampleIndex
+from fastload.sources._index import SHARED_INDEX_TYPES, SampleIndex
 
 log = logging.getLogger("fastload.daemon")
 
-
-@dataclass(frozen=True)
-class IndexLimits:
-    """Bounds on one scan: files indexed, and wall time."""
-
-    max_files: int = 20_000_000
-    timeout_s: float = 600.0
+IndexLimits = OpenLimits  # the name the configuration knew it by
 
 
 @dataclass
@@ -40,6 +33,7 @@ class IndexEntry:
     path: str  # the key: a folder's real path, or a source's description
     index: SampleIndex
     segment: Segment
+    classes: tuple[str, ...] = ()
     users: int = 0
     pinned: bool = False  # warmed from the configuration: never evicted
     idle_since: float = 0.0
@@ -49,57 +43,20 @@ class IndexEntry:
         return self.segment.size
 
 
-class _Scan(threading.Thread):
-    """One source's indexing on a background thread; `result` is the index or the error. A folder's
-    walk is bounded (`IndexLimits`, memory, cancel); other sources read a file they name (a list,
-    shard headers, a packed index), bounded by that file."""
-
-    def __init__(
-        self, path: str, source: Source, limits: IndexLimits, max_bytes: int, cancel: threading.Event
-    ) -> None:
-        super().__init__(name=f"fastload-index {source.where}", daemon=True)
-        self.path = path
-        self.source = source
-        self.started_at = time.monotonic()
-        self._limits = limits
-        self._max_bytes = max_bytes
-        self._cancel = cancel
-        self.result: SampleIndex | BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            if not isinstance(self.source, ImageFolder):
-                try:
-                    index = self.source.open()
-                except FastloadError:
-                    raise
-                except (TypeError, ValueError, KeyError, AttributeError) as e:  # a peer's odd description
-                    raise DatasetError(f"cannot open {self.source!r}: {type(e).__name__}: {e}"[:1000]) from e
-                if isinstance(index, ArrayIndex):  # its batches are arrays, not images to decode
-                    raise DatasetError(f"{self.source.where} holds arrays: a daemon serves encoded images")
-                self.result = index
-                return
-            self.result = scan_image_folder(
-                self.path,
-                max_files=self._limits.max_files,
-                max_bytes=self._max_bytes,
-                deadline=self.started_at + self._limits.timeout_s,
-                cancel=self._cancel,
-            )
-        except BaseException as e:  # handed to the serving thread, which replies with it
-            self.result = e
-
-
 class DatasetIndexes:
     """Every index the daemon holds or is making."""
 
-    def __init__(self, limits: IndexLimits, idle_s: float = 60.0) -> None:
+    def __init__(
+        self, limits: IndexLimits, idle_s: float = 60.0, roots: tuple[str, ...] | None = None
+    ) -> None:
         self.limits = limits
         self.idle_s = idle_s
         self._ready: dict[str, IndexEntry] = {}
-        self._waiting: deque[tuple[str, Source, int]] = deque()  # (key, source, memory it may use)
-        self._scan: _Scan | None = None
-        self._cancel = threading.Event()
+        # (key, source, memory it may use, confined to the roots)
+        self._waiting: deque[tuple[str, Source, int, bool]] = deque()
+        self._running: dict[str, Opening] = {}
+        self._opener = Opener(roots, limits)
+        self._closed = False
 
     @staticmethod
     def key(source: Source) -> str:
@@ -112,68 +69,74 @@ class DatasetIndexes:
         return self._ready.get(key)
 
     def pending(self, key: str) -> bool:
-        scanning = self._scan is not None and self._scan.path == key
-        return scanning or any(p == key for p, _, _ in self._waiting)
+        return key in self._running or any(w[0] == key for w in self._waiting)
 
-    def request(self, key: str, source: Source, max_bytes: int) -> None:
-        """Index `source` (known by `key`) in the background, once, however many hellos ask."""
+    def request(self, key: str, source: Source, max_bytes: int, confined: bool = False) -> None:
+        """Index `source` (known by `key`) in a child process, once, however many hellos ask;
+        `confined`: only if every file it names is under the roots (`confine`)."""
         if key in self._ready or self.pending(key):
             return
-        self._waiting.append((key, source, max_bytes))
+        self._waiting.append((key, source, max_bytes, confined))
         self._start_next()
 
     def _start_next(self) -> None:
-        if self._scan is None and self._waiting and not self._cancel.is_set():
-            key, source, max_bytes = self._waiting.popleft()
-            self._scan = _Scan(key, source, self.limits, max_bytes, self._cancel)
-            self._scan.start()
+        while len(self._running) < self.limits.parallel and self._waiting and not self._closed:
+            key, source, max_bytes, confined = self._waiting.popleft()
+            self._running[key] = self._opener.start(key, source, confined, max_bytes)
 
-    def scanning(self) -> tuple[str, float] | None:
-        """(path, seconds so far) of the scan running now."""
-        return None if self._scan is None else (self._scan.path, time.monotonic() - self._scan.started_at)
+    def scanning(self, key: str) -> float | None:
+        """Seconds the open of `key` has run, None when it is not running."""
+        opening = self._running.get(key)
+        return None if opening is None else time.monotonic() - opening.started_at
 
     def finished(self) -> list[tuple[str, IndexEntry | Exception]]:
-        """Scans that ended since the last call: the ready entry, or why there is none."""
-        scan = self._scan
-        if scan is None or scan.is_alive():
-            return []
-        self._scan = None
-        outcome: IndexEntry | Exception
-        result = scan.result
-        if result is not None and not isinstance(result, BaseException):
-            try:
-                outcome = self._add(scan.path, result)
-            except Exception as e:  # e.g. no shared memory for it
-                outcome = e
-            else:
-                seconds = time.monotonic() - scan.started_at
-                log.info("indexed %s: %d images in %.1f s", scan.source.where, len(result), seconds)
-        elif isinstance(result, Exception):
-            outcome = result
-        else:
-            outcome = DatasetError(f"indexing {scan.path} failed: {result!r}")
-        self._start_next()
-        return [(scan.path, outcome)]
+        """Opens that ended since the last call: the ready entry, or why there is none."""
+        done: list[tuple[str, IndexEntry | Exception]] = []
+        for key, opening in list(self._running.items()):
+            if not opening.poll():
+                continue
+            del self._running[key]
+            done.append((key, self._outcome(key, opening)))
+        if done:
+            self._start_next()
+        return done
 
-    def _add(self, key: str, index: SampleIndex, pinned: bool = False) -> IndexEntry:
-        entry = IndexEntry(key, index, index.to_segment(), pinned=pinned, idle_since=time.monotonic())
+    def _outcome(self, key: str, opening: Opening, pinned: bool = False) -> IndexEntry | Exception:
+        result = opening.result
+        if not isinstance(result, Opened):
+            return result if isinstance(result, Exception) else DatasetError(f"indexing {key} failed")
+        try:
+            index = SHARED_INDEX_TYPES[result.index_type].from_segment(result.segment, result.root)
+            if len(index) != result.count:
+                raise DatasetError(f"the index of {opening.name} does not hold the samples it said")
+        except Exception as e:  # a bad segment from a child that parsed a hostile file
+            result.segment.close()
+            return (
+                e
+                if isinstance(e, DatasetError)
+                else DatasetError(f"cannot use the index of {opening.name}: {e}")
+            )
+        entry = IndexEntry(
+            key, index, result.segment, result.classes, pinned=pinned, idle_since=time.monotonic()
+        )
         self._ready[key] = entry
+        seconds = time.monotonic() - opening.started_at
+        log.info("indexed %s: %d images in %.1f s", opening.name, len(index), seconds)
         return entry
 
-    def warm(self, path: str, max_bytes: int) -> IndexEntry:
-        """Index a folder now, on this thread (at start-up), and keep it for the daemon's life."""
-        key = self.key(ImageFolder(path))
+    def warm(self, path: str, max_bytes: int, confined: bool = False) -> IndexEntry:
+        """Index a folder now (at start-up; in a child as any other) and keep it for the daemon's life."""
+        source = ImageFolder(path)
+        key = self.key(source)
         entry = self._ready.get(key)
         if entry is None:
-            deadline = time.monotonic() + self.limits.timeout_s
-            index = scan_image_folder(
-                key,
-                max_files=self.limits.max_files,
-                max_bytes=max_bytes,
-                deadline=deadline,
-                cancel=self._cancel,
-            )
-            entry = self._add(key, index, pinned=True)
+            opening = self._opener.start(key, source, confined, max_bytes)
+            while not opening.poll():
+                time.sleep(0.02)
+            outcome = self._outcome(key, opening, pinned=True)
+            if isinstance(outcome, Exception):
+                raise outcome
+            entry = outcome
         entry.pinned = True
         return entry
 
@@ -208,22 +171,22 @@ class DatasetIndexes:
             {"path": e.path, "images": len(e.index), "bytes": e.size, "sessions": e.users, "state": "ready"}
             for e in self._ready.values()
         ]
-        scanning = self.scanning()
-        if scanning is not None:
-            rows.append({"path": scanning[0], "images": 0, "bytes": 0, "sessions": 0, "state": "indexing"})
         rows += [
-            {"path": p, "images": 0, "bytes": 0, "sessions": 0, "state": "queued"}
-            for p, _, _ in self._waiting
+            {"path": key, "images": 0, "bytes": 0, "sessions": 0, "state": "indexing"}
+            for key in self._running
+        ]
+        rows += [
+            {"path": p, "images": 0, "bytes": 0, "sessions": 0, "state": "queued"} for p, *_ in self._waiting
         ]
         return rows
 
     def close(self) -> None:
-        """Cancel the scan in progress (it stops within a directory), unlink every index."""
-        self._cancel.set()
+        """Stop every open in progress (its child killed), unlink every index."""
+        self._closed = True
         self._waiting.clear()
-        if self._scan is not None:
-            self._scan.join(10.0)
-            self._scan = None
+        for opening in self._running.values():
+            opening.close()
+        self._running.clear()
         for entry in self._ready.values():
             entry.segment.close()
         self._ready.clear()

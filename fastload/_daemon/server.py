@@ -36,6 +36,7 @@ from typing import Any
 import zmq
 
 from fastload._daemon import daemon_link as wire
+from fastload._daemon.confine import check_roots
 from fastload._daemon.indexes import DatasetIndexes, IndexEntry, IndexLimits
 from fastload._daemon.listeners import Listeners
 from fastload._daemon.peers import Peer
@@ -78,6 +79,11 @@ class DaemonConfig:
     hang_timeout_s: float | None = None  # floor of the workers' hang bound (None: default; 0: off)
     index: IndexLimits = field(default_factory=IndexLimits)
     index_idle_s: float = 60.0  # an index no session used for this long is dropped
+    # The allowlist (`confine`): directories whose files the daemon may serve. None: any path the
+    # daemon's user can read, over ipc only (a TCP listener requires roots); with roots,
+    # `ipc_any_path` lifts them for the local socket (whose peers run as the daemon's user).
+    roots: tuple[str, ...] | None = None
+    ipc_any_path: bool = False
 
 
 class Daemon:
@@ -85,6 +91,7 @@ class Daemon:
 
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
+        check_roots(config.listen, config.roots)  # before anything a refusal would leave behind
         directory = private_dir(config.socket_dir) if config.socket_dir else runtime_dir()
         self._doors = Listeners(
             directory, config.listen, config.curve_secret_key, config.curve_public_key, config.curve_clients
@@ -108,7 +115,7 @@ class Daemon:
         self._sessions: dict[int, Session] = {}
         self._by_identity: dict[tuple[int, bytes], Session] = {}
         self._pending: dict[tuple[int, bytes], PendingHello] = {}
-        self._indexes = DatasetIndexes(config.index, config.index_idle_s)
+        self._indexes = DatasetIndexes(config.index, config.index_idle_s, config.roots)
         self._ids = itertools.count(1)
         self._scheduler = Scheduler(self.engine, config.workers)
         self._stopping = False
@@ -253,7 +260,14 @@ class Daemon:
                 f"(max_sessions_per_peer): close loaders you no longer use"
             )
         plan, source = check_hello(f, self.config.memory_budget_bytes)
+        confined = self.config.roots is not None and not (local and self.config.ipc_any_path)
+        if not local and not confined:  # check_roots forbids it; never serve TCP unconfined
+            raise DaemonError("this daemon has no dataset roots: it serves no source over TCP")
         key = DatasetIndexes.key(source)
+        # NOTE [two policies]: with roots and ipc_any_path, an index opened unchecked for a local
+        # session is keyed apart, so that a TCP session of the same source opens (and checks) its own.
+        if self.config.roots is not None and not confined:
+            key = f"any path: {key}"
         entry = self._indexes.get(key)
         if entry is not None:
             self._open_session(sock, identity, local, f, plan, peer, entry)
@@ -261,7 +275,9 @@ class Daemon:
         # NOTE [indexing off the loop]: a folder is scanned on a background thread; the hello
         # waits (told `indexing` every second) while the daemon goes on serving everyone else.
         self._indexes.evict(all_idle=True)
-        self._indexes.request(key, source, max(0, self.config.memory_budget_bytes - self._used_bytes()))
+        self._indexes.request(
+            key, source, max(0, self.config.memory_budget_bytes - self._used_bytes()), confined=confined
+        )
         self._pending[(id(sock), identity)] = PendingHello(sock, identity, local, f, plan, peer, key)
 
     def _resume_hellos(self) -> None:
@@ -278,16 +294,17 @@ class Daemon:
                         hello.sock, hello.identity, hello.local, hello.fields, hello.plan, hello.peer, outcome
                     )
                 except FastloadError as e:
-                    self._reply(hello.sock, hello.identity, "error", message=str(e))
+                    # NOTE [refusals carry no content]: a TCP peer gets the open's public text.
+                    message = str(e) if hello.local else getattr(e, "public", str(e))
+                    self._reply(hello.sock, hello.identity, "error", message=message)
                 except Exception as e:
                     log.exception("error while opening a session")
                     self._reply(hello.sock, hello.identity, "error", message=f"internal error: {e}")
         now = time.monotonic()
-        scanning = self._indexes.scanning()
         for hello in self._pending.values():
             if now - hello.progress_at >= _PROGRESS_EVERY_S:
                 hello.progress_at = now
-                seconds = scanning[1] if scanning is not None and scanning[0] == hello.key else 0.0
+                seconds = self._indexes.scanning(hello.key) or 0.0
                 # A folder is known by its real path; another source by its main file.
                 path = hello.fields["dataset"] if "source" in hello.fields else hello.key
                 self._reply(hello.sock, hello.identity, "indexing", path=path, seconds=round(seconds, 1))
@@ -376,13 +393,14 @@ class Daemon:
             slot_bytes=session.slot_bytes,
             layout=job.layout.to_json(),
             num_samples=len(entry.index),
-            classes=list(entry.index.classes),
+            classes=list(entry.classes),
             workers=self.config.workers,
         )
 
     def warm(self, path: str) -> IndexEntry:
         """Index a dataset now (at start-up) and keep it, so that its sessions start fast."""
-        return self._indexes.warm(path, max(0, self.config.memory_budget_bytes - self._used_bytes()))
+        left = max(0, self.config.memory_budget_bytes - self._used_bytes())
+        return self._indexes.warm(path, left, confined=self.config.roots is not None)
 
     def _used_bytes(self) -> int:
         return sum(s.memory for s in self._sessions.values()) + self._indexes.memory

@@ -1,0 +1,338 @@
+"""Opening a source for the daemon in a child process: scans, parsing and h5py never run in the
+daemon's own process.
+
+One child per open (at most `OpenLimits.parallel` at a time, the rest queued by `indexes`), with a
+wall-clock deadline, RLIMIT_AS and no core dumps. The child checks the allowlist (`confine`),
+opens the source, writes its index into a shared-memory segment and sends back, as bounded JSON,
+the segment's name and what the daemon reports (samples, classes); the daemon renames the segment
+to one of its own (so it is never taken for the orphan of a dead process) before the child may
+exit. A crash (a signal), a hang (past the deadline: SIGKILL), memory exhaustion or any error
+there fails that open with a DatasetError; the daemon keeps serving.
+
+NOTE [forkserver for opening]: children come from multiprocessing's fork server, a fresh
+interpreter started (on the first open) from the daemon's executable with this module preloaded.
+`fork` from the daemon would copy a process with ZMQ's I/O threads, every session's state and the
+CURVE secret key into code that parses hostile files; `spawn` would pay an interpreter start and
+the imports (numpy, h5py, torch through fastload) on every hello. The fork server is single
+threaded, holds nothing of the daemon's, and forks a ready child in milliseconds.
+NOTE [JSON from the child]: the child parses hostile input, so what it sends is treated as
+hostile too: JSON (never pickle), bounded, and a segment name the daemon checks (this child's
+pid, fastload's pattern, a regular file of ours) before renaming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import re
+import resource
+import secrets
+import signal
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fastload._errors import DatasetError, FastloadError
+from fastload._loading.shm import PREFIX, Segment, own_segments, unlink
+from fastload._machine import SHM_DIR
+
+log = logging.getLogger("fastload.daemon")
+
+_MAX_REPLY_BYTES = 16 << 20  # a result: the classes of ImageNet-21k take ~0.3 MiB
+_ACK_WAIT_S = 30.0
+_KILL_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class OpenLimits:
+    """Bounds on one open: files a folder may hold, wall time, address space, and how many at once."""
+
+    max_files: int = 20_000_000
+    timeout_s: float = 600.0
+    memory_bytes: int = 4 << 30
+    parallel: int = 2
+
+
+class OpenFailed(DatasetError):
+    """An open failed; `public` is what a TCP peer is told (no content of any file)."""
+
+    def __init__(self, message: str, public: str) -> None:
+        super().__init__(message)
+        self.public = public
+
+
+@dataclass
+class Opened:
+    """What a child made: the segment (now the daemon's), the index type, its root, classes, count."""
+
+    segment: Segment
+    index_type: str
+    root: str
+    classes: tuple[str, ...]
+    count: int
+
+
+class Opening:
+    """One child opening one source."""
+
+    def __init__(
+        self,
+        ctx: Any,
+        key: str,
+        source: Any,
+        roots: tuple[str, ...] | None,
+        limits: OpenLimits,
+        max_bytes: int,
+    ) -> None:
+        self.key = key
+        self.name = f"{source.kind} source {source.where}"
+        self.started_at = time.monotonic()
+        self.deadline = self.started_at + limits.timeout_s
+        self._limits = limits
+        request = {
+            "source": source.to_config(),
+            "roots": None if roots is None else list(roots),
+            "max_files": limits.max_files,
+            "timeout_s": limits.timeout_s,
+            "memory_bytes": limits.memory_bytes,
+            "max_bytes": max_bytes,
+            "daemon_pid": os.getpid(),
+        }
+        self._conn, child_conn = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(
+            target=child_main, args=(child_conn, json.dumps(request)), name="fastload-open", daemon=True
+        )
+        self.process.start()
+        child_conn.close()
+        self.result: Opened | Exception | None = None
+
+    def poll(self) -> bool:
+        """True once the open is over (`result` set): a reply, an exit without one, or the deadline."""
+        if self.result is not None:
+            return True
+        try:
+            if self._conn.poll():
+                self.result = self._receive()
+        except (EOFError, OSError):
+            pass  # the child is gone without a word: its exit status says why
+        if self.result is None and self.process.exitcode is not None:
+            self.result = self._died(self.process.exitcode)
+        elif self.result is None and time.monotonic() > self.deadline:
+            self.kill()
+            seconds = self._limits.timeout_s
+            self.result = OpenFailed(
+                f"opening {self.name} took longer than {seconds:g} s (index_timeout): a hang, or a source "
+                "too large to index in that time; stopped",
+                f"opening {self.name} took longer than {seconds:g} s and was stopped",
+            )
+        if self.result is not None:
+            self.close()
+        return self.result is not None
+
+    def _died(self, code: int) -> OpenFailed:
+        if code < 0:
+            try:
+                what = f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                what = f"signal {-code}"
+            hint = " (killed: out of memory?)" if code == -signal.SIGKILL else ""
+            message = (
+                f"opening {self.name} crashed the daemon's opening process ({what}{hint}): a damaged file?"
+            )
+        else:
+            message = f"opening {self.name} ended without a result (exit status {code})"
+        return OpenFailed(message, message)
+
+    def _receive(self) -> Opened | Exception:
+        reply = json.loads(self._conn.recv_bytes(_MAX_REPLY_BYTES))
+        if reply.get("ok") is not True:
+            message, public = str(reply.get("message", ""))[:2000], str(reply.get("public", ""))[:2000]
+            kind = str(reply.get("type", "error"))[:100]
+            log.warning("opening %s failed: %s %s", self.name, message, str(reply.get("detail", ""))[:2000])
+            if not message.startswith((self.name, f"cannot open {self.name}")):
+                message = f"cannot open {self.name}: {message}"
+            if public and not public.startswith(self.name):
+                public = f"cannot open {self.name}: {public}"
+            if not public:  # NOTE [refusals carry no content]: the details stay in the daemon's log
+                public = f"cannot open {self.name}: {kind} (the daemon's log says why)"
+            return OpenFailed(message, public)
+        segment = self._adopt(str(reply["segment"]))
+        self._conn.send_bytes(b"taken")
+        return Opened(
+            segment,
+            str(reply["index_type"]),
+            str(reply["root"]),
+            tuple(str(c) for c in reply["classes"]),
+            int(reply["count"]),
+        )
+
+    def _adopt(self, name: str) -> Segment:
+        """Rename the child's segment to one of this process (NOTE [JSON from the child])."""
+        pid = self.process.pid
+        if not re.fullmatch(rf"{PREFIX}{pid}_[0-9a-f]{{32}}", name):
+            raise DatasetError(f"opening {self.name}: the opening process named no segment of its own")
+        old = os.path.join(SHM_DIR, name)
+        info = os.lstat(old)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise DatasetError(f"opening {self.name}: the opening process's segment is not a file of ours")
+        mine = f"{PREFIX}{os.getpid()}_{secrets.token_hex(16)}"
+        os.rename(old, os.path.join(SHM_DIR, mine))
+        attached = Segment.attach(mine)
+        return Segment(attached.name, attached.size, attached.buf, owner=True)
+
+    def kill(self) -> None:
+        if self.process.exitcode is None:
+            with contextlib.suppress(OSError):
+                self.process.kill()
+
+    def close(self) -> None:
+        """Reap the child (killing it if needed) and unlink any segment it left."""
+        self.kill()
+        self.process.join(_KILL_WAIT_S)
+        pid = self.process.pid
+        for entry, owner in own_segments():
+            if owner == pid:
+                unlink(entry.name)
+        with contextlib.suppress(OSError):
+            self._conn.close()
+        with contextlib.suppress(ValueError):
+            self.process.close()
+
+
+class Opener:
+    """Starts opening children from a fork server (NOTE [forkserver for opening])."""
+
+    def __init__(self, roots: tuple[str, ...] | None, limits: OpenLimits) -> None:
+        self.roots = roots
+        self.limits = limits
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload([__name__])
+        # Started now (its imports run beside the daemon's start), not on the first hello.
+        multiprocessing.forkserver.ensure_running()
+
+    def start(self, key: str, source: Any, confined: bool, max_bytes: int) -> Opening:
+        return Opening(self._ctx, key, source, self.roots if confined else None, self.limits, max_bytes)
+
+
+# -- the child -------------------------------------------------------------------------------
+
+
+def _limit_self(memory_bytes: int, timeout_s: float, daemon_pid: int) -> None:
+    """No core files; address space bounded above what the child maps now; SIGALRM (which
+    kills) past the deadline, and exit when the daemon is gone, in case nobody reaps us."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    with open("/proc/self/statm") as f:
+        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    want = mapped + memory_bytes
+    if hard == resource.RLIM_INFINITY or want < hard:
+        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+    signal.alarm(max(1, int(timeout_s) + 5))
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(daemon_pid, 0)
+            except ProcessLookupError:
+                os._exit(3)
+            except PermissionError:
+                pass
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _index_bytes(index: Any) -> int:
+    """What the index's arrays take (its segment is about this size)."""
+    import numpy as np
+
+    return sum(int(v.nbytes) for v in vars(index).values() if isinstance(v, np.ndarray))
+
+
+def _open(request: dict[str, Any]) -> dict[str, Any]:
+    from fastload._daemon.confine import Roots, check_before_open, check_index, source_name
+    from fastload.sources import ImageFolder, source_from_config
+    from fastload.sources._arrays import ArrayIndex
+    from fastload.sources._folder import scan_image_folder
+    from fastload.sources._index import SHARED_INDEX_TYPES
+
+    source = source_from_config(request["source"])
+    name = source_name(source)
+    roots = None if request["roots"] is None else Roots(tuple(request["roots"]))
+    if roots is not None:
+        check_before_open(source, roots)
+    max_bytes = int(request["max_bytes"])
+    if isinstance(source, ImageFolder):
+        index: Any = scan_image_folder(
+            source.root,
+            max_files=int(request["max_files"]),
+            max_bytes=max_bytes,
+            deadline=time.monotonic() + float(request["timeout_s"]),
+        )
+    else:
+        try:
+            index = source.open()
+        except FastloadError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a peer's odd description
+            raise DatasetError(f"cannot open {name}: {type(e).__name__}: {e}"[:1000]) from e
+        if isinstance(index, ArrayIndex):  # its batches are arrays, not images to decode
+            raise DatasetError(f"{source.where} holds arrays: a daemon serves encoded images")
+    if roots is not None:
+        check_index(index, roots, name)
+    need = _index_bytes(index)
+    if need > max_bytes:
+        raise DatasetError(
+            f"the index of {name} needs {need / 2**20:.0f} MiB, more than the "
+            f"{max_bytes / 2**20:.0f} MiB left of the daemon's memory budget"
+        )
+    index_type = next(k for k, t in SHARED_INDEX_TYPES.items() if isinstance(index, t))
+    segment = index.to_segment()
+    return {
+        "ok": True,
+        "segment": segment.name,
+        "index_type": index_type,
+        "root": str(index.root),
+        "classes": list(index.classes),
+        "count": len(index),
+    }
+
+
+def child_main(conn: Any, request_text: str) -> None:
+    """The opening process: limits, open, reply, wait for the daemon to take the segment, exit."""
+    request = json.loads(request_text)
+    _limit_self(int(request["memory_bytes"]), float(request["timeout_s"]), int(request["daemon_pid"]))
+    reply: dict[str, Any]
+    try:
+        reply = _open(request)
+    except MemoryError:
+        text = f"opening it needed more than {int(request['memory_bytes']) / 2**20:.0f} MiB (index_memory)"
+        reply = {"ok": False, "type": "MemoryError", "message": text, "public": text}
+    except FastloadError as e:
+        detail = getattr(e, "detail", None)  # a refusal of the allowlist: content-free by design
+        reply = {
+            "ok": False,
+            "type": type(e).__name__,
+            "message": str(e)[:2000],
+            "public": str(e) if detail is not None else "",
+            "detail": detail or "",
+        }
+    except BaseException as e:  # everything becomes a refusal of this one source
+        reply = {
+            "ok": False,
+            "type": type(e).__name__,
+            "message": f"{type(e).__name__}: {e}"[:2000],
+            "public": "",
+        }
+    try:
+        conn.send_bytes(json.dumps(reply).encode())
+        if reply["ok"] and not conn.poll(_ACK_WAIT_S):
+            unlink(reply["segment"])  # nobody took it
+    finally:
+        os._exit(0)
