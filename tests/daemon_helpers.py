@@ -401,3 +401,31 @@ def hello_fields(folder: Path, /, **overrides: Any) -> dict[str, Any]:
     }
     fields.update(overrides)
     return fields
+
+
+def hello_reply(client: RawClient, fields: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_S) -> tuple[str, dict[str, Any]]:
+    """Send a hello and return its answer (`welcome` or `error`), past the `indexing` notes; a
+    welcome is followed by `bye`, so the session ends at once."""
+    client.send(wire.encode("hello", **fields))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reply = client.reply(timeout_s=max(0.01, deadline - time.monotonic()))
+        if reply is None:
+            break
+        if reply[0] != "indexing":
+            if reply[0] == "welcome":
+                client.send(wire.encode("bye"))
+            return reply
+    raise AssertionError(f"no answer to a hello within {timeout_s:g} s")
+
+
+def curve_client(port: int, server_public: bytes, keys: tuple[bytes, bytes]) -> RawClient:
+    """A RawClient over TCP with CURVE, as an allowed remote trainer."""
+    client = RawClient.__new__(RawClient)
+    client.ctx = zmq.Context()
+    client.sock = client.ctx.socket(zmq.DEALER)
+    client.sock.setsockopt(zmq.LINGER, 0)
+    client.sock.curve_serverkey = server_public
+    client.sock.curve_publickey, client.sock.curve_secretkey = keys
+    client.sock.connect(f"tcp://127.0.0.1:{port}")
+    return client

@@ -147,28 +147,29 @@ def check_hdf5(path: str, roots: Roots, name: str) -> None:
         f = h5py.File(path, "r")
     except OSError:
         return  # not HDF5: the source's own open says so
+    named: list[tuple[str, str]] = []  # (file, what names it); checked after the visit (NOTE below)
     with f:
-
-        def check_file(target: str, what: str) -> None:
-            for candidate in _relative_candidates(target, base):
-                roots.check(candidate, name, what)
 
         def on_link(obj_name: str, link: Any) -> None:
             if isinstance(link, h5py.ExternalLink):
-                check_file(str(link.filename), f"the external link {obj_name!r}")
+                named.append((str(link.filename), f"the external link {obj_name!r}"))
 
         def on_object(obj_name: str, obj: Any) -> None:
             if not isinstance(obj, h5py.Dataset):
                 return
             for target, _, _ in obj.external or ():
-                check_file(os.fsdecode(target), f"the external storage of dataset {obj_name!r}")
+                named.append((os.fsdecode(target), f"the external storage of dataset {obj_name!r}"))
             if obj.is_virtual:
                 for vds in obj.virtual_sources():
                     if vds.file_name != ".":
-                        check_file(str(vds.file_name), f"a source of virtual dataset {obj_name!r}")
+                        named.append((str(vds.file_name), f"a source of virtual dataset {obj_name!r}"))
 
+        # NOTE: an exception raised inside h5py's visit callbacks comes out as a SystemError.
         f.visititems_links(on_link)
         f.visititems(on_object)
+    for target, what in named:
+        for candidate in _relative_candidates(target, base):
+            roots.check(candidate, name, what)
 
 
 def check_index(index: Any, roots: Roots, name: str) -> None:

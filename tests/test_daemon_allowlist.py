@@ -1,0 +1,196 @@
+"""The daemon's allowlist (`roots`): a real daemon, over TCP with CURVE and over ipc, serves only
+files under its dataset roots, links followed and every file a source names checked (a file
+list's samples, HDF5 external storage, external links and virtual sources), and its refusals
+carry no content of the files it refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import zmq
+from daemon_helpers import (
+    DaemonPool,
+    DaemonProcess,
+    RawClient,
+    curve_client,
+    hello_fields,
+    hello_reply,
+    serve_command,
+)
+
+from fastload.sources import HDF5, FileList, Source
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = "PRIVATE-LINE-7f3a9c"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config(path: Path, **table: Any) -> Path:
+    path.write_text("[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
+    return path
+
+
+def _source_hello(source: Source) -> dict[str, Any]:
+    return hello_fields(Path(source.where), source=json.dumps(source.resolved().to_config()))
+
+
+@pytest.fixture
+def places(tmp_path: Path, image_folder: Path) -> tuple[Path, Path]:
+    """(inside, outside): the daemon's root, with a copy of two images, and a private folder."""
+    inside, outside = tmp_path / "inside", tmp_path / "outside"
+    inside.mkdir()
+    outside.mkdir(mode=0o700)
+    for k, image in enumerate(sorted(image_folder.glob("*/*.jpg"))[:2]):
+        (inside / f"{k}.jpg").write_bytes(image.read_bytes())
+    # A private text file that, read as a file list, would show its lines in errors.
+    (outside / "secret.txt").write_text(f"/nowhere/{SECRET} 0\n{SECRET}-second 1\n")
+    return inside, outside
+
+
+def _tcp_daemon(daemon_pool: DaemonPool, tmp_path: Path, root: Path) -> tuple[DaemonProcess, RawClient]:
+    server_public, server_secret = zmq.curve_keypair()
+    client_keys = zmq.curve_keypair()
+    port = _free_port()
+    config = _config(
+        tmp_path / "tcp.toml", curve_public_key=server_public.decode(), curve_secret_key=server_secret.decode(),
+        curve_clients=[client_keys[0].decode()], roots=[str(root)],
+    )
+    daemon = daemon_pool.start(workers=1, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)])
+    return daemon, curve_client(port, server_public, client_keys)
+
+
+def _assert_refused(reply: tuple[str, dict[str, Any]], *absent: str) -> str:
+    op, fields = reply
+    assert op == "error", reply
+    message = str(fields["message"])
+    assert "outside the daemon's dataset roots" in message or "could not" in message or "cannot" in message
+    for text in (SECRET, *absent):
+        assert text not in message, message
+    return message
+
+
+def test_tcp_peer_cannot_read_a_file_outside_the_roots(
+    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path]
+) -> None:
+    inside, outside = places
+    listing = inside / "list.txt"
+    listing.write_text("".join(f"{p.name} 0\n" for p in sorted(inside.glob("*.jpg"))))
+    daemon, client = _tcp_daemon(daemon_pool, tmp_path, inside)
+    with client:
+        secret = FileList(str(outside / "secret.txt"))
+        message = _assert_refused(hello_reply(client, _source_hello(secret)))
+        assert "outside the daemon's dataset roots" in message and str(outside / "secret.txt") in message
+        # A link inside the roots to it: resolved, refused the same way.
+        (inside / "link.txt").symlink_to(outside / "secret.txt")
+        _assert_refused(hello_reply(client, _source_hello(FileList(str(inside / "link.txt")))))
+        # An image folder outside, and the roots' parent by '..'.
+        _assert_refused(hello_reply(client, hello_fields(outside)))
+        _assert_refused(hello_reply(client, hello_fields(Path(f"{inside}/../outside"))))
+        # What is inside is served.
+        op, fields = hello_reply(client, _source_hello(FileList(str(listing))))
+        assert op == "welcome" and fields["num_samples"] == 2, fields
+    assert daemon.status()["pid"] == daemon.pid
+
+
+def test_a_file_list_inside_naming_a_file_outside_is_refused(
+    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path]
+) -> None:
+    inside, outside = places
+    private = outside / "photo.jpg"
+    private.write_bytes((inside / "0.jpg").read_bytes())
+    listing = inside / "list.txt"
+    listing.write_text(f"0.jpg 0\n{private} 1\n")
+    daemon, client = _tcp_daemon(daemon_pool, tmp_path, inside)
+    with client:
+        message = _assert_refused(hello_reply(client, _source_hello(FileList(str(listing)))), str(private))
+        assert "sample 1's file is outside" in message, message
+    # Over ipc too, when the roots are not lifted for local sessions.
+    with RawClient(daemon.address) as local:
+        _assert_refused(hello_reply(local, _source_hello(FileList(str(listing)))))
+
+
+def _hdf5_pointing_outside(inside: Path, outside: Path, how: str) -> Path:
+    """An HDF5 file under the roots whose `images` read bytes of a file outside them."""
+    data = outside / "private.bin"
+    data.write_bytes(SECRET.encode().ljust(64, b"\0") * 2)
+    path = inside / f"{how}.h5"
+    if how == "virtual":
+        with h5py.File(outside / "source.h5", "w") as src:
+            src.create_dataset("images", data=np.frombuffer(data.read_bytes(), "S64"))
+    with h5py.File(path, "w") as f:
+        if how == "external storage":
+            f.create_dataset("images", shape=(2,), dtype="S64", external=[(str(data), 0, 128)])
+        elif how == "external link":
+            with h5py.File(outside / "linked.h5", "w") as linked:
+                linked.create_dataset("images", data=np.frombuffer(data.read_bytes(), "S64"))
+            f["images"] = h5py.ExternalLink(str(outside / "linked.h5"), "/images")
+        else:
+            layout = h5py.VirtualLayout(shape=(2,), dtype="S64")
+            layout[:] = h5py.VirtualSource(str(outside / "source.h5"), "images", shape=(2,))
+            f.create_virtual_dataset("images", layout)
+        f.create_dataset("labels", data=np.array([0, 1], np.int64))
+    return path
+
+
+@pytest.mark.parametrize("how", ["external storage", "external link", "virtual"])
+def test_an_hdf5_file_reaching_outside_the_roots_is_refused(
+    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path], how: str
+) -> None:
+    inside, outside = places
+    path = _hdf5_pointing_outside(inside, outside, how)
+    daemon, client = _tcp_daemon(daemon_pool, tmp_path, inside)
+    with client:
+        message = _assert_refused(hello_reply(client, _source_hello(HDF5(str(path)))), str(outside))
+        assert "outside the daemon's dataset roots" in message, message
+    assert daemon.status()["pid"] == daemon.pid
+
+
+def test_ipc_any_path_lifts_the_roots_for_local_sessions_only(
+    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path], image_folder: Path
+) -> None:
+    inside, _ = places
+    daemon = daemon_pool.start(workers=1, extra=["--root", str(inside)])
+    with RawClient(daemon.address) as local:
+        _assert_refused(hello_reply(local, hello_fields(image_folder)))
+    daemon.terminate()
+    daemon = daemon_pool.start(tmp_path / "s-any", workers=1, extra=["--root", str(inside), "--ipc-any-path"])
+    with RawClient(daemon.address) as local:
+        op, fields = hello_reply(local, hello_fields(image_folder))
+        assert op == "welcome", fields
+
+
+def test_a_tcp_listener_needs_roots(tmp_path: Path) -> None:
+    public, secret = zmq.curve_keypair()
+    config = _config(
+        tmp_path / "tcp.toml", curve_public_key=public.decode(), curve_secret_key=secret.decode(),
+        curve_clients=[zmq.curve_keypair()[0].decode()],
+    )
+    sock_dir = tmp_path / "sock"
+    sock_dir.mkdir(mode=0o700)
+    extra = ["--listen", f"tcp://127.0.0.1:{_free_port()}", "--config", str(config)]
+    result = subprocess.run(serve_command(sock_dir, workers=1, extra=extra), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "needs dataset roots" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert list(sock_dir.iterdir()) == []
+    for bad in ([str(tmp_path / "missing")], ["relative"], []):
+        config = _config(tmp_path / "bad.toml", roots=bad)
+        result = subprocess.run(
+            serve_command(sock_dir, workers=1, extra=["--config", str(config)]), capture_output=True, text=True,
+            timeout=60, env={**os.environ},
+        )
+        assert result.returncode == 1 and "root" in result.stderr, result.stderr
