@@ -403,7 +403,9 @@ def hello_fields(folder: Path, /, **overrides: Any) -> dict[str, Any]:
     return fields
 
 
-def hello_reply(client: RawClient, fields: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_S) -> tuple[str, dict[str, Any]]:
+def hello_reply(
+    client: RawClient, fields: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_S
+) -> tuple[str, dict[str, Any]]:
     """Send a hello and return its answer (`welcome` or `error`), past the `indexing` notes; a
     welcome is followed by `bye`, so the session ends at once."""
     client.send(wire.encode("hello", **fields))

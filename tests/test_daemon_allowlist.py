@@ -67,10 +67,15 @@ def _tcp_daemon(daemon_pool: DaemonPool, tmp_path: Path, root: Path) -> tuple[Da
     client_keys = zmq.curve_keypair()
     port = _free_port()
     config = _config(
-        tmp_path / "tcp.toml", curve_public_key=server_public.decode(), curve_secret_key=server_secret.decode(),
-        curve_clients=[client_keys[0].decode()], roots=[str(root)],
+        tmp_path / "tcp.toml",
+        curve_public_key=server_public.decode(),
+        curve_secret_key=server_secret.decode(),
+        curve_clients=[client_keys[0].decode()],
+        roots=[str(root)],
     )
-    daemon = daemon_pool.start(workers=1, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)])
+    daemon = daemon_pool.start(
+        workers=1, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)]
+    )
     return daemon, curve_client(port, server_public, client_keys)
 
 
@@ -177,20 +182,27 @@ def test_ipc_any_path_lifts_the_roots_for_local_sessions_only(
 def test_a_tcp_listener_needs_roots(tmp_path: Path) -> None:
     public, secret = zmq.curve_keypair()
     config = _config(
-        tmp_path / "tcp.toml", curve_public_key=public.decode(), curve_secret_key=secret.decode(),
+        tmp_path / "tcp.toml",
+        curve_public_key=public.decode(),
+        curve_secret_key=secret.decode(),
         curve_clients=[zmq.curve_keypair()[0].decode()],
     )
     sock_dir = tmp_path / "sock"
     sock_dir.mkdir(mode=0o700)
     extra = ["--listen", f"tcp://127.0.0.1:{_free_port()}", "--config", str(config)]
-    result = subprocess.run(serve_command(sock_dir, workers=1, extra=extra), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        serve_command(sock_dir, workers=1, extra=extra), capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 1
     assert "needs dataset roots" in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert list(sock_dir.iterdir()) == []
     for bad in ([str(tmp_path / "missing")], ["relative"], []):
         config = _config(tmp_path / "bad.toml", roots=bad)
         result = subprocess.run(
-            serve_command(sock_dir, workers=1, extra=["--config", str(config)]), capture_output=True, text=True,
-            timeout=60, env={**os.environ},
+            serve_command(sock_dir, workers=1, extra=["--config", str(config)]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ},
         )
         assert result.returncode == 1 and "root" in result.stderr, result.stderr
