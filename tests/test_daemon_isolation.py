@@ -1,0 +1,145 @@
+"""Opening a source is isolated: a real daemon opens each source in a child process, so a hang
+(an HDF5 file whose labels live in external storage that is a FIFO: h5py blocks in the daemon's
+opening process), a crash there (that child killed with SIGSEGV, as a segfault in h5py), or a
+source that would need gigabytes to open fails only its own hello, while the daemon answers
+`status` and serves another trainer, and SIGTERM during a hanging open exits at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import psutil
+import pytest
+from daemon_helpers import (
+    RESIZE,
+    DaemonPool,
+    DaemonProcess,
+    RawClient,
+    hello_fields,
+    hello_reply,
+    local_epoch,
+    opening_children,
+    take,
+)
+from helpers import wait_until
+
+from fastload import FastLoader
+from fastload.sources import HDF5
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def _hanging_hdf5(tmp_path: Path) -> Path:
+    """An HDF5 file whose labels' external storage is a FIFO nobody writes: reading them blocks."""
+    path, fifo = tmp_path / "hang.h5", tmp_path / "labels.fifo"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=np.array([b"x" * 16] * 4, "S16"))
+        f.create_dataset("labels", shape=(4,), dtype="<i8", external=[(str(fifo), 0, 32)])
+    os.mkfifo(fifo, 0o600)
+    return path
+
+
+def _hello_of(source: HDF5) -> dict[str, Any]:
+    return hello_fields(Path(source.where), source=json.dumps(source.resolved().to_config()))
+
+
+def _daemon(daemon_pool: DaemonPool, tmp_path: Path, **table: Any) -> DaemonProcess:
+    config = tmp_path / "daemon.toml"
+    config.write_text("[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
+    return daemon_pool.start(workers=1, extra=["--config", str(config)])
+
+
+class _Hello(threading.Thread):
+    """A hello on its own connection, answered in the background."""
+
+    def __init__(self, address: str, fields: dict[str, Any], timeout_s: float) -> None:
+        super().__init__(daemon=True)
+        self.address, self.fields, self.timeout_s = address, fields, timeout_s
+        self.reply: tuple[str, dict[str, Any]] | None = None
+        self.seconds = 0.0
+        self.start()
+
+    def run(self) -> None:
+        started = time.monotonic()
+        with RawClient(self.address) as client:
+            self.reply = hello_reply(client, self.fields, self.timeout_s)
+        self.seconds = time.monotonic() - started
+
+
+def _served_while(daemon: DaemonProcess, image_folder: Path) -> None:
+    """Another trainer gets a whole correct epoch, and `status` answers, right now."""
+    assert daemon.status(timeout_s=5.0)["pid"] == daemon.pid
+    kw: dict[str, Any] = {"batch_size": 4, "transform": RESIZE, "device": "cpu", "seed": 3}
+    with FastLoader(image_folder, daemon=daemon.address, **kw) as loader:
+        got = take(loader)
+    expected = local_epoch(image_folder, **kw)
+    assert len(got) == len(expected)
+    assert all((a[0] == b[0]).all() for a, b in zip(got, expected, strict=True))
+
+
+def test_a_hanging_open_fails_its_hello_and_the_daemon_serves_on(
+    daemon_pool: DaemonPool, tmp_path: Path, image_folder: Path
+) -> None:
+    daemon = _daemon(daemon_pool, tmp_path, index_timeout=6)
+    hello = _Hello(daemon.address, _hello_of(HDF5(str(_hanging_hdf5(tmp_path)))), timeout_s=60)
+    assert wait_until(lambda: opening_children(daemon), 30), "no opening process started"
+    _served_while(daemon, image_folder)  # while the open hangs
+    hello.join(60)
+    assert hello.reply is not None
+    op, fields = hello.reply
+    assert op == "error" and "took longer than 6 s" in fields["message"], hello.reply
+    assert wait_until(lambda: not opening_children(daemon), 10), "the hung opening process was not killed"
+    _served_while(daemon, image_folder)
+
+
+def test_a_crash_while_opening_fails_only_that_hello(
+    daemon_pool: DaemonPool, tmp_path: Path, image_folder: Path
+) -> None:
+    daemon = _daemon(daemon_pool, tmp_path, index_timeout=60)
+    hello = _Hello(daemon.address, _hello_of(HDF5(str(_hanging_hdf5(tmp_path)))), timeout_s=60)
+    assert wait_until(lambda: opening_children(daemon), 30), "no opening process started"
+    for pid in opening_children(daemon):
+        os.kill(pid, signal.SIGSEGV)  # what a segfault in h5py's open does to its process
+    hello.join(30)
+    assert hello.reply is not None
+    op, fields = hello.reply
+    assert op == "error" and "crashed" in fields["message"] and "SIGSEGV" in fields["message"], hello.reply
+    assert hello.seconds < 30
+    _served_while(daemon, image_folder)
+
+
+def test_sigterm_during_a_hanging_open_exits_promptly(daemon_pool: DaemonPool, tmp_path: Path) -> None:
+    daemon = _daemon(daemon_pool, tmp_path, index_timeout=600)
+    _Hello(daemon.address, _hello_of(HDF5(str(_hanging_hdf5(tmp_path)))), timeout_s=60)
+    assert wait_until(lambda: opening_children(daemon), 30), "no opening process started"
+    children = opening_children(daemon)
+    started = time.monotonic()
+    assert daemon.terminate(timeout_s=20) == 0
+    assert time.monotonic() - started < 20
+    assert wait_until(lambda: not any(psutil.pid_exists(p) for p in children), 10)
+    assert not daemon.segments()
+
+
+def test_an_open_that_needs_gigabytes_is_refused_and_the_daemon_stays_small(
+    daemon_pool: DaemonPool, tmp_path: Path, image_folder: Path
+) -> None:
+    """Labels that declare 2**29 rows (4 GiB once read) in a file of a few KiB."""
+    path = tmp_path / "huge.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", shape=(2**29,), dtype="S8", chunks=(1024,))
+        f.create_dataset("labels", shape=(2**29,), dtype="<i8", chunks=(1024,))
+    daemon = _daemon(daemon_pool, tmp_path, index_timeout=60, index_memory="512MiB")
+    with RawClient(daemon.address) as client:
+        op, fields = hello_reply(client, _hello_of(HDF5(str(path))), timeout_s=90)
+    assert op == "error", fields
+    assert psutil.Process(daemon.pid).memory_info().rss < 1 << 30
+    _served_while(daemon, image_folder)
