@@ -11,6 +11,14 @@ Readahead (NOTE [extent readahead]): a block-shuffled batch takes a few samples 
 runs, and the next batches of its window take the rest. When a batch touches several samples of
 one stretch of a file, the index asks the kernel (`POSIX_FADV_WILLNEED`) to read that stretch
 through the next `readahead` samples in the background, so the later batches find it cached.
+
+Identity (NOTE [extent file identity]): an index may carry each file's identity as it was when
+indexed (device, inode, size, mtime and ctime in ns). A process opening a file compares it (one
+fstat per open, not per read) and refuses one that is not a regular file or is not the file
+indexed: a shard replaced under a running loader (even with its size and mtime kept) fails the
+batch with a DatasetError naming the file, instead of being read at the old scan's offsets with
+the old scan's labels. Descriptors already open keep reading the file they opened (its old
+inode, when it was replaced by a rename).
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
 
+from fastload._errors import DatasetError
 from fastload._loading.shm import Segment
+from fastload.sources._bounds import check_regular, clip, identity
 from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure, pack_strings
 
 DEFAULT_GAP = 64 << 10  # bytes between two extents still read as one
@@ -52,14 +62,25 @@ _CHUNK = 1 << 20
 _ADVISED_S = 30.0
 _ADVISED_CHUNKS = 16384  # at most (16 GiB asked for within _ADVISED_S)
 
-_MAGIC = b"FLEXTNT1"
+_MAGIC = b"FLEXTNT2"
 # Shared layout: magic, then (count, files, files blob bytes, key blob bytes, target width (0:
 # class indices), target dtype code, gap, readahead, readahead bytes), then int64 offsets[n],
 # sizes[n], key_offsets[n + 1], file_offsets[files + 1], targets, int32 file_ids[n], the files
-# blob, the key blob; every array at a multiple of 8 bytes.
+# blob, the key blob, int64 file identities[files, 5] (all -1: not checked); every array at a
+# multiple of 8 bytes.
+_IDENTITY_FIELDS = 5
+_MAX_FILE_BYTES = 1 << 50  # a container file may be any size; only its samples are bounded
 _HEAD = struct.Struct("<8s9q")
 
 _fork_lock = threading.Lock()
+
+
+class SourceChanged(DatasetError):
+    """A container file is not the one indexed (NOTE [extent file identity]); `size` its size now."""
+
+    def __init__(self, message: str, size: int) -> None:
+        super().__init__(message)
+        self.size = size
 
 
 def _new_lock_in_child() -> None:
@@ -127,6 +148,9 @@ class ExtentIndex:
     gap: int = DEFAULT_GAP
     readahead: int = DEFAULT_READAHEAD
     readahead_bytes: int = DEFAULT_READAHEAD_BYTES
+    # int64 (files, 5): each file's identity when indexed (NOTE [extent file identity]); None:
+    # not checked
+    file_identities: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = int(self.labels.shape[0])
@@ -145,6 +169,10 @@ class ExtentIndex:
                 f"labels must be int64 (N,) or float32 (N, K), got {self.labels.dtype} {self.labels.shape}"
             )
         self.classes, self.files = tuple(self.classes), tuple(self.files)
+        ids = self.file_identities
+        if ids is not None and (ids.dtype != np.int64 or ids.shape != (len(self.files), _IDENTITY_FIELDS)):
+            got = f"{ids.dtype} {ids.shape}"
+            raise ValueError(f"file_identities must be int64 ({len(self.files)}, 5), got {got}")
         self._basenames = tuple(os.path.basename(f) for f in self.files)
         # Readahead needs storage order: each file's samples consecutive, at increasing offsets.
         # `_file_end[f]`: one past the last sample of file f.
@@ -201,9 +229,35 @@ class ExtentIndex:
             with _fork_lock:
                 while len(handles.fds) >= MAX_OPEN_FILES:
                     os.close(handles.fds.pop(next(iter(handles.fds))))
-                fd = os.open(self.files[file_id], os.O_RDONLY | os.O_CLOEXEC)
+                fd = self._open_checked(file_id)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         handles.fds[file_id] = fd  # now the most recently used
+        return fd
+
+    def _open_checked(self, file_id: int) -> int:
+        """A descriptor of file `file_id`, when it is a regular file and the one indexed (NOTE
+        [extent file identity]): OSError when it cannot be opened, DatasetError when it changed."""
+        path = self.files[file_id]
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO does not wait
+        try:
+            info = os.fstat(fd)
+            check_regular(path, info, _MAX_FILE_BYTES, "container file")
+            ids = self.file_identities
+            if ids is not None and ids[file_id, 0] != -1 and tuple(ids[file_id].tolist()) != identity(info):
+                was = int(ids[file_id, 2])
+                how = (
+                    f"truncated: {info.st_size:,} bytes, was {was:,}"
+                    if info.st_size < was
+                    else "another file, or rewritten: its inode, size or times differ"
+                )
+                raise SourceChanged(
+                    f"{clip(path)} changed since it was indexed ({how}): its samples' places and labels "
+                    "are not this file's; make the loader again to index it as it is now",
+                    info.st_size,
+                )
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def files_of(self, indices: np.ndarray) -> list[str]:
@@ -213,7 +267,7 @@ class ExtentIndex:
         """One sample's bytes, through a descriptor of its own (safe from any thread)."""
         i = int(index)
         size, offset = int(self.sizes[i]), int(self.offsets[i])
-        fd = os.open(self.files[int(self.file_ids[i])], os.O_RDONLY | os.O_CLOEXEC)
+        fd = self._open_checked(int(self.file_ids[i]))
         try:
             data = _pread_all(fd, size, offset)
         finally:
@@ -248,6 +302,9 @@ class ExtentIndex:
             group = order[k:j]
             try:
                 data = _pread_all(self._fd(file_id), hi - lo, lo, into)
+            except SourceChanged as e:  # name a sample now past its end, if the file was cut
+                past = [p for p in group if ends_l[p] > e.size]
+                raise ReadFailure(min(past or group), e) from e
             except OSError as e:
                 raise ReadFailure(min(group), e) from e
             view = memoryview(data)
@@ -279,7 +336,7 @@ class ExtentIndex:
                 stretch = self._handles.not_yet_advised(file_id, start, end)
                 if stretch is not None:
                     os.posix_fadvise(fd, stretch[0], stretch[1] - stretch[0], os.POSIX_FADV_WILLNEED)
-            except OSError:
+            except (OSError, DatasetError):
                 return  # advice only: the read that follows reports what is wrong
 
     def to_segment(self) -> Segment:
@@ -295,7 +352,8 @@ class ExtentIndex:
         _HEAD.pack_into(segment.buf, 0, *head)
         views = _shared_views(segment)
         sources = (self.offsets, self.sizes, self.key_offsets, file_offsets, self.labels, self.file_ids)
-        for view, source in zip(views, (*sources, files_blob, self.key_blob), strict=True):
+        ids = self.file_identities if self.file_identities is not None else np.full((nfiles, 5), -1, np.int64)
+        for view, source in zip(views, (*sources, files_blob, self.key_blob, ids), strict=True):
             view[...] = source
         return segment
 
@@ -303,9 +361,8 @@ class ExtentIndex:
     def from_segment(cls, segment: Segment, root: str = "") -> ExtentIndex:
         """An index over a segment made by `to_segment` (views, no copy; the file list decoded)."""
         head = _HEAD.unpack_from(segment.buf, 0)
-        offsets, sizes, key_offsets, file_offsets, labels, file_ids, files_blob, key_blob = _shared_views(
-            segment
-        )
+        views = _shared_views(segment)
+        offsets, sizes, key_offsets, file_offsets, labels, file_ids, files_blob, key_blob, ids = views
         raw = files_blob.tobytes()
         bounds = file_offsets.tolist()
         files = [raw[a:b].decode("utf-8", "surrogateescape") for a, b in itertools.pairwise(bounds)]
@@ -323,6 +380,7 @@ class ExtentIndex:
             gap=gap,
             readahead=readahead,
             readahead_bytes=readahead_bytes,
+            file_identities=ids,
         )
 
 
@@ -350,6 +408,7 @@ def _layout(head: tuple[object, ...]) -> list[tuple[tuple[int, ...], np.dtype]]:
         ((n,), i32),
         ((files_len,), u8),
         ((keys_len,), u8),
+        ((nfiles, _IDENTITY_FIELDS), i64),
     ]
 
 

@@ -10,6 +10,7 @@ A flat folder with a label file is a `FileList` whose `root` is that folder.
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -18,8 +19,18 @@ from typing import ClassVar
 
 import numpy as np
 
-from fastload._errors import DatasetError
+from fastload._errors import ConfigError, DatasetError
 from fastload.sources._base import Source
+from fastload.sources._bounds import (
+    MAX_LIST_BYTES,
+    MAX_TARGET_BYTES,
+    clip,
+    is_int_text,
+    open_regular,
+    parse_label,
+    quoted,
+    read_bounded,
+)
 from fastload.sources._folder import scan_image_folder
 from fastload.sources._index import PathIndex
 
@@ -58,7 +69,11 @@ class FileList(Source):
       `classes` order if given, else sorted, as ImageFolder does). With `multi_label`, a line's
       label column holds any number of labels separated by spaces, ';' or '|' (with whitespace
       separated lists: every column after the path), and targets are float32 multi-hot rows of
-      `num_classes` (default: len(classes), or the largest integer label + 1).
+      `num_classes` (default: len(classes), or the largest integer label + 1), when they fit
+      `MAX_TARGET_BYTES` (NOTE [source bounds]).
+
+    The list must be a regular file of at most `MAX_LIST_BYTES`; integer labels are ASCII
+    decimal, in [0, 2^63).
     """
 
     kind: ClassVar[str] = "file_list"
@@ -70,6 +85,11 @@ class FileList(Source):
     num_classes: int | None = None
     delimiter: str | None = None
 
+    def __post_init__(self) -> None:
+        k = self.num_classes
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ConfigError(f"num_classes must be a positive integer, got {clip(self.num_classes)}")
+
     @property
     def where(self) -> str:
         return os.path.abspath(self.path)
@@ -80,9 +100,9 @@ class FileList(Source):
         try:
             rows = list(self._rows(list_path))
         except OSError as e:
-            raise DatasetError(f"cannot read file list {list_path}: {e}") from e
+            raise DatasetError(f"cannot read file list {clip(list_path)}: {clip(str(e))}") from e
         except csv.Error as e:
-            raise DatasetError(f"file list {list_path} is not valid CSV: {e}") from e
+            raise DatasetError(f"file list {clip(list_path)} is not valid CSV: {clip(str(e))}") from e
         if rows and rows[0][1].strip().lower() in _HEADER_NAMES:
             rows = rows[1:]
         if not rows:
@@ -91,7 +111,7 @@ class FileList(Source):
         first = paths[0].decode("utf-8", "surrogateescape")
         if not os.path.exists(first):
             raise DatasetError(
-                f"{first}, the first image {list_path} names, does not exist: paths in a file list are "
+                f"{clip(first)}, the first image {list_path} names, does not exist: paths in a file list are "
                 f"relative to its folder unless you pass root= (the folder they are relative to)"
             )
         classes, labels = self._targets(list_path, rows)
@@ -102,8 +122,15 @@ class FileList(Source):
         delimiter = self.delimiter
         if delimiter is None:
             delimiter = {".csv": ",", ".tsv": "\t"}.get(os.path.splitext(list_path)[1].lower())
+        # A regular file, bounded (never /dev/zero or a FIFO: NOTE [source bounds]), read whole.
+        fd, _ = open_regular(list_path, MAX_LIST_BYTES, "file list")
+        try:
+            data = read_bounded(fd, MAX_LIST_BYTES, list_path, "file list")
+        finally:
+            os.close(fd)
         # utf-8-sig: a byte-order mark (a spreadsheet's CSV) is skipped.
-        with open(list_path, newline="", encoding="utf-8-sig", errors="surrogateescape") as f:
+        text = io.TextIOWrapper(io.BytesIO(data), newline="", encoding="utf-8-sig", errors="surrogateescape")
+        with text as f:
             if delimiter is None:  # whitespace-separated text
                 for number, line in enumerate(f, 1):
                     fields = line.split()
@@ -124,26 +151,32 @@ class FileList(Source):
                 values = [v for field in fields for v in _MULTI_SEPARATORS.split(field) if v]
             elif len(fields) != 1 or not fields[0]:
                 raise DatasetError(
-                    f"{list_path} line {number}: expected a path and one label, got {len(fields)} "
+                    f"{clip(list_path)} line {number}: expected a path and one label, got {len(fields)} "
                     "label columns (several labels per image need multi_label=True)"
                 )
             else:
                 values = fields
             per_row.append(values)
         every = [v for values in per_row for v in values]
-        kinds = {_is_int(v) for v in every}
+        kinds = {is_int_text(v) for v in every}
         if len(kinds) > 1:
-            example = next(v for v in every if not _is_int(v))
+            example = next(v for v in every if not is_int_text(v))
             raise DatasetError(
-                f"{list_path}: mixes integer and class-name labels (e.g. {example!r}); use one kind"
+                f"{list_path}: mixes integer and class-name labels (e.g. {quoted(example)}); use one kind"
             )
         numeric = kinds != {False}
         if numeric:
             classes = tuple(self.classes or ())
-            codes = [[int(v) for v in values] for values in per_row]
+            parsed = [[parse_label(v) for v in values] for values in per_row]
+            for (number, _, _), values, row in zip(rows, per_row, parsed, strict=True):
+                for text, value in zip(values, row, strict=True):
+                    if value is None:
+                        raise DatasetError(
+                            f"{list_path} line {number}: label {quoted(text)} is not a class index "
+                            "(an ASCII decimal integer, >= 0 and < 2^63)"
+                        )
+            codes: list[list[int]] = parsed  # type: ignore[assignment]  # no None left
             largest = max((c for values in codes for c in values), default=-1)
-            if any(c < 0 for values in codes for c in values):
-                raise DatasetError(f"{list_path}: integer labels must be >= 0")
             if classes and largest >= len(classes):
                 raise DatasetError(f"{list_path}: label {largest} is out of range for {len(classes)} classes")
         else:
@@ -152,7 +185,7 @@ class FileList(Source):
             unknown = [v for v in every if v not in lookup]
             if unknown:
                 raise DatasetError(
-                    f"{list_path}: label {unknown[0]!r} is not one of the {len(names)} classes given"
+                    f"{list_path}: label {quoted(unknown[0])} is not one of the {len(names)} classes given"
                 )
             classes = tuple(names)
             codes = [[lookup[v] for v in values] for values in per_row]
@@ -162,15 +195,14 @@ class FileList(Source):
         width = self.num_classes or len(classes) or largest + 1
         if largest >= width:
             raise DatasetError(f"{list_path}: label {largest} does not fit num_classes={width}")
+        if len(codes) * width * 4 > MAX_TARGET_BYTES:
+            raise DatasetError(
+                f"{list_path}: {len(codes):,} multi-hot rows of {width:,} classes would take "
+                f"{len(codes) * width * 4:,} bytes, over the {MAX_TARGET_BYTES:,}-byte budget of targets "
+                "(NOTE [source bounds]): check the largest label and num_classes, or split the list"
+            )
         targets = np.zeros((len(codes), width), dtype=np.float32)
         rows_at = np.repeat(np.arange(len(codes)), [len(c) for c in codes])
         targets[rows_at, [c for values in codes for c in values]] = 1.0
         return classes, targets
 
-
-def _is_int(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True

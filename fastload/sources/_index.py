@@ -11,7 +11,6 @@ sources whose samples are whole files (folders, file lists).
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fastload._loading.shm import Segment
+from fastload.sources._bounds import MAX_SAMPLE_BYTES, open_regular, read_bounded
 
 # Targets are int64 class indices (N,) or float32 rows (N, K) (multi-label, multi-hot): one of two
 # dtypes, named in the shared header by a code.
@@ -131,19 +131,20 @@ def pack_strings(strings: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
 
 def read_file(path: str, into: ReadBuffer | None = None) -> bytes | memoryview:
     """A sample's bytes from storage, into `into` when given (one place, so tests can stand in
-    a slow disk). A regular file's size is taken when it is opened: bytes appended while it is
-    read are left out."""
-    if into is None:
-        with open(path, "rb") as f:
-            return f.read()
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    a slow disk). It must be a regular file of at most `MAX_SAMPLE_BYTES` (NOTE [source bounds]:
+    OSError naming it otherwise, never a read of /dev/zero or a wait on a FIFO). Its size is taken
+    when it is opened: bytes appended while it is read are left out."""
+    fd, info = open_regular(path, MAX_SAMPLE_BYTES)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size == 0:  # no size to trust: read to the end
-            chunks = []
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
-            return b"".join(chunks)
+        if info.st_size == 0:  # no size to trust (procfs): read to the end, bounded
+            return read_bounded(fd, MAX_SAMPLE_BYTES, path)
+        if into is None:
+            parts = []
+            got = 0
+            while got < info.st_size and (part := os.read(fd, info.st_size - got)):
+                parts.append(part)
+                got += len(part)
+            return b"".join(parts)
         view = into.take(info.st_size)
         got = 0
         while got < len(view):

@@ -11,38 +11,55 @@ Local paths only (no fsspec URLs, no compressed shards: reads go to byte offsets
 NOTE [shard index cache]: `tarfile` scans ~17k samples/s, so ImageNet's shards would take over a
 minute to open every time a loader is made. Each shard's scan is kept in a cache directory
 (`$FASTLOAD_CACHE_DIR`, else `$XDG_CACHE_HOME/fastload`, else `~/.cache/fastload`; an empty
-`FASTLOAD_CACHE_DIR` turns it off), one `.npz` per shard named by a hash of its real path, size
-and modification time, so a changed shard is scanned again; written atomically, read without
-pickle, and a cache that cannot be written or read is ignored (scanned instead).
+`FASTLOAD_CACHE_DIR` turns it off), one entry per shard named by a hash of its real path and
+identity (device, inode, size, mtime, ctime), so a changed or replaced shard is scanned again; in
+a private directory, written and read so that no other user can plant or redirect an entry, and
+pruned (`_scan_cache.py`, NOTE [scan cache trust]). A cache that cannot be written or read is
+ignored (scanned instead).
+
+Integrity: a shard must be a regular file; it must end with tar's end-of-archive (zero) blocks,
+else it is reported as truncated (a copy cut at a sample boundary would otherwise load with fewer
+samples and no word); labels are ASCII decimal integers in [0, 2^63). Each shard's identity is
+kept in the index, and a worker that opens a shard compares it (`ExtentIndex`): a shard replaced
+under a running loader is a DatasetError, never read with the old scan's labels and offsets.
 """
 
 from __future__ import annotations
 
-import contextlib
 import glob
-import hashlib
 import itertools
 import json
 import os
 import re
 import tarfile
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
 
 from fastload._errors import DatasetError
 from fastload.sources._base import Source
+from fastload.sources._bounds import (
+    MAX_SAMPLE_BYTES,
+    MAX_SHARDS,
+    clip,
+    identity,
+    open_regular,
+    parse_label,
+    quoted,
+)
 from fastload.sources._extents import ExtentIndex
 from fastload.sources._folder import IMG_EXTENSIONS
 from fastload.sources._index import pack_strings
+from fastload.sources._scan_cache import Identity, Scan, ScanCache, cache_root
 
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMG_EXTENSIONS)
 _LABEL_EXTS = ("cls", "json")  # in order of preference
 _MAX_LABEL_BYTES = 1 << 20
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # WebDataset's split: key, then extension
 _BRACE = re.compile(r"\{([^{}]*)\}")
-_RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
+_RANGE = re.compile(r"^([0-9]{1,18})\.\.([0-9]{1,18})$")
+_MAX_SHARD_BYTES = 1 << 50  # a shard is any regular file
 _COMPRESSED = (
     (b"\x1f\x8b", "gzip"),
     (b"BZh", "bzip2"),
@@ -82,13 +99,15 @@ class TarShards(Source):
                 if glob.has_magic(expanded):
                     matches = sorted(glob.glob(expanded))
                     if not matches:
-                        raise DatasetError(f"no tar shards match {expanded}")
+                        raise DatasetError(f"no tar shards match {clip(expanded)}")
                     shards.extend(matches)
                 elif not os.path.isfile(expanded):
                     what = "is not a file" if os.path.exists(expanded) else "does not exist"
-                    raise DatasetError(f"tar shard {os.path.abspath(expanded)} {what}")
+                    raise DatasetError(f"tar shard {clip(os.path.abspath(expanded))} {what}")
                 else:
                     shards.append(expanded)
+                if len(shards) > MAX_SHARDS:
+                    raise DatasetError(f"{clip(pattern)} names over {MAX_SHARDS:,} shards (the limit)")
         return [os.path.abspath(s) for s in shards]
 
     def open(self) -> ExtentIndex:
@@ -99,8 +118,10 @@ class TarShards(Source):
         labels: list[np.ndarray] = []
         key_blobs: list[np.ndarray] = []
         key_lengths: list[np.ndarray] = []
-        for file_id, shard in enumerate(shards):
-            scanned = _cached_scan(shard)
+        identities: list[Identity] = []
+        with _open_cache() as cache:
+            scans = [_cached_scan(shard, cache, identities) for shard in shards]
+        for file_id, (shard, scanned) in enumerate(zip(shards, scans, strict=True)):
             count = len(scanned["labels"])
             if count == 0:
                 raise DatasetError(f"tar shard {shard} holds no samples: {_EXPECTED}")
@@ -127,13 +148,24 @@ class TarShards(Source):
             key_blob,
             key_offsets,
             np.concatenate(labels),
+            file_identities=np.array(identities, np.int64).reshape(len(shards), 5),
         )
 
 
 def expand_braces(pattern: str) -> list[str]:
     """WebDataset's brace notation: `{000..099}` (zero-padded as written) and `{a,b,c}`, every
-    brace expanded, in order."""
+    brace expanded, in order; at most `MAX_SHARDS` names, counted before any is made."""
     parts = _BRACE.split(pattern)  # literal, brace body, literal, ...
+    total = 1
+    for i, part in enumerate(parts):
+        if i % 2:
+            numbers = _RANGE.match(part)
+            total *= int(numbers.group(2)) - int(numbers.group(1)) + 1 if numbers else part.count(",") + 1
+            if total > MAX_SHARDS:
+                raise DatasetError(
+                    f"{clip(pattern)} expands to over {MAX_SHARDS:,} shard names (NOTE [source bounds]): "
+                    "check its braces"
+                )
     choices: list[list[str]] = []
     for i, part in enumerate(parts):
         if i % 2 == 0:
@@ -145,44 +177,49 @@ def expand_braces(pattern: str) -> list[str]:
             continue
         lo, hi = numbers.group(1), numbers.group(2)
         if int(hi) < int(lo):
-            raise DatasetError(f"brace range {{{part}}} in {pattern} counts down")
+            raise DatasetError(f"brace range {{{clip(part)}}} in {clip(pattern)} counts down")
         width = len(lo) if lo.startswith("0") else 0
         choices.append([str(k).zfill(width) for k in range(int(lo), int(hi) + 1)])
     return ["".join(combination) for combination in itertools.product(*choices)]
 
 
-_SCAN_FIELDS = ("offsets", "sizes", "labels", "key_blob", "key_offsets")
-
-
 def cache_dir() -> str | None:
     """Where shard scans are kept (NOTE [shard index cache]), or None when caching is off."""
-    chosen = os.environ.get("FASTLOAD_CACHE_DIR")
-    if chosen is not None:
-        return chosen or None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "fastload")
+    return cache_root()
 
 
-def _cached_scan(shard: str) -> dict[str, np.ndarray]:
+class _NoCache:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _open_cache() -> ScanCache | _NoCache:
+    return ScanCache.open() or _NoCache()
+
+
+def _cached_scan(shard: str, cache: ScanCache | None, identities: list[Identity]) -> Scan:
     """One shard's samples (image extents, labels, keys), from the cache when it has this shard
-    as it is now, else scanned (and kept)."""
-    directory = cache_dir()
-    path = None
-    if directory is not None:
-        st = os.stat(shard)
-        identity = f"{os.path.realpath(shard)}\0{st.st_size}\0{st.st_mtime_ns}".encode(
-            "utf-8", "surrogateescape"
-        )
-        path = os.path.join(directory, "tar-index", hashlib.sha256(identity).hexdigest()[:32] + ".npz")
-        with contextlib.suppress(OSError, ValueError, KeyError), np.load(path, allow_pickle=False) as kept:
-            scanned = {name: np.asarray(kept[name]) for name in _SCAN_FIELDS}
-            if _consistent(scanned):
-                return scanned
-    offsets: list[int] = []
-    sizes: list[int] = []
-    labels: list[int] = []
-    keys: list[bytes] = []
-    _scan_shard(shard, offsets, sizes, labels, keys)
+    as it is now, else scanned (and kept); the identity of the file scanned goes to `identities`."""
+    try:
+        fd, info = open_regular(shard, _MAX_SHARD_BYTES, "tar shard")
+    except OSError as e:
+        raise DatasetError(f"cannot read tar shard {clip(shard)}: {clip(str(e))}") from e
+    with os.fdopen(fd, "rb") as f:
+        ident = identity(info)
+        identities.append(ident)
+        real = os.path.realpath(shard)
+        if cache is not None:
+            kept = cache.get(real, ident)
+            if kept is not None:
+                return kept
+        offsets: list[int] = []
+        sizes: list[int] = []
+        labels: list[int] = []
+        keys: list[bytes] = []
+        _scan_shard(shard, offsets, sizes, labels, keys, f)
     key_blob, key_offsets = pack_strings(keys)
     scanned = {
         "offsets": np.array(offsets, np.int64),
@@ -191,48 +228,17 @@ def _cached_scan(shard: str) -> dict[str, np.ndarray]:
         "key_blob": key_blob,
         "key_offsets": key_offsets,
     }
-    if path is not None and scanned["labels"].size:
-        with contextlib.suppress(OSError):
-            _keep(path, scanned)
+    if cache is not None and scanned["labels"].size:
+        cache.put(real, ident, scanned)
     return scanned
 
 
-def _consistent(scanned: dict[str, np.ndarray]) -> bool:
-    n = scanned["labels"].shape
-    return (
-        scanned["offsets"].dtype == scanned["sizes"].dtype == scanned["labels"].dtype == np.int64
-        and scanned["offsets"].shape == scanned["sizes"].shape == n
-        and scanned["key_offsets"].shape == (n[0] + 1,)
-        and scanned["key_blob"].dtype == np.uint8
-        and int(scanned["key_offsets"][-1]) == scanned["key_blob"].shape[0]
-    )
-
-
-def _keep(path: str, scanned: dict[str, np.ndarray]) -> None:
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
+def _check_uncompressed(shard: str, f: BinaryIO) -> None:
     try:
-        with open(tmp, "wb") as f:
-            np.savez(
-                f,
-                offsets=scanned["offsets"],
-                sizes=scanned["sizes"],
-                labels=scanned["labels"],
-                key_blob=scanned["key_blob"],
-                key_offsets=scanned["key_offsets"],
-            )
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
-def _check_uncompressed(shard: str) -> None:
-    try:
-        with open(shard, "rb") as f:
-            head = f.read(8)
+        f.seek(0)
+        head = f.read(8)
     except OSError as e:
-        raise DatasetError(f"cannot read tar shard {shard}: {e}") from e
+        raise DatasetError(f"cannot read tar shard {clip(shard)}: {clip(str(e))}") from e
     for magic, name in _COMPRESSED:
         if head.startswith(magic):
             raise DatasetError(
@@ -242,16 +248,26 @@ def _check_uncompressed(shard: str) -> None:
 
 
 def _scan_shard(
-    shard: str, offsets: list[int], sizes: list[int], labels: list[int], keys: list[bytes]
+    shard: str,
+    offsets: list[int],
+    sizes: list[int],
+    labels: list[int],
+    keys: list[bytes],
+    f: BinaryIO | None = None,
 ) -> int:
-    """Append the shard's samples (image extent, label, key); return how many."""
-    _check_uncompressed(shard)
+    """Append the shard's samples (image extent, label, key), read from `f` (the shard opened;
+    by its path when None); return how many."""
+    if f is None:
+        with open(shard, "rb") as own:
+            return _scan_shard(shard, offsets, sizes, labels, keys, own)
+    _check_uncompressed(shard, f)
     # Per key, in order of first appearance: each member's extension and its (offset, size), or
     # for a label member its bytes.
     samples: dict[str, dict[str, tuple[int, int] | bytes]] = {}
     try:
-        end = os.path.getsize(shard)
-        with tarfile.open(shard, mode="r:") as tf:
+        end = os.fstat(f.fileno()).st_size
+        f.seek(0)
+        with tarfile.open(fileobj=f, mode="r:") as tf:
             while (member := tf.next()) is not None:
                 tf.members.clear()  # type: ignore[attr-defined]  # keep no TarInfo per member
                 match = _KEY_EXT.match(member.name)
@@ -259,36 +275,47 @@ def _scan_shard(
                     continue  # a directory, or a name without an extension: no part of a sample
                 key, ext = match.group(1), match.group(2).lower()
                 if member.offset_data + member.size > end:
-                    raise DatasetError(f"{shard}:{member.name} runs past the end of the shard (truncated?)")
+                    raise DatasetError(
+                        f"{shard}:{clip(member.name)} runs past the end of the shard (truncated?)"
+                    )
                 found = samples.setdefault(key, {})
                 if ext in found:
-                    raise DatasetError(f"{shard}:{key} has two .{ext} members")
+                    raise DatasetError(f"{shard}:{clip(key)} has two .{clip(ext, 40)} members")
                 if ext in _LABEL_EXTS:
                     if member.size > _MAX_LABEL_BYTES:
                         raise DatasetError(
-                            f"{shard}:{member.name} is too large for a label ({member.size} bytes)"
+                            f"{shard}:{clip(member.name)} is too large for a label ({member.size} bytes)"
                         )
                     label_file = tf.extractfile(member)
                     assert label_file is not None  # a regular file
                     found[ext] = label_file.read()
+                elif member.size > MAX_SAMPLE_BYTES and ext in _IMAGE_EXTS:
+                    raise DatasetError(
+                        f"{shard}:{clip(member.name)} is {member.size:,} bytes, over the "
+                        f"{MAX_SAMPLE_BYTES:,}-byte limit of a sample"
+                    )
                 else:
                     found[ext] = (member.offset_data, member.size)
+            _check_end(shard, f, tf.offset, end, len(samples))
     except tarfile.TarError as e:
-        raise DatasetError(f"{shard} is not a tar file ({e}): {_EXPECTED}") from e
+        raise DatasetError(f"{shard} is not a tar file ({clip(str(e))}): {_EXPECTED}") from e
     except OSError as e:
-        raise DatasetError(f"cannot read tar shard {shard}: {e}") from e
+        raise DatasetError(f"cannot read tar shard {shard}: {clip(str(e))}") from e
     for key, found in samples.items():
         images = [ext for ext in found if ext in _IMAGE_EXTS]
         if not images:
             raise DatasetError(
-                f"{shard}:{key} has no image member (it has .{', .'.join(found)}; looked for "
-                f".{', .'.join(sorted(_IMAGE_EXTS))}): {_EXPECTED}"
+                f"{shard}:{clip(key)} has no image member (it has {clip('.' + ', .'.join(found))}; looked "
+                f"for .{', .'.join(sorted(_IMAGE_EXTS))}): {_EXPECTED}"
             )
         if len(images) > 1:
-            raise DatasetError(f"{shard}:{key} has several images (.{', .'.join(images)}); expected one")
+            several = ", .".join(images)
+            raise DatasetError(f"{shard}:{clip(key)} has several images (.{several}); expected one")
         label_ext = next((ext for ext in _LABEL_EXTS if ext in found), None)
         if label_ext is None:
-            raise DatasetError(f"{shard}:{key} has an image but no label (KEY.cls or KEY.json): {_EXPECTED}")
+            raise DatasetError(
+                f"{shard}:{clip(key)} has an image but no label (KEY.cls or KEY.json): {_EXPECTED}"
+            )
         extent, label = found[images[0]], found[label_ext]
         assert isinstance(extent, tuple) and isinstance(label, bytes)
         offsets.append(extent[0])
@@ -298,23 +325,43 @@ def _scan_shard(
     return len(samples)
 
 
+def _check_end(shard: str, f: BinaryIO, at: int, end: int, samples: int) -> None:
+    """DatasetError unless the archive's members end at `at` with an end-of-archive block: tarfile
+    stops silently where a shard was cut at a member boundary, or where a header is garbage."""
+    f.seek(at)
+    block = f.read(tarfile.BLOCKSIZE)
+    if len(block) == tarfile.BLOCKSIZE and block.count(0) == tarfile.BLOCKSIZE:
+        return
+    if at >= end:
+        problem = f"ends after {samples} samples without tar's end-of-archive blocks: it is truncated"
+    else:
+        problem = f"holds {end - at:,} bytes after its {samples} samples that are not a tar header: damaged"
+    raise DatasetError(f"{shard} {problem} (copy it again, or recreate it)")
+
+
 def _parse_label(shard: str, key: str, ext: str, data: bytes) -> int:
-    """A `.cls` member's integer, or a `.json` member's "label" (else "cls")."""
-    where = f"{shard}:{key}.{ext}"
+    """A `.cls` member's integer, or a `.json` member's "label" (else "cls"): ASCII decimal, in
+    [0, 2^63) (NOTE [source bounds])."""
+    where = f"{shard}:{clip(key)}.{ext}"
     value: Any
     try:
         text = data.decode("utf-8").strip()
         if ext == "cls":
-            value = int(text)
+            value = parse_label(text)
+            if value is None:
+                raise DatasetError(
+                    f"{where}: cannot read a label from it: expected a class index (an ASCII decimal "
+                    f"integer from 0 to 2^63 - 1), got {quoted(text)}"
+                )
         else:
             obj = json.loads(text)
             value = obj.get("label", obj.get("cls")) if isinstance(obj, dict) else None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise DatasetError(f"{where}: cannot read a label from it ({e})") from e
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise DatasetError(f"{where}: cannot read a label from it ({clip(str(e))})") from e
     if not isinstance(value, int) or isinstance(value, bool):
         raise DatasetError(
-            f'{where}: expected an integer label (a JSON object\'s "label" or "cls"), got {value!r}'
+            f'{where}: expected an integer label (a JSON object\'s "label" or "cls"), got {clip(value)}'
         )
-    if value < 0:
-        raise DatasetError(f"{where}: labels must be >= 0, got {value}")
+    if not 0 <= value < 1 << 63:
+        raise DatasetError(f"{where}: labels must be from 0 to 2^63 - 1, got {clip(value)}")
     return value
