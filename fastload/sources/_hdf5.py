@@ -39,6 +39,7 @@ from fastload._errors import ConfigError, DatasetError
 from fastload._loading.shm import Segment
 from fastload.sources._arrays import MappedRows, PerProcess
 from fastload.sources._base import Source
+from fastload.sources._bounds import MAX_LABEL, MAX_TARGET_BYTES
 from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure
 
 # HDF5's chunk cache hash table: a prime, many times the chunks a cache of cache_mb holds.
@@ -121,13 +122,29 @@ class HDF5(Source):
     def _targets(self, f: Any, path: str, dset: Any) -> tuple[tuple[str, ...], np.ndarray]:
         """(class names, targets): int64 (N,) or float32 (N, K), read into memory."""
         n = int(dset.shape[0])
+        if n * 8 > MAX_TARGET_BYTES:
+            raise DatasetError(
+                f"{path}:{dset.name} declares {n:,} samples: their targets would take over the "
+                f"{MAX_TARGET_BYTES:,}-byte budget of targets (NOTE [source bounds])"
+            )
         named = _class_names(dset.attrs.get("classes"))
         if self.labels is None:
             return self.classes or named, np.full(n, -1, np.int64)
         source = _dataset(f, path, self.labels, "labels")
-        raw = source[()]
         where = f"{path}:{source.name}"
+        declared = tuple(int(d) for d in source.shape or ())
+        if not declared or declared[0] != n:
+            raise DatasetError(f"{where} declares shape {declared} for the {n} samples of {dset.name}")
+        if math.prod(declared) * max(source.dtype.itemsize, 4) > MAX_TARGET_BYTES:
+            raise DatasetError(
+                f"{where} declares shape {declared}: its targets would take over the "
+                f"{MAX_TARGET_BYTES:,}-byte budget of targets (NOTE [source bounds])"
+            )
+        raw = source[()]
         if raw.ndim == 1 and np.issubdtype(raw.dtype, np.integer):
+            if raw.size and (int(raw.min()) < 0 or int(raw.max()) > MAX_LABEL):
+                bad = int(raw.min()) if int(raw.min()) < 0 else int(raw.max())
+                raise DatasetError(f"{where}: class indices must be >= 0 and < 2^63, got {bad}")
             labels = raw.astype(np.int64)
         elif raw.ndim == 2 and (np.issubdtype(raw.dtype, np.number) or raw.dtype == np.bool_):
             labels = raw.astype(np.float32)

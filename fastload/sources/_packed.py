@@ -23,8 +23,9 @@ more for tiny images (a 3 KB PNG becomes 4 KiB on disk).
 
 `pack` is resumable: every few thousand samples it fsyncs the data and then a checkpoint (the
 sizes of the samples written so far, `pack-checkpoint.npy`), and the same command run again after
-a kill truncates what came after the checkpoint and goes on; the layout depends only on the
-samples' sizes, and re-encoding is deterministic, so the result is byte-identical to an
+a kill truncates what came after the checkpoint and goes on, when the source's index is still the
+one it started from (`source_fingerprint` in the manifest: names, targets, extents); the layout
+depends only on the samples' sizes, and re-encoding is deterministic, so the result is byte-identical to an
 uninterrupted run (a pack is finished only with the `max_side` and `quality` it was started with).
 """
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -45,6 +47,7 @@ import numpy as np
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._base import Source, as_source
+from fastload.sources._bounds import MAX_SAMPLE_BYTES, clip, identity, open_regular, read_bounded
 from fastload.sources._extents import ExtentIndex
 from fastload.sources._index import ReadFailure, SampleIndex, pack_strings
 from fastload.sources._reencode import DEFAULT_QUALITY, Blob, Reencoding, check_encoders, reencoded_batches
@@ -63,6 +66,7 @@ INDEX_FILES = ("offsets", "sizes", "file_ids", "labels", "names", "name_offsets"
 BATCH_SAMPLES = 256
 CHECKPOINT_SAMPLES = 4096
 CHECKPOINT_BYTES = 512 << 20
+_MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists classes and data files: ImageNet-21k's is ~1 MB
 
 
 def data_file_name(number: int) -> str:
@@ -93,22 +97,26 @@ class Packed(Source):
                 f"{root} is an incomplete pack: run the same `fastload pack SRC {root}` again to finish it "
                 "(it continues where it stopped)"
             )
-        count = int(manifest["count"])
+        count, names, classes = _checked_manifest(root, manifest)
         arrays = {}
         for name in INDEX_FILES:
             try:
-                arrays[name] = np.load(os.path.join(root, f"{name}.npy"), mmap_mode="r")
+                arrays[name] = np.load(os.path.join(root, f"{name}.npy"), mmap_mode="r", allow_pickle=False)
             except (OSError, ValueError) as e:
-                raise DatasetError(f"cannot read the index of pack {root}: {e}") from e
-        if any(len(arrays[name]) != count for name in ("offsets", "sizes", "file_ids", "labels")):
-            raise DatasetError(f"pack {root}: its index does not hold the {count} samples its manifest says")
-        files = [os.path.join(root, f) for f in manifest["files"]]
-        missing = [f for f in files if not os.path.isfile(f)]
-        if missing:
-            raise DatasetError(f"pack {root} lacks {len(missing)} of its data files, e.g. {missing[0]}")
+                raise DatasetError(f"cannot read the index of pack {root}: {clip(str(e))}") from e
+        files = [os.path.join(root, f) for f in names]
+        identities = []
+        for f in files:
+            try:
+                fd, info = open_regular(f, 1 << 50, "pack data file")
+            except OSError as e:
+                raise DatasetError(f"pack {root}: cannot open its data file {f}: {clip(str(e))}") from e
+            os.close(fd)
+            identities.append(identity(info))
+        _check_index(root, count, arrays, [i[2] for i in identities])
         return ExtentIndex(
             root,
-            tuple(manifest["classes"]),
+            tuple(classes),
             tuple(files),
             arrays["file_ids"],
             arrays["offsets"],
@@ -116,7 +124,62 @@ class Packed(Source):
             arrays["names"],
             arrays["name_offsets"],
             arrays["labels"],
+            file_identities=np.array(identities, np.int64).reshape(len(files), 5),
         )
+
+
+def _checked_manifest(root: str, manifest: dict[str, Any]) -> tuple[int, list[str], list[str]]:
+    """(count, data file names, classes) of a manifest, each of the type it must be; DatasetError
+    naming the manifest otherwise. Data files are plain names inside the pack (no `..`, no `/`)."""
+    where = os.path.join(root, MANIFEST)
+    count, files, classes = manifest.get("count"), manifest.get("files"), manifest.get("classes")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise DatasetError(f"{where}: `count` must be a non-negative integer, got {clip(count)}")
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files) or not files:
+        raise DatasetError(f"{where}: `files` must be a non-empty list of data file names, got {clip(files)}")
+    outside = [f for f in files if f in ("", ".", "..") or os.path.basename(f) != f or "\0" in f]
+    if outside:
+        raise DatasetError(
+            f"{where}: data file {clip(outside[0])} is not a file name inside the pack (a pack's data "
+            "files are its own: no directories, no `..`); the manifest is damaged or was tampered with"
+        )
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise DatasetError(f"{where}: `classes` must be a list of names, got {clip(classes)}")
+    return count, files, classes
+
+
+def _check_index(root: str, count: int, arrays: dict[str, np.ndarray], file_sizes: list[int]) -> None:
+    """DatasetError unless the index arrays have their dtypes and lengths, and every extent lies
+    inside its data file within `MAX_SAMPLE_BYTES` (checked once, vectorized, at open)."""
+    expected = {"offsets": np.int64, "sizes": np.int64, "file_ids": np.int32, "name_offsets": np.int64}
+    for name, dtype in expected.items():
+        if arrays[name].dtype != dtype or arrays[name].ndim != 1:
+            raise DatasetError(f"pack {root}: {name}.npy is not a 1-D {np.dtype(dtype)} array")
+    labels = arrays["labels"]
+    if not (
+        (labels.dtype == np.int64 and labels.ndim == 1) or (labels.dtype == np.float32 and labels.ndim == 2)
+    ):
+        got = f"{labels.dtype} {labels.shape}"
+        raise DatasetError(f"pack {root}: labels.npy is {got}, not int64 (N,) or float32 (N, K)")
+    if arrays["names"].dtype != np.uint8 or arrays["names"].ndim != 1:
+        raise DatasetError(f"pack {root}: names.npy is not a 1-D uint8 array")
+    if any(len(arrays[name]) != count for name in ("offsets", "sizes", "file_ids", "labels")):
+        raise DatasetError(f"pack {root}: its index does not hold the {count} samples its manifest says")
+    if len(arrays["name_offsets"]) != count + 1:
+        raise DatasetError(f"pack {root}: name_offsets.npy does not hold {count + 1} offsets")
+    ids, offsets, sizes = arrays["file_ids"], arrays["offsets"], arrays["sizes"]
+    name_offsets = arrays["name_offsets"]
+    if count and (int(ids.min()) < 0 or int(ids.max()) >= len(file_sizes)):
+        raise DatasetError(f"pack {root}: file_ids.npy names data files the manifest does not list")
+    if count and (int(offsets.min()) < 0 or int(sizes.min()) < 0 or int(sizes.max()) > MAX_SAMPLE_BYTES):
+        raise DatasetError(f"pack {root}: offsets.npy or sizes.npy holds a negative or oversized extent")
+    if count and (offsets + sizes > np.asarray(file_sizes, np.int64)[ids]).any():
+        raise DatasetError(f"pack {root}: an extent runs past the end of its data file (truncated, damaged)")
+    ends = (int(name_offsets[0]), int(name_offsets[-1]))
+    if ends != (0, len(arrays["names"])) or (np.diff(name_offsets) < 0).any():
+        raise DatasetError(f"pack {root}: name_offsets.npy does not index names.npy")
+    if labels.ndim == 1 and count and int(labels.min()) < -1:
+        raise DatasetError(f"pack {root}: labels.npy holds a negative class index")
 
 
 def read_manifest(root: str) -> dict[str, Any] | None:
@@ -124,15 +187,22 @@ def read_manifest(root: str) -> dict[str, Any] | None:
     fastload pack's, or a newer version's."""
     path = os.path.join(root, MANIFEST)
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
+        fd, _ = open_regular(path, _MAX_MANIFEST_BYTES, "pack manifest")
+        try:
+            data = read_bounded(fd, _MAX_MANIFEST_BYTES, path, "pack manifest")
+        finally:
+            os.close(fd)
+        manifest = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
-        raise DatasetError(f"cannot read {path}: {e}") from e
+    except (OSError, ValueError, RecursionError) as e:
+        raise DatasetError(f"cannot read {path}: {clip(str(e))}") from e
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DatasetError(f"{path} is not the manifest of a fastload pack (format {FORMAT!r})")
-    if int(manifest.get("version", 0)) > VERSION:
+    version = manifest.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise DatasetError(f"{path}: `version` must be an integer, got {clip(version)}")
+    if version > VERSION:
         raise DatasetError(
             f"{path} is format version {manifest['version']}; this fastload reads version {VERSION} "
             "(upgrade fastload)"
@@ -252,8 +322,24 @@ def _manifest(
         "max_side": None if setting is None else setting.max_side,
         "quality": None if setting is None else setting.quality,
         "source": src.to_config(),
+        "source_fingerprint": _fingerprint(index),
         "files": [],
     }
+
+
+def _fingerprint(index: SampleIndex) -> str:
+    """A hash of the source's index as opened: every sample's name and target, and for extent
+    sources each extent. A pack resumed from a source that changed with the same count (files
+    swapped, relabelled, a shard rewritten) would otherwise mix two sources' samples and labels."""
+    digest = hashlib.sha256()
+    digest.update(np.ascontiguousarray(index.labels).tobytes())
+    for field in ("offsets", "sizes", "file_ids"):
+        array = getattr(index, field, None)
+        if isinstance(array, np.ndarray):
+            digest.update(np.ascontiguousarray(array).tobytes())
+    for i in range(len(index)):
+        digest.update(index.name(i).encode("utf-8", "surrogateescape") + b"\0")
+    return digest.hexdigest()
 
 
 def _check_same(root: str, manifest: dict[str, Any], wanted: dict[str, Any]) -> None:
@@ -282,6 +368,12 @@ def _check_same(root: str, manifest: dict[str, Any], wanted: dict[str, Any]) -> 
                 f"{json.dumps(manifest.get(field))}, is {json.dumps(wanted[field])}): remove {root} and "
                 "pack again"
             )
+    kept = manifest.get("source_fingerprint")
+    if kept is not None and kept != wanted["source_fingerprint"]:  # absent in packs made before it
+        raise DatasetError(
+            f"the source changed since {root} was packed from it (the same count, but other samples, "
+            f"names or labels): resuming would mix the two; remove {root} and pack again"
+        )
     if not manifest.get("complete") and manifest.get("shard_bytes") != wanted["shard_bytes"]:
         raise DatasetError(
             f"{root} is a pack started with shard size {manifest.get('shard_bytes')} bytes: finish it with "
