@@ -116,11 +116,14 @@ def live_children() -> dict[int, str]:
 
 
 def child_pids(parent: int) -> list[int]:
-    """Live (non-zombie) children of `parent`: a loader's workers, or a daemon's."""
+    """Live (non-zombie) children of `parent`: a loader's workers, or a daemon's (not the fork
+    server a daemon opens sources from, nor its resource tracker)."""
     pids = []
     for child in psutil.Process(parent).children():
         with contextlib.suppress(psutil.NoSuchProcess):
-            if child.status() != psutil.STATUS_ZOMBIE:
+            command = " ".join(child.cmdline())
+            helper = "multiprocessing.forkserver" in command or "multiprocessing.resource_tracker" in command
+            if child.status() != psutil.STATUS_ZOMBIE and not helper:
                 pids.append(child.pid)
     return pids
 
