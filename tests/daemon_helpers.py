@@ -9,12 +9,10 @@ test, stops every one still running and checks that none left a process or a seg
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -261,88 +259,6 @@ def assert_same_batches(got: Batches, expected: Batches) -> None:
         assert a[0].dtype == b[0].dtype and a[0].shape == b[0].shape, k
         assert torch.equal(a[0], b[0]), f"batch {k}: images differ"
         assert torch.equal(a[1], b[1]), f"batch {k}: labels differ"
-
-
-class GatedFolder:
-    """A copy of an image folder whose files are named pipes: a worker that reads one blocks until
-    the test serves it. With the daemon's only worker stopped on a known task, nothing else can be
-    dispatched or finish, so the test can look at the daemon at that exact point.
-
-    `wait_for_reader` returns the first pipe a reader opened, and keeps it open (unserved, so the
-    reader stays blocked); `serve` gives every reader its file's bytes from then on; `close` lets
-    any reader still waiting read an empty file and removes the pipes, so none blocks for ever.
-    """
-
-    def __init__(self, source: Path, root: Path) -> None:
-        self.root = root
-        self.data: dict[Path, bytes] = {}
-        for path in sorted(source.rglob("*")):
-            if path.is_file():
-                pipe = root / path.relative_to(source)
-                pipe.parent.mkdir(parents=True, exist_ok=True)
-                os.mkfifo(pipe, 0o600)
-                self.data[pipe] = path.read_bytes()
-        self._held: dict[Path, int] = {}
-        self._served: set[Path] = set()
-        self._halt = threading.Event()
-        self._server: threading.Thread | None = None
-
-    @staticmethod
-    def _open_if_read(pipe: Path) -> int | None:
-        """A write end of `pipe` when someone has it open for reading (their open() returns)."""
-        try:
-            return os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as e:
-            if e.errno == errno.ENXIO:  # nobody is reading it
-                return None
-            raise
-
-    def wait_for_reader(self, timeout_s: float) -> Path:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for pipe in self.data:
-                if pipe not in self._held and pipe not in self._served:
-                    fd = self._open_if_read(pipe)
-                    if fd is not None:
-                        self._held[pipe] = fd
-                        return pipe
-            time.sleep(0.005)
-        raise AssertionError(f"nothing read the pipes in {self.root} within {timeout_s:g} s (a hang)")
-
-    def serve(self) -> None:
-        self._server = threading.Thread(target=self._serve, daemon=True)
-        self._server.start()
-
-    def _serve(self) -> None:
-        while len(self._served) < len(self.data) and not self._halt.wait(0.005):
-            for pipe, data in self.data.items():
-                if pipe in self._served:
-                    continue
-                fd = self._held.pop(pipe) if pipe in self._held else self._open_if_read(pipe)
-                if fd is None:
-                    continue
-                try:
-                    os.set_blocking(fd, True)
-                    os.write(fd, data)  # images of a few KiB: the pipe takes them in one write
-                except BrokenPipeError:
-                    pass  # the reader is gone (its worker was stopped): nothing to serve
-                finally:
-                    os.close(fd)
-                self._served.add(pipe)
-
-    def close(self) -> None:
-        self._halt.set()
-        if self._server is not None:
-            self._server.join(30)
-        for fd in self._held.values():
-            os.close(fd)  # its reader reads an empty file
-        self._held.clear()
-        for pipe in self.data:
-            # Opening for reading and writing never blocks, and lets a reader blocked in open()
-            # go on; once the pipe is gone and this end closed, it reads an empty file.
-            fd = os.open(pipe, os.O_RDWR | os.O_NONBLOCK)
-            pipe.unlink()
-            os.close(fd)
 
 
 def local_epoch(folder: Path, **kwargs: Any) -> Batches:

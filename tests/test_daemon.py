@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,6 @@ from daemon_helpers import (
     Batches,
     DaemonPool,
     DaemonProcess,
-    GatedFolder,
     assert_same_batches,
     local_epoch,
     serve_command,
@@ -211,26 +211,30 @@ def test_uneven_dataset_is_sharded_as_distributed_sampler_with_drop_last(
 
 
 def test_two_trainers_are_served_round_robin_with_correct_batches(
-    daemon_pool: DaemonPool, image_folder: Path, make_folder: Callable[..., Path], tmp_path: Path
+    daemon_pool: DaemonPool, image_folder: Path, make_folder: Callable[..., Path]
 ) -> None:
     """A trainer that queued its whole epoch does not make a later one wait for all of it.
 
-    What is checked is the order in which the daemon dispatches, not the order in which the
-    trainers' threads get to run: the daemon has one worker, which runs tasks in the order they
-    are sent to it, and b's files are named pipes, so that worker stops at b's first batch until
-    the test has looked at how many of a's batches were dispatched before it.
+    What is checked is the order in which the daemon's one worker runs the trainers' batches: with
+    the worker stopped, a queues all 12 of its batches (2 go to the worker, 10 wait), then b its 2;
+    once the worker goes on, round-robin runs b's first batch after one or two more of a's, where
+    first come, first served would run all of a's first. Each batch's arrival in its trainer is
+    timed: b's first must arrive before most of a's (the trainers' threads take batches as they
+    come, so an arrival trails its batch's end by far less than a batch takes).
     """
     daemon = daemon_pool.start(workers=1)  # it sends 2 tasks at a time to its worker
     kwargs: dict[str, Any] = {"batch_size": 2, "shuffle": True, "transform": RESIZE, "device": "cpu"}
     plain = make_folder(classes=2, per_class=2, name="b")  # 4 images: b's epoch is 2 batches
-    gated = GatedFolder(plain, tmp_path / "b_gated")
     expected = {"a": local_epoch(image_folder, seed=1, **kwargs), "b": local_epoch(plain, seed=2, **kwargs)}
     got: dict[str, Batches] = {"a": [], "b": []}
+    arrivals: dict[str, list[float]] = {"a": [], "b": []}
     errors: dict[str, BaseException] = {}
 
     def run(name: str, loader: FastLoader) -> None:
         try:
-            got[name] = take(loader)
+            for batch in loader:
+                arrivals[name].append(time.monotonic())
+                got[name].append([t.clone() for t in batch])
         except BaseException as e:  # reported by the test thread
             errors[name] = e
 
@@ -239,39 +243,32 @@ def test_two_trainers_are_served_round_robin_with_correct_batches(
         return [s["queued"] for s in sorted(mine, key=lambda s: s["session"])]
 
     address = daemon.address
-    try:
-        with (
-            FastLoader(image_folder, seed=1, prefetch=12, num_workers=1, daemon=address, **kwargs) as a,
-            FastLoader(gated.root, seed=2, prefetch=2, num_workers=1, daemon=address, **kwargs) as b,
-        ):
-            threads = {
-                name: threading.Thread(target=run, args=(name, loader), daemon=True)
-                for name, loader in (("a", a), ("b", b))
-            }
-            # Pause the worker so that the queues build up as they would under load: a asks for
-            # all 12 of its batches (2 go to the worker, 10 wait), then b asks for its 2.
-            daemon.signal_workers(signal.SIGSTOP)
-            try:
-                threads["a"].start()
-                assert wait_until(lambda: queued()[:1] == [10], HANG_S), queued()
-                threads["b"].start()
-                assert wait_until(lambda: queued() == [10, 2], HANG_S), queued()
-            finally:
-                daemon.signal_workers(signal.SIGCONT)
-            gated.wait_for_reader(HANG_S)  # the worker is on b's first batch, and stays there
-            a_waiting = queued()[0]
-            # Round-robin gave b its turn after one or two of a's batches finished: 3 or 4 of a's
-            # were dispatched by then. First come, first served would have dispatched all 12.
-            assert a_waiting >= 6, f"b's first batch started after {12 - a_waiting} of a's 12 batches"
-            gated.serve()
-            for thread in threads.values():
-                thread.join(HANG_S)
-                assert not thread.is_alive(), "a trainer hangs"
-    finally:
-        gated.close()
+    with (
+        FastLoader(image_folder, seed=1, prefetch=12, num_workers=1, daemon=address, **kwargs) as a,
+        FastLoader(plain, seed=2, prefetch=2, num_workers=1, daemon=address, **kwargs) as b,
+    ):
+        threads = {
+            name: threading.Thread(target=run, args=(name, loader), daemon=True)
+            for name, loader in (("a", a), ("b", b))
+        }
+        # Pause the worker so that the queues build up as they would under load.
+        daemon.signal_workers(signal.SIGSTOP)
+        try:
+            threads["a"].start()
+            assert wait_until(lambda: queued()[:1] == [10], HANG_S), queued()
+            threads["b"].start()
+            assert wait_until(lambda: queued() == [10, 2], HANG_S), queued()
+        finally:
+            daemon.signal_workers(signal.SIGCONT)
+        for thread in threads.values():
+            thread.join(HANG_S)
+            assert not thread.is_alive(), "a trainer hangs"
     assert not errors, errors
     assert_same_batches(got["a"], expected["a"])
     assert_same_batches(got["b"], expected["b"])
+    before_b = sum(t < arrivals["b"][0] for t in arrivals["a"])
+    # Round-robin: b's first batch ran after 3 or 4 of a's; first come, first served: after 12.
+    assert before_b <= 7, f"b's first batch arrived after {before_b} of a's 12 batches"
 
 
 # ---------------------------------------------------------------------------------------------
