@@ -1,6 +1,6 @@
 """Data-parallel training with FastLoader: one process per device, each reading its own shard.
 
-    torchrun --nproc_per_node=2 examples/ddp_train.py                       # 2 CPU processes (gloo)
+    torchrun --nproc_per_node=2 examples/ddp_train.py                       # 2 processes (CPU: gloo)
     torchrun --nproc_per_node=8 examples/ddp_train.py --data /path/to/train  # 8 GPUs (nccl)
 
 With more ranks on a machine than it has GPUs (2 ranks on a 1-GPU box: where an example is tried
