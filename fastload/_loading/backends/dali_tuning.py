@@ -18,8 +18,9 @@ from fastload._errors import ConfigError
 # takes whole images) and the clip box is cut on the GPU (`fn.slice`: the same pixels a region
 # decode gives, so the same batches), with DALI's pipelined executor two batches deep.
 # `tools/bench/bench_gpu_decode.py` measures the variants on a GPU machine in one run
-# (`FASTLOAD_DALI_TUNING` sets them); docs/BENCHMARKS.md holds what it found, and the defaults
-# follow it. The CPU workers always decode regions (libjpeg's region decode skips what a crop
+# (`FASTLOAD_DALI_TUNING` sets them), and the defaults are to follow its table in
+# docs/BENCHMARKS.md; no GPU run has carried DALI yet (2026-11-26), so until one does they follow
+# DALI's documentation and the suspicions above, unmeasured. The CPU workers always decode regions (libjpeg's region decode skips what a crop
 # leaves out), one batch at a time.
 
 
