@@ -158,8 +158,31 @@ def test_preflight_in_a_container_names_the_size_and_shm_size(monkeypatch: pytes
     assert "needs 100 MiB" in message and "40 MiB free of 64 MiB" in message
     match = re.search(r"--shm-size=(\d+)m", message)
     assert match is not None, message
-    assert int(match.group(1)) >= 100 + 64  # the ring and the head-room
-    assert "batch_size" in message
+    # The advice works: a mount of that size, with what others use now (24 MiB), takes the ring.
+    size = int(match.group(1))
+    _fake_shm(monkeypatch, free_mib=size - 24, total_mib=size, container=True)
+    _shm.preflight(100 << 20)
+    # And the other way out is sized: a ring that fits in the named MiB passes as things are.
+    fits = re.search(r"until the ring fits in (\d+) MiB", message)
+    assert fits is not None, message
+    _fake_shm(monkeypatch, free_mib=40, total_mib=64, container=True)
+    _shm.preflight(int(fits.group(1)) << 20)
+
+
+def test_dockers_default_shm_takes_a_small_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 MiB, Docker's default: the head-room is an eighth of it, not all of it."""
+    _fake_shm(monkeypatch, free_mib=64, total_mib=64, container=True)
+    _shm.preflight(2 << 20)
+    _shm.preflight(56 << 20)
+    with pytest.raises(SharedMemoryError, match="plus 8 MiB head-room"):
+        _shm.preflight(57 << 20)
+
+
+def test_a_full_shm_does_not_advise_a_smaller_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_shm(monkeypatch, free_mib=4, total_mib=64, container=False)
+    with pytest.raises(SharedMemoryError) as info:
+        _shm.preflight(2 << 20)
+    assert "nearly full: 60 MiB in use" in str(info.value) and "batch_size" not in str(info.value)
 
 
 def test_preflight_outside_a_container_says_how_to_grow_it(monkeypatch: pytest.MonkeyPatch) -> None:

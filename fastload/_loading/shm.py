@@ -43,8 +43,16 @@ from fastload._machine import SHM_DIR, pid_alive
 PREFIX = "fastload_"
 _NAME_RE = re.compile(r"^fastload_(\d+)_(?:stats_)?[0-9a-f]{32}$")
 STATS_TAG = "stats_"  # marks a loader's statistics block (see fastload._loading.stats), found by iostat
-# Head-room kept free in /dev/shm beyond what the ring needs (other users of shm, page rounding).
-_SHM_MARGIN_BYTES = 64 << 20
+# Head-room kept free in /dev/shm beyond what the ring needs (other users of shm, page rounding):
+# an eighth of the mount, at most 64 MiB, so Docker's default 64 MiB /dev/shm keeps 8 MiB and
+# holds a ring of up to 56 MiB (issue 22: a fixed 64 MiB refused every loader there).
+_SHM_MARGIN_MAX_BYTES = 64 << 20
+_SHM_MARGIN_SHARE = 8
+
+
+def shm_margin(total_bytes: int) -> int:
+    """The head-room `preflight` keeps free in a /dev/shm of `total_bytes`."""
+    return min(_SHM_MARGIN_MAX_BYTES, total_bytes // _SHM_MARGIN_SHARE)
 
 # File descriptors a mapped segment keeps open for its whole life (see NOTE above).
 FDS_PER_SEGMENT = 0 if sys.version_info >= (3, 13) else 1
@@ -339,19 +347,29 @@ def preflight(required_bytes: int) -> None:
         raise SharedMemoryError(f"{SHM_DIR} is not available ({e}); fastload needs it") from e
     free = st.f_bavail * st.f_frsize
     total = st.f_blocks * st.f_frsize
-    if free >= required_bytes + _SHM_MARGIN_BYTES:
+    margin = shm_margin(total)
+    if free >= required_bytes + margin:
         return
-    need_mib = (required_bytes + _SHM_MARGIN_BYTES + (1 << 20) - 1) >> 20
-    hint = (
-        f"run the container with --shm-size={max(need_mib, (total >> 20) + need_mib)}m"
+    mib = 1 << 20
+    # What the mount must hold: what others use now, the ring, the head-room of a mount that size.
+    others = total - free
+    base = others + required_bytes
+    size = base + min(_SHM_MARGIN_MAX_BYTES, -(-base // (_SHM_MARGIN_SHARE - 1)))  # m = (base + m) / 8
+    grow = (
+        f"run the container with --shm-size={-(-size // mib)}m"
         if _in_container()
-        else "free space in /dev/shm or remount it larger (mount -o remount,size=...)"
+        else f"free space in {SHM_DIR} or remount it larger (mount -o remount,size={-(-size // mib)}m)"
+    )
+    fits = free - margin
+    shrink = (
+        f", or lower batch_size or prefetch until the ring fits in {fits / mib:.0f} MiB"
+        if fits >= mib
+        else f" ({SHM_DIR} is nearly full: {others / mib:.0f} MiB in use by other segments)"
     )
     raise SharedMemoryError(
-        f"the batch ring needs {required_bytes / 2**20:.0f} MiB of shared memory "
-        f"(plus {_SHM_MARGIN_BYTES >> 20} MiB head-room) but {SHM_DIR} has "
-        f"{free / 2**20:.0f} MiB free of {total / 2**20:.0f} MiB: {hint}, "
-        "or lower batch_size / prefetch"
+        f"the batch ring needs {required_bytes / mib:.0f} MiB of shared memory (plus "
+        f"{margin / mib:.0f} MiB head-room) but {SHM_DIR} has {free / mib:.0f} MiB free of "
+        f"{total / mib:.0f} MiB: {grow}{shrink}"
     )
 
 
