@@ -188,6 +188,25 @@ def wait_children_gone(ignore: set[int], grace_s: float) -> dict[int, str]:
         time.sleep(0.02)
 
 
+def segfault_self() -> None:
+    """Die of SIGSEGV, as a crashing decoder does, without the stack dump pytest's faulthandler
+    (inherited by a forked worker) would print: a passing run must not print "Fatal Python error"."""
+    import faulthandler
+
+    faulthandler.disable()
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def segfault_at(bad: int) -> Callable[[int], None]:
+    """A per-sample hook that crashes its process (`segfault_self`) at sample `bad`."""
+
+    def hook(i: int) -> None:
+        if i == bad:
+            segfault_self()
+
+    return hook
+
+
 def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
     """Poll `condition` until it holds or `timeout_s` passes; return its last value."""
     deadline = time.monotonic() + timeout_s

@@ -25,7 +25,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from helpers import Killer
+from helpers import Killer, segfault_at
 from torch.utils.data import Dataset
 
 from fastload import FastLoader, WorkerError
@@ -169,16 +169,10 @@ def test_a_stopped_worker_is_taken_as_hung_and_replaced(timeout: float) -> None:
     assert sorted(seen) == list(range(n))
 
 
-def _segfault_at(bad: int) -> Callable[[int], None]:
-    def hook(i: int) -> None:
-        if i == bad:
-            os.kill(os.getpid(), signal.SIGSEGV)
-
-    return hook
 
 
 def test_a_sample_that_crashes_is_still_failed_under_outside_kills() -> None:
-    dataset = SlowIndexDataset(200, sleep_s=0.002, hook=_segfault_at(9))
+    dataset = SlowIndexDataset(200, sleep_s=0.002, hook=segfault_at(9))
     got: list[int] = []
     errors: list[WorkerError] = []
     killer = Killer(os.getpid(), every_s=0.2, seed=3, progress=lambda: len(got) + len(errors))

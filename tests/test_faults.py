@@ -14,7 +14,6 @@ them slower. Where a test needs a sample to hang, it waits for the test to let i
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import epoch_outcomes, fastload_segments, pid_alive, split_outcomes, wait_until
+from helpers import epoch_outcomes, fastload_segments, pid_alive, segfault_at, split_outcomes, wait_until
 from torch.utils.data import Dataset
 
 from fastload import FastLoader, LoaderTimeout, SampleError, WorkerError
@@ -280,18 +279,11 @@ def test_no_timeout_when_batches_are_merely_slow() -> None:
 # (g) a sample that crashes every worker that loads it
 
 
-def _segfault_at(bad: int) -> Callable[[int], None]:
-    def hook(i: int) -> None:
-        if i == bad:
-            faulthandler.disable()  # pytest's handler, inherited by the worker, would dump stacks
-            os.kill(os.getpid(), signal.SIGSEGV)
-
-    return hook
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])
 def test_crashing_sample_gives_worker_error_naming_it_not_a_hang(num_workers: int) -> None:
-    with FastLoader(ToyDataset(40, _segfault_at(5)), batch_size=4, num_workers=num_workers) as loader:
+    with FastLoader(ToyDataset(40, segfault_at(5)), batch_size=4, num_workers=num_workers) as loader:
         it = iter(loader)
         assert next(it)[0].tolist() == [0, 1, 2, 3]
         with pytest.raises(WorkerError) as info:  # (no `timeout`: a hang would be the module's)

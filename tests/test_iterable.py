@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import segfault_self
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fastload import ConfigError, FastLoader, SampleError, WorkerError
@@ -146,7 +147,7 @@ class CrashesAt(IterableDataset[Any]):
         assert info is not None
         for i in range(info.id, self.n, info.num_workers):
             if i == self.crash:
-                os.kill(os.getpid(), signal.SIGSEGV)
+                segfault_self()
             yield i
 
 
