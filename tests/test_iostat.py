@@ -224,11 +224,25 @@ def test_a_slow_trainer_means_the_loader_is_not_the_bottleneck(folder: Path) -> 
     assert r.worker_busy_percent < 50  # the workers had time to spare
 
 
-def test_batch_size_not_a_multiple_of_8_is_flagged(folder: Path) -> None:
+def test_batch_size_not_a_multiple_of_8_is_flagged_for_gpu_batches_only(folder: Path) -> None:
     with FastLoader(folder, batch_size=6, num_workers=1, device="cpu",  # type: ignore[arg-type]
                     transform=[T.CenterCrop(64)]) as loader:
         r = _run_and_sample(loader, lambda: time.sleep(0.2), seconds=0.5)
-    assert any("batch size 6 is not a multiple of 8" in a for a in r.advice)
+    assert not any("multiple of 8" in a for a in r.advice), r.advice  # tensor cores: a GPU's matter
+    rates = _one_second(batches=10, samples=60, decode_s=0.2, trainer_wait_s=0.05, next_calls=10)
+    for device, flagged in (("cpu", False), ("cuda", True)):
+        _, advice = classify(dataclasses.replace(rates, batch_size=6, device=device), IDLE, cores=2)
+        assert any("batch size 6 is not a multiple of 8" in a for a in advice) == flagged, advice
+
+
+def test_decode_bound_advice_names_the_gpu_only_for_gpu_batches() -> None:
+    rates = _one_second(batches=10, samples=80, decode_s=1.9, read_s=0.05, read_cpu_s=0.05,
+                        trainer_wait_s=0.9, next_calls=10)
+    for device in ("cpu", "cuda"):
+        verdict, advice = classify(dataclasses.replace(rates, device=device), IDLE, cores=2)
+        assert verdict == "decode-bound", advice
+        assert "--max-side" in advice[0]
+        assert ("GPU" in advice[0]) == (device == "cuda"), advice
 
 
 def test_stats_count_every_sample(folder: Path) -> None:

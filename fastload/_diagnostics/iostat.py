@@ -116,7 +116,7 @@ def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seco
 def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str]]:
     """The loader's verdict and advice lines, from its rates and the machine's."""
     advice: list[str] = []
-    if r.batch_size % 8:
+    if r.batch_size % 8 and r.device == "cuda":  # a GPU's matter: no advice for CPU batches
         advice.append(f"batch size {r.batch_size} is not a multiple of 8: tensor cores prefer multiples of 8")
     if r.samples_per_s == 0 and r.trainer_wait_percent < WAIT_BOUND_PERCENT:
         return "idle", advice
@@ -194,8 +194,13 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
             )
         elif r.workers < cores:
             tip = f"{cores - r.workers} core(s) are free: raise num_workers to {cores}"
+        elif r.device == "cuda":
+            tip = (
+                "add cores, store smaller images (fastload pack --max-side 320), or decode on the "
+                "GPU (backend='dali')"
+            )
         else:
-            tip = "add cores, store smaller images, or decode on the GPU (NVIDIA DALI)"
+            tip = "add cores, or store smaller images (fastload pack --max-side 320)"
         return "decode-bound", [
             f"decode-bound: {r.workers} workers on {cores} cores are "
             f"{r.worker_busy_percent:.0f}% busy; {tip}",
