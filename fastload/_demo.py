@@ -134,15 +134,35 @@ def _progress(batches: Iterable[Any], total: int, label: str, out: TextIO) -> It
     out.write("\n")
 
 
-def _measure(loader: Iterable[Any], total: int, label: str, out: TextIO) -> float:
-    """Images per second over one pass, counted from the first batch (start-up excluded)."""
-    images, first = 0, None
+# A rate timed over fewer batches, or less time, than this is noise: three demo runs on a
+# 512-image folder (7 timed batches an epoch) gave ratios of 0.53x, 0.98x and 4.62x.
+MIN_TIMED_BATCHES = 20
+MIN_TIMED_S = 1.0
+
+
+def _measure(loader: Iterable[Any], total: int, label: str, out: TextIO) -> tuple[float, int, float]:
+    """(images per second, batches timed, seconds timed) over one pass, counted from the first
+    batch (start-up excluded)."""
+    images, batches, first = 0, 0, None
     for batch in _progress(loader, total, label, out):
         if first is None:
             first = time.perf_counter()
             continue
         images += len(batch[1])
-    return images / max(time.perf_counter() - (first or time.perf_counter()), 1e-9)
+        batches += 1
+    seconds = time.perf_counter() - (first or time.perf_counter())
+    return images / max(seconds, 1e-9), batches, seconds
+
+
+def too_few(batches: int, seconds: float) -> bool:
+    """Whether a rate timed over `batches` batches in `seconds` is too short to compare."""
+    return batches < MIN_TIMED_BATCHES or seconds < MIN_TIMED_S
+
+
+def _best(runs: list[tuple[float, int, float]]) -> tuple[float, bool]:
+    """(the best epoch's rate, whether even that epoch was timed too briefly to mean much)."""
+    rate, batches, seconds = max(runs)
+    return rate, too_few(batches, seconds)
 
 
 def run_demo(
@@ -172,8 +192,8 @@ def run_demo(
         out.write(
             f"FastLoader: {len(loader)} batches of {batch_size}, {workers} workers, device {loader.device}\n"
         )
-        rates = [_measure(loader, len(loader), f"fastload epoch {e}", out) for e in range(epochs)]
-        results["fastload"] = max(rates)
+        runs = [_measure(loader, len(loader), f"fastload epoch {e}", out) for e in range(epochs)]
+        results["fastload"], short = _best(runs)
     if baseline:
         dataset = _BaselineDataset(root, 224)
         loader_dl = torch.utils.data.DataLoader(
@@ -184,8 +204,14 @@ def run_demo(
             num_workers=workers,
             persistent_workers=workers > 0,
         )
-        rates = [_measure(loader_dl, len(loader_dl), f"DataLoader epoch {e}", out) for e in range(epochs)]
-        results["dataloader"] = max(rates)
+        runs = [_measure(loader_dl, len(loader_dl), f"DataLoader epoch {e}", out) for e in range(epochs)]
+        results["dataloader"], short_dl = _best(runs)
         fast, slow = results["fastload"], results["dataloader"]
         out.write(f"\nfastload {fast:.0f} img/s vs torch DataLoader {slow:.0f} img/s: {fast / slow:.2f}x\n")
+        if short or short_dl:
+            out.write(
+                f"(timed over too little to mean much: fewer than {MIN_TIMED_BATCHES} batches or "
+                f"{MIN_TIMED_S:g} s an epoch; use more --images, a smaller --batch-size or a larger "
+                "--data folder)\n"
+            )
     return results
