@@ -25,15 +25,17 @@ from fastload._loading.iterable import IterableJob, IterablePlan
 from fastload._loading.jobs import DatasetJob, ImageJob, Job
 from fastload._loading.pipeline import Pipeline
 from fastload._loading.plan import BatchSampler, SamplerPlan, ShuffledPlan
+from fastload._loading.resume import check_settings, convert, fingerprint, plain
 from fastload._loading.ring import EXTRA_SLOTS
 from fastload._loading.shm import preflight
 from fastload._loading.spec import build_spec
 from fastload._loading.stats import LoaderStats, format_summary
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._index import SampleIndex
-from fastload.transforms import Transform
+from fastload.transforms import Transform, to_config
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: what the position depends on, and the position in samples (`_loading.resume`)
+_OLD_VERSIONS = (1,)  # {version, seed, epoch, batches_yielded}: still loaded, unchecked, as before
 
 
 class FastLoader:
@@ -168,6 +170,7 @@ class FastLoader:
         self._position = (0, 0)  # (epoch, batches yielded in it), for state_dict
         self._resume_at = 0
         self._undrawn: tuple[int, int] | None = None  # (epoch, resume_at) before an iteration's first batch
+        self._fingerprint: dict[str, Any] | None = None  # the source's, for state_dict (computed once)
         self._closed = False
 
     # DataLoader's attributes, read from the spec.
@@ -355,22 +358,73 @@ class FastLoader:
             self._undrawn = None
 
     def state_dict(self) -> dict[str, Any]:
-        """The position to resume from: after the last batch this loader yielded."""
+        """The position to resume from: after the last batch this loader yielded, with what that
+        position depends on (batch size, rank and world size, seed, shuffle settings, the source's
+        fingerprint, the transform chain) and the position counted in samples (`_loading.resume`)."""
         epoch, yielded = self._position
         state: dict[str, Any] = {
             "version": _STATE_VERSION, "seed": self.seed, "epoch": epoch, "batches_yielded": yielded
         }
         if isinstance(self._plan, IterablePlan):  # how far each worker's stream got
             state["stream_batches"] = self._plan.state(epoch)
+        else:
+            state["epoch_batches"] = self._epoch_batches()
+            state["samples_yielded"] = self._samples_yielded(yielded)
+        state.update(self._settings())
+        state.update(batch_size=self.batch_size, rank=self._spec.rank, world_size=self._spec.world_size)
         return state
+
+    def _epoch_batches(self) -> int | None:
+        try:
+            return len(self._plan)
+        except TypeError:  # a sampler without len()
+            return None
+
+    def _samples_yielded(self, yielded: int) -> int | None:
+        """This rank's samples delivered in the epoch after `yielded` batches (None when a
+        user's batch_sampler makes the batches)."""
+        if isinstance(self._plan, ShuffledPlan):
+            return min(yielded * self._plan.batch_size, self._plan.samples_per_rank)
+        if isinstance(self._plan, SamplerPlan) and self.batch_size is not None:
+            return yielded * self.batch_size
+        return None
+
+    def _settings(self) -> dict[str, Any]:
+        """What a state's position depends on besides the seed, batch size, rank and world size."""
+        spec = self._spec
+        if self._fingerprint is None:
+            if self._index is not None:
+                self._fingerprint = fingerprint(len(self._index), self._index.labels, self.classes)
+            elif spec.iterable:
+                self._fingerprint = {}
+            else:  # a Dataset, or a daemon's source: its length and classes
+                self._fingerprint = fingerprint(self._num_samples, None, self.classes)
+        transforms = None if spec.transform is None else plain(to_config(spec.transform))
+        return {
+            "shuffle": spec.shuffle, "shuffle_block": spec.shuffle_block,
+            "shuffle_window": spec.shuffle_window, "drop_last": spec.drop_last,
+            "source": self._fingerprint, "transforms": transforms,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration resume exactly after the batch `state` was taken at.
 
+        A state is checked against this loader (NOTE [elastic resume] in `_loading.resume`): a
+        changed shuffle, shuffle_block, shuffle_window, drop_last, source or transform chain is a
+        ConfigError naming it; a mid-epoch position under another batch size or world size is
+        converted where it falls on a batch boundary of the new layout (an unblocked order), and
+        refused otherwise. The state's seed wins over this loader's: the seed given to a loader is
+        where a fresh run starts, and a resumed run goes on with the run it came from (its order and
+        augmentations), as a StatefulDataLoader restores its generator's state. States of version 1
+        load unchecked, as before.
+
         A user's sampler with `set_epoch` is set to the epoch resumed: its order is replayed up to
         the position, so it must be that epoch's."""
-        if state.get("version") != _STATE_VERSION:
-            raise ConfigError(f"unknown FastLoader state version {state.get('version')!r}")
+        version = state.get("version")
+        if version != _STATE_VERSION and version not in _OLD_VERSIONS:
+            raise ConfigError(f"unknown FastLoader state version {version!r}")
+        if version == _STATE_VERSION:
+            check_settings(state, self._settings())
         seed = int(state["seed"])
         if seed != self.seed:
             # Workers (or a daemon session) were started with the old seed: start afresh.
@@ -381,13 +435,40 @@ class FastLoader:
             self._plan = self._make_plan()
         epoch, yielded = int(state["epoch"]), int(state["batches_yielded"])
         if isinstance(self._plan, IterablePlan):
+            saved_b = state.get("batch_size", self.batch_size)
+            if saved_b != self.batch_size:
+                raise ConfigError(
+                    f"this state was saved by an IterableDataset loader with other batches (batch_size: "
+                    f"{saved_b} -> {self.batch_size}), and its streams' positions are counted in "
+                    f"batches: build the loader with batch_size={saved_b} to resume"
+                )
             self._plan.resume_from(epoch, list(state.get("stream_batches", [])))
-        elif yielded >= len(self._plan):
-            epoch, yielded = epoch + 1, 0
+        elif state.get("epoch_batches") is not None and yielded >= state["epoch_batches"]:
+            epoch, yielded = epoch + 1, 0  # the saved epoch was over: the next starts afresh in any layout
+        else:
+            if version == _STATE_VERSION:
+                yielded = convert(
+                    state, batch_size=self.batch_size, world_size=self._spec.world_size,
+                    convertible=self._not_convertible(),
+                )
+            if yielded >= len(self._plan):
+                epoch, yielded = epoch + 1, 0
         self._epoch, self._resume_at = epoch, yielded
         self._position = (epoch, yielded)
         if isinstance(self._plan, SamplerPlan):
             self._plan.set_epoch(epoch)
+
+    def _not_convertible(self) -> str | None:
+        """Why this loader's plan cannot take a position from another batch size or world size
+        (NOTE [elastic resume]), or None."""
+        plan = self._plan
+        if isinstance(plan, ShuffledPlan):
+            if plan.block is not None:
+                return "a block shuffle's order depends on both (windows of window x batch_size, per rank)"
+            return None
+        if isinstance(plan, SamplerPlan) and plan.user_sampler is not None:
+            return None if self._spec.world_size == 1 else "a sampler's order is its own"
+        return "a batch_sampler's batches are not counted in samples"
 
     @property
     def worker_pids(self) -> list[int]:
