@@ -20,8 +20,8 @@ from fastload._errors import ConfigError
 # `tools/bench/bench_gpu_decode.py` measures the variants on a GPU machine in one run
 # (`FASTLOAD_DALI_TUNING` sets them), and the defaults are to follow its table in
 # docs/BENCHMARKS.md; no GPU run has carried DALI yet (2026-11-26), so until one does they follow
-# DALI's documentation and the suspicions above, unmeasured. The CPU workers always decode regions (libjpeg's region decode skips what a crop
-# leaves out), one batch at a time.
+# DALI's documentation and the suspicions above, unmeasured. The CPU workers always decode
+# regions (libjpeg's region decode skips what a crop leaves out), one batch at a time.
 
 
 @dataclasses.dataclass(frozen=True)
