@@ -28,8 +28,7 @@ import numpy as np
 import torch
 
 from fastload._errors import ConfigError
-from fastload._loading.backends import SampleFailure
-from fastload._loading.backends.boxes import JPEG_MAGIC
+from fastload._loading.backends import JPEG_MAGIC, SampleFailure
 from fastload._loading.crop_resize import crop_resize
 from fastload.transforms import TransformPlan
 

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
+from fastload._loading.backends import JPEG_MAGIC
 from fastload._loading.native import built_native_jpeg
 from fastload.sources._index import ReadFailure, SampleIndex
 
@@ -51,7 +52,6 @@ DEFAULT_QUALITY = 90  # FFCV's default: visually lossless on photos at ~1/3 of q
 LANCZOS = 1  # Pillow's Image.Resampling.LANCZOS, native/fl_resample.h's FL_FILTER_LANCZOS
 # Samples one pool task reads and re-encodes; tasks in flight: 2 per worker (tests make it small).
 TASK_SAMPLES = 64
-_JPEG_MAGIC = b"\xff\xd8\xff"
 _PILLOW_INSTALL = "pip install pillow (or pip install fastload[pillow])"
 
 Blob = bytes | memoryview
@@ -99,7 +99,7 @@ def reencode(blob: Blob, setting: Reencoding) -> Blob:
     resized re-encoding (module docstring). ValueError/OSError for an image that cannot be
     decoded, ConfigError when Pillow is needed and missing."""
     native = built_native_jpeg()
-    if bytes(blob[:3]) == _JPEG_MAGIC:
+    if bytes(blob[:3]) == JPEG_MAGIC:
         if native is not None:
             width, height = native.jpeg_size(blob)
             size = fitted_size(width, height, setting.max_side)

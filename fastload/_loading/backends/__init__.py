@@ -19,6 +19,7 @@ from fastload._errors import ConfigError
 from fastload.transforms import RandomSource, TransformPlan
 
 BACKENDS = ("native", "pil", "dali", "nvjpeg")
+JPEG_MAGIC = b"\xff\xd8\xff"  # how every decoder tells a JPEG from other formats
 
 
 class SampleFailure(Exception):

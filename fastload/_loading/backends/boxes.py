@@ -16,12 +16,11 @@ from types import ModuleType
 
 import numpy as np
 
-from fastload._loading.backends import SampleFailure
+from fastload._loading.backends import JPEG_MAGIC, SampleFailure
 from fastload._loading.sample_random import SampleDraws
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
 from fastload.transforms._batch_geometry import BatchGeometry, sample_batch
 
-JPEG_MAGIC = b"\xff\xd8\xff"
 _EPS = 1e-6  # as the Pillow backend: a clip edge within this of a whole pixel is that pixel
 
 

@@ -13,12 +13,11 @@ from types import ModuleType
 
 import numpy as np
 
-from fastload._loading.backends import SampleFailure
+from fastload._loading.backends import JPEG_MAGIC, SampleFailure
 from fastload._loading.sample_random import SampleDraws
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
 from fastload.transforms._batch_geometry import sample_batch
 
-_JPEG_MAGIC = b"\xff\xd8\xff"
 # Pillow's Image.Resampling numbering, which the extension takes.
 _FILTERS = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
 
@@ -38,7 +37,7 @@ class NativeBackend:
     ) -> None:
         """Decode the batch; a task's `SampleDraws` get their geometry drawn a batch at a time
         (NOTE [per-batch geometry]), other random sources a sample at a time."""
-        jpegs = [i for i, blob in enumerate(blobs) if blob[:3] == _JPEG_MAGIC]
+        jpegs = [i for i, blob in enumerate(blobs) if blob[:3] == JPEG_MAGIC]
         sizes = np.empty((len(jpegs), 2), np.int64)  # (width, height), as the header says
         for k, i in enumerate(jpegs):
             try:
@@ -69,7 +68,7 @@ class NativeBackend:
     def _decode_one(self, i: int, blob: bytes | memoryview, rng: RandomSource, out: np.ndarray) -> None:
         """Sample i alone, its geometry drawn from `rng` by the plan's per-sample walk."""
         try:
-            if blob[:3] != _JPEG_MAGIC:
+            if blob[:3] != JPEG_MAGIC:
                 _pil_decode_into()(blob, self.plan, rng, out[i])
                 return
             width, height = self._jpeg.jpeg_size(blob)
