@@ -151,3 +151,29 @@ def test_an_open_that_needs_gigabytes_is_refused_and_the_daemon_stays_small(
     assert op == "error", fields
     assert psutil.Process(daemon.pid).memory_info().rss < 1 << 30
     _served_while(daemon, image_folder)
+
+
+def test_a_slow_fork_server_does_not_stall_the_daemon(
+    daemon_pool: DaemonPool, tmp_path: Path, image_folder: Path
+) -> None:
+    """The fork server's start takes 10 s here (its imports of torch and CUDA's libraries took
+    over 5 s on a busy GPU machine, and every hello there timed out): `status` answers meanwhile,
+    and a trainer's hello is told `indexing` until its index is made, then welcomed."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import time\n"
+        "with open('/proc/self/cmdline', 'rb') as f:\n"
+        "    if b'multiprocessing.forkserver' in f.read():\n"
+        "        time.sleep(10)\n"
+    )
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    daemon = daemon_pool.start(workers=1, env={**os.environ, "PYTHONPATH": path})
+    hello = _Hello(daemon.address, hello_fields(image_folder), timeout_s=60)
+    assert wait_until(lambda: daemon.status(timeout_s=2.0)["pid"] == daemon.pid, 5)
+    started = time.monotonic()
+    assert daemon.status(timeout_s=2.0)["pid"] == daemon.pid
+    assert time.monotonic() - started < 2.0, "the daemon's loop is stalled by the fork server"
+    _served_while(daemon, image_folder)  # FastLoader's own hello, which gives up after 5 s of silence
+    hello.join(60)
+    assert hello.reply is not None and hello.reply[0] == "welcome", hello.reply or hello.unanswered

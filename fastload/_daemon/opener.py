@@ -108,13 +108,40 @@ class Opening:
         self.process = ctx.Process(
             target=child_main, args=(child_conn, json.dumps(request)), name="fastload-open", daemon=True
         )
-        self.process.start()
-        child_conn.close()
         self.result: Opened | Exception | None = None
+        self._start_error: BaseException | None = None
+        # NOTE [starting off the loop]: Process.start() waits for the fork server to fork, and a
+        # fork server still importing its preload (torch and CUDA's libraries: over 5 s seen on a
+        # busy GPU machine) would stall the daemon's loop: no `indexing` notes, every client's
+        # hello timed out. The start runs on a thread; `poll` waits for it.
+        self._starter = threading.Thread(
+            target=self._start_child, args=(child_conn,), name="fastload-open-start", daemon=True
+        )
+        self._starter.start()
+
+    def _start_child(self, child_conn: Any) -> None:
+        try:
+            self.process.start()
+        except BaseException as e:  # kept for poll, which fails the open with it
+            self._start_error = e
+        finally:
+            child_conn.close()
 
     def poll(self) -> bool:
         """True once the open is over (`result` set): a reply, an exit without one, or the deadline."""
         if self.result is not None:
+            return True
+        if self._starter.is_alive():
+            if time.monotonic() <= self.deadline:
+                return False
+            message = f"no process could be started to open {self.name} within {self._limits.timeout_s:g} s"
+            self.result = OpenFailed(message, message)
+            self.close()
+            return True
+        if self._start_error is not None:
+            message = f"cannot start a process to open {self.name}: {self._start_error}"
+            self.result = OpenFailed(message, message)
+            self.close()
             return True
         try:
             if self._conn.poll():
@@ -187,12 +214,17 @@ class Opening:
         return Segment(attached.name, attached.size, attached.buf, owner=True)
 
     def kill(self) -> None:
-        if self.process.exitcode is None:
+        if self.process.pid is not None and self.process.exitcode is None:
             with contextlib.suppress(OSError):
                 self.process.kill()
 
     def close(self) -> None:
         """Reap the child (killing it if needed) and unlink any segment it left."""
+        self._starter.join(_KILL_WAIT_S)
+        if self._starter.is_alive() or self.process.pid is None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+            return  # never started, or the fork server is stuck: nothing of ours to reap
         self.kill()
         self.process.join(_KILL_WAIT_S)
         pid = self.process.pid

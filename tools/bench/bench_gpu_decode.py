@@ -11,7 +11,7 @@ Variants (`--variants`, comma-separated; `;` inside brackets):
     nvjpeg[threads=N]        backend="nvjpeg": torchvision's batched nvJPEG + fastload's kernel
     dali[k=v;k=v]            backend="dali" (mixed), shaped by FASTLOAD_DALI_TUNING's keys:
                              region (0/1), hw_decoder_load, queue_depth, pipelined (0/1), threads
-    native@DIR               native on another dataset (a pack made with --max-side, say)
+    native@DIR, dali@DIR[..] a decoder on another dataset (a pack made with --max-side, say)
 Without DALI installed its variants are skipped, saying so.
 
     python tools/bench/bench_gpu_decode.py --data DIR [--workers 15] [--batch-size 256]
@@ -35,11 +35,10 @@ from bench_train import MEAN, STD, consumer_alone, make_step, recipe
 
 from fastload import FastLoader
 
-DEFAULT_VARIANTS = (
-    "native,nvjpeg[threads=4],nvjpeg[threads=8],"
-    "dali[region=1;pipelined=0;queue_depth=1],dali[region=1],dali[region=0],"
-    "dali[region=0;hw_decoder_load=0],dali[region=0;hw_decoder_load=1],dali[region=0;queue_depth=3],"
-    "dali[region=0;threads=4],dali[region=0;threads=8]"
+DEFAULT_VARIANTS = (  # DALI's shapes as changes from DaliTuning's defaults (NOTE [GPU decode tuning])
+    "native,nvjpeg[threads=4],"
+    "dali,dali[pipelined=0;queue_depth=1],dali[region=0],dali[hw_decoder_load=0],"
+    "dali[hw_decoder_load=0.5],dali[queue_depth=3],dali[threads=8]"
 )
 
 

@@ -64,7 +64,7 @@ suite() {
 
 gpu() {  # issue 21: which GPU decoder, which shape; one table (bench_gpu_decode.py's docstring)
     dataset || { log "no dataset"; return 1; }
-    local pack=/tmp/bench-pack320 variants=native,nvjpeg[threads=2],nvjpeg[threads=4],nvjpeg[threads=8]
+    local pack=/tmp/bench-pack320 variants=${GPU_VARIANTS:-native,nvjpeg[threads=4]}
     if [ ! -f "$pack/manifest.json" ]; then
         log "pack the dataset at --max-side 320"
         rm -rf "$pack"
@@ -74,10 +74,16 @@ gpu() {  # issue 21: which GPU decoder, which shape; one table (bench_gpu_decode
     [ -f "$pack/manifest.json" ] && variants+=",native@$pack" && du -sh "$data" "$pack" | tee -a "$out/checks.log"
     use_dali && variants+=",$(PYTHONPATH="tools/bench:${PYTHONPATH:-}" "$py" -c \
         'import bench_gpu_decode as b; print(",".join(v for v in b.split_variants(b.DEFAULT_VARIANTS) if v.startswith("dali")))')"
-    log "bench_gpu_decode: $variants"
-    timeout 300 "$py" tools/bench/bench_gpu_decode.py --data "$data" --workers 15 --batch-size 256 \
-        --batches 60 --warmup 10 --model resnet18 --variants "$variants" >>"$out/gpu.txt" 2>&1
-    log "bench_gpu_decode exit $?"
+    [ -n "${DALI_VARIANTS:-}" ] && variants=${variants%%,dali*},${DALI_VARIANTS//@pack/@$pack}
+    local round
+    for round in $(seq "${GPU_ROUNDS:-1}"); do  # rounds for medians: each a whole table, alternating
+        log "bench_gpu_decode round $round: $variants"
+        timeout "${BENCH_TIMEOUT:-360}" "$py" tools/bench/bench_gpu_decode.py --data "$data" --workers 15 \
+            --batch-size 256 --batches 60 --warmup 10 --model resnet18 --variants "$variants" \
+            --json "$out/gpu.jsonl" 2>&1 | grep -v -e nvjpeg2k -e nvJPEG2000 -e nvtiff -e nvTIFF >>"$out/gpu.txt"
+        log "bench_gpu_decode exit ${PIPESTATUS[0]}"
+    done
+    [ "${GPU_TESTS:-1}" = 0 ] && return 0
     timeout 150 "$py" -m pytest -q -p no:cacheprovider -p no:benchmark tests/gpu >>"$out/gpu.txt" 2>&1
     log "tests/gpu exit $?: $(tail -1 "$out/gpu.txt")"
 }

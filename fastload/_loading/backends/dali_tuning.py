@@ -12,24 +12,25 @@ from typing import Any, ClassVar
 from fastload._errors import ConfigError
 
 # NOTE [GPU decode tuning]: the in-trainer executor's pipeline (DALI's `mixed` decoder) has the
-# shape of a `DaliTuning`. The suspicions issue 21 started from: a region decode (image_slice) may
-# keep nvJPEG off the GPU's hardware JPEG engines (hybrid: Huffman on the CPU), and an unpipelined
-# queue of one stalls per batch. So by default the whole image is decoded (the hardware decoder
-# takes whole images) and the clip box is cut on the GPU (`fn.slice`: the same pixels a region
-# decode gives, so the same batches), with DALI's pipelined executor two batches deep.
-# `tools/bench/bench_gpu_decode.py` measures the variants on a GPU machine in one run
-# (`FASTLOAD_DALI_TUNING` sets them), and the defaults are to follow its table in
-# docs/BENCHMARKS.md; no GPU run has carried DALI yet (2026-11-26), so until one does they follow
-# DALI's documentation and the suspicions above, unmeasured. The CPU workers always decode
-# regions (libjpeg's region decode skips what a crop leaves out), one batch at a time.
+# shape of a `DaliTuning`; `tools/bench/bench_gpu_decode.py` measures the shapes on a GPU machine in
+# one run (`FASTLOAD_DALI_TUNING` sets them) and the defaults follow its table (docs/BENCHMARKS.md,
+# "DALI's shapes", one H100, DALI 2.4, 2026-11-26, medians of 3 rounds): the clip box decoded as a
+# region (image_slice) with every image given to the hardware JPEG engines (hw_decoder_load=1)
+# was the fastest shape in every round, 12.3k img/s [11.6-12.5k] with 2.5 trainer cores; whole
+# images + `fn.slice` 11.8k [10.1-11.8k]; DALI's own share 7.9-9.0k with 5.6 cores (one round);
+# the hardware decoder off 2.4k; unpipelined with a queue of one 4.9k, so DALI's pipelined
+# executor two batches deep stays (three deep and more threads bought nothing). The issue's
+# suspicion that a region decode keeps nvJPEG off the hardware engines did not hold on DALI 2.4.
+# The CPU workers always decode regions (libjpeg's region decode skips what a crop leaves out),
+# one batch at a time.
 
 
 @dataclasses.dataclass(frozen=True)
 class DaliTuning:
     """How the in-trainer DALI pipeline is built (NOTE [GPU decode tuning])."""
 
-    region: bool = False  # decode the clip box only (image_slice), else whole images + fn.slice
-    hw_decoder_load: float | None = None  # the share for the hardware decoder; None: DALI's default
+    region: bool = True  # decode the clip box only (image_slice), else whole images + fn.slice
+    hw_decoder_load: float | None = 1.0  # the share for the hardware decoder; None: DALI's default
     queue_depth: int = 2  # DALI's prefetch_queue_depth: runs scheduled ahead of the collected one
     pipelined: bool = True  # DALI's exec_pipelined: a batch's stages overlap the next one's
     threads: int | None = None  # DALI's CPU threads; None: the executor's
