@@ -84,6 +84,20 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="processes that re-encode, with --max-side (default: all CPUs); the pack is the same for any N",
     )
+    pack.add_argument(
+        "--root", help="with a file list: the folder its paths are relative to (default: the list's folder)"
+    )
+    pack.add_argument(
+        "--delimiter",
+        metavar="SEP",
+        help="with a file list: its separator, one character or tab/space (default: by suffix, sniffed)",
+    )
+    pack.add_argument(
+        "--header",
+        action=argparse.BooleanOptionalAction,
+        help="with a file list: its first line is (--header) or is not (--no-header) column names "
+        "(default: skipped when clearly so)",
+    )
 
     iostat = sub.add_parser("iostat", help="where each running loader's time goes, with a verdict and advice")
     iostat.add_argument(
@@ -115,12 +129,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fastload._daemon import control as _control
 
         if args.command == "pack":
+            from fastload._cli_sources import pack_source
             from fastload.sources import pack
 
             shard_bytes = _control.parse_size(args.shard_size)
             progress = not args.quiet
             pack(
-                args.src,
+                pack_source(args.src, args.root, args.delimiter, args.header),
                 args.dst,
                 shard_bytes=shard_bytes,
                 progress=progress,

@@ -10,10 +10,9 @@ A flat folder with a label file is a `FileList` whose `root` is that folder.
 from __future__ import annotations
 
 import csv
-import io
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -22,20 +21,16 @@ import numpy as np
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources._base import Source
 from fastload.sources._bounds import (
-    MAX_LIST_BYTES,
     MAX_TARGET_BYTES,
     clip,
     is_int_text,
-    open_regular,
     parse_label,
     quoted,
-    read_bounded,
 )
 from fastload.sources._folder import scan_image_folder
 from fastload.sources._index import PathIndex
+from fastload.sources._list_rows import ListRows, delimiter_name, describe, read_rows
 
-# A first line whose path column is one of these is a header, not a sample.
-_HEADER_NAMES = frozenset({"path", "file", "filename", "file_name", "filepath", "image", "img", "name"})
 _MULTI_SEPARATORS = re.compile(r"[\s;|]+")
 
 
@@ -61,8 +56,12 @@ class FileList(Source):
     """Images named by a list file, one `path<separator>label` line each.
 
     - `path`: the list. Its separator is `delimiter`, or by suffix: ',' for .csv, tab for .tsv,
-      any whitespace for other files. A first line whose path column reads like a header
-      ("path", "file", "filename", "image", ...) is skipped.
+      any whitespace for other files, unless the first line splits in two only at a tab, ',', ';'
+      or whitespace (a tab-separated file named .csv), which is then used.
+    - `header`: None (auto) skips a first line that is clearly column names: its path column
+      reads like one ("path", "img_path", "filename", "image", ...), or its label is not an
+      integer while every other line's are and it names no file (`img_path,class_id`). True
+      always skips the first line, False never does (`_list_rows.py`).
     - `root`: the folder image paths are relative to (default: the list file's folder); absolute
       paths are kept. A flat folder of images with a label file is `FileList(labels, root=folder)`.
     - labels: all integers (class indices, used as they are) or all class names (indexed in
@@ -84,11 +83,20 @@ class FileList(Source):
     multi_label: bool = False
     num_classes: int | None = None
     delimiter: str | None = None
+    header: bool | None = None
 
     def __post_init__(self) -> None:
         k = self.num_classes
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ConfigError(f"num_classes must be a positive integer, got {clip(self.num_classes)}")
+        if self.header not in (None, True, False):
+            raise ConfigError(f"header must be True, False or None (auto), got {clip(self.header)}")
+        d = self.delimiter
+        if d is not None and (not isinstance(d, str) or len(d) != 1 or d in "\r\n\"'"):
+            raise ConfigError(
+                f"delimiter must be one character (',', '\\t', ';', ' '), or None for the suffix's, "
+                f"got {clip(d)}"
+            )
 
     @property
     def where(self) -> str:
@@ -98,48 +106,20 @@ class FileList(Source):
         list_path = self.where
         root = os.path.abspath(self.root) if self.root is not None else os.path.dirname(list_path)
         try:
-            rows = list(self._rows(list_path))
+            read = read_rows(list_path, root, self.delimiter, self.header)
         except OSError as e:
             raise DatasetError(f"cannot read file list {clip(list_path)}: {clip(str(e))}") from e
         except csv.Error as e:
             raise DatasetError(f"file list {clip(list_path)} is not valid CSV: {clip(str(e))}") from e
-        if rows and rows[0][1].strip().lower() in _HEADER_NAMES:
-            rows = rows[1:]
+        rows = read.rows
         if not rows:
             raise DatasetError(f"file list {list_path} lists no images (expected `path,label` lines)")
         paths = [os.path.join(root, p).encode("utf-8", "surrogateescape") for _, p, _ in rows]
         first = paths[0].decode("utf-8", "surrogateescape")
         if not os.path.exists(first):
-            raise DatasetError(
-                f"{clip(first)}, the first image {list_path} names, does not exist: paths in a file list are "
-                f"relative to its folder unless you pass root= (the folder they are relative to)"
-            )
+            raise DatasetError(_missing_first_image(list_path, first, read, paths, self.root is None))
         classes, labels = self._targets(list_path, rows)
         return PathIndex.from_paths(list_path, classes, paths, labels)
-
-    def _rows(self, list_path: str) -> Iterator[tuple[int, str, list[str]]]:
-        """(line number, path, label fields) for each non-empty line."""
-        delimiter = self.delimiter
-        if delimiter is None:
-            delimiter = {".csv": ",", ".tsv": "\t"}.get(os.path.splitext(list_path)[1].lower())
-        # A regular file, bounded (never /dev/zero or a FIFO: NOTE [source bounds]), read whole.
-        fd, _ = open_regular(list_path, MAX_LIST_BYTES, "file list")
-        try:
-            data = read_bounded(fd, MAX_LIST_BYTES, list_path, "file list")
-        finally:
-            os.close(fd)
-        # utf-8-sig: a byte-order mark (a spreadsheet's CSV) is skipped.
-        text = io.TextIOWrapper(io.BytesIO(data), newline="", encoding="utf-8-sig", errors="surrogateescape")
-        with text as f:
-            if delimiter is None:  # whitespace-separated text
-                for number, line in enumerate(f, 1):
-                    fields = line.split()
-                    if fields:
-                        yield number, fields[0], fields[1:]
-                return
-            for number, fields in enumerate(csv.reader(f, delimiter=delimiter), 1):
-                if fields and any(field.strip() for field in fields):
-                    yield number, fields[0].strip(), [field.strip() for field in fields[1:]]
 
     def _targets(
         self, list_path: str, rows: Sequence[tuple[int, str, list[str]]]
@@ -206,3 +186,32 @@ class FileList(Source):
         targets[rows_at, [c for values in codes for c in values]] = 1.0
         return classes, targets
 
+
+def _missing_first_image(
+    list_path: str, first: str, read: ListRows, paths: Sequence[bytes], default_root: bool
+) -> str:
+    """What to say when the first image a list names does not exist: what was parsed, and which
+    of root, delimiter and header to set (as `FileList(...)` and `fastload pack` spell them)."""
+    row = read.rows[0]
+    parsed = f"{describe(row)}, {read.how}"
+    if read.header is not None:
+        parsed += f"; {describe(read.header)} was skipped as a header"
+    second = paths[1].decode("utf-8", "surrogateescape") if len(paths) > 1 else ""
+    if second and os.path.exists(second):
+        advice = (
+            f"the next line's image exists: if line {row[0]} is column names, pass header=True "
+            "(fastload pack: --header)"
+        )
+    elif not row[2] or any(c in row[1] for c in "\t,;") or (read.delimiter is None and " " in row[1]):
+        advice = (
+            f"the line was not split into a path and a label at {delimiter_name(read.delimiter)}: pass "
+            "delimiter= (fastload pack: --delimiter), e.g. '\\t' or ','"
+        )
+    else:
+        fix = "pass root=" if default_root else "check root="
+        advice = (
+            f"paths in a file list are relative to {'its folder' if default_root else 'root'}: {fix} "
+            "(fastload pack: --root), the folder they are relative to; a header line is set with "
+            "header= (--header), the separator with delimiter= (--delimiter)"
+        )
+    return f"{clip(first)}, the first image {clip(list_path)} names, does not exist ({parsed}): {advice}"
