@@ -20,6 +20,7 @@ from helpers import write_image
 from fastload import DatasetError, FastLoader
 from fastload import transforms as T
 from fastload._loading.backends.pil import decode_into
+from fastload.sources import ImageFolder
 from fastload.sources._folder import scan_image_folder
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
@@ -69,7 +70,8 @@ def tricky_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_index_follows_torchvision_rules(tricky_folder: Path) -> None:
     classes, samples = torchvision_rules(tricky_folder)
-    index = scan_image_folder(tricky_folder)
+    # empty_class is kept only with allow_empty=True, as torchvision's ImageFolder(allow_empty=True).
+    index = scan_image_folder(tricky_folder, allow_empty=True)
     assert list(index.classes) == classes == ["Apple", "apple", "empty_class", "mango", "zebra"]
     got = [(index.path(i), int(index.labels[i])) for i in range(len(index))]
     assert got == samples
@@ -83,7 +85,11 @@ def test_index_follows_torchvision_rules(tricky_folder: Path) -> None:
 
 def test_loader_classes_match(tricky_folder: Path) -> None:
     with FastLoader(
-        tricky_folder, batch_size=4, num_workers=0, transform=[T.Resize((16, 16))], device="cpu"
+        ImageFolder(str(tricky_folder), allow_empty=True),
+        batch_size=4,
+        num_workers=0,
+        transform=[T.Resize((16, 16))],
+        device="cpu",
     ) as loader:
         assert loader.classes == tuple(torchvision_rules(tricky_folder)[0])
         assert len(loader) == -(-len(torchvision_rules(tricky_folder)[1]) // 4)
@@ -143,6 +149,18 @@ def test_empty_folder(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="no class subfolders") as info:
         FastLoader(tmp_path)
     assert "ROOT/<class name>/<image file>" in str(info.value)
+
+
+def test_a_class_folder_without_images_is_refused_unless_allowed(tricky_folder: Path) -> None:
+    # torchvision: FileNotFoundError "Found no valid file for the classes empty_class"; a head
+    # sized from len(classes) would get a class no sample has.
+    with pytest.raises(DatasetError) as info:
+        FastLoader(tricky_folder, batch_size=4, num_workers=0, device="cpu")
+    message = str(info.value)
+    assert "1 of 5 class folders hold no images ('empty_class'" in message and "allow_empty=True" in message
+    index = ImageFolder(str(tricky_folder), allow_empty=True).open()
+    assert "empty_class" in index.classes
+    assert 2 not in index.labels.tolist()  # empty_class is class 2: no sample has it
 
 
 def test_images_but_no_class_folders(tmp_path: Path) -> None:

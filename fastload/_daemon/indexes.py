@@ -60,9 +60,10 @@ class DatasetIndexes:
 
     @staticmethod
     def key(source: Source) -> str:
-        """What identifies a source's index: a folder's real path, else its description."""
+        """What identifies a source's index: a folder's real path (with a mark when it keeps empty
+        classes: the same folder may be refused without), else its description."""
         if isinstance(source, ImageFolder):
-            return os.path.realpath(source.root)
+            return os.path.realpath(source.root) + (" (allow_empty=True)" if source.allow_empty else "")
         return source.resolved().to_json()
 
     def get(self, key: str) -> IndexEntry | None:

@@ -306,6 +306,7 @@ def _open(request: dict[str, Any]) -> dict[str, Any]:
             max_files=int(request["max_files"]),
             max_bytes=max_bytes,
             deadline=time.monotonic() + float(request["timeout_s"]),
+            allow_empty=source.allow_empty,
         )
     else:
         try:

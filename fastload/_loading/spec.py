@@ -194,8 +194,13 @@ class LoaderSpec:
             "rank": self.rank,
             "world_size": self.world_size,
             # A folder is its path alone (what every daemon understands); other sources describe themselves.
-            **({} if isinstance(self.source, ImageFolder) else {"source": self.source.resolved().to_json()}),
+            **({} if _plain_folder(self.source) else {"source": self.source.resolved().to_json()}),
         }
+
+
+def _plain_folder(source: object) -> bool:
+    """A folder a hello names by its path alone: one that keeps empty classes describes itself."""
+    return isinstance(source, ImageFolder) and not source.allow_empty
 
 
 def build_spec(

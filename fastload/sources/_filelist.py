@@ -37,18 +37,21 @@ _MULTI_SEPARATORS = re.compile(r"[\s;|]+")
 @dataclass(frozen=True)
 class ImageFolder(Source):
     """An ImageNet-layout folder: ROOT/<class name>/<image file>; labels index the sorted class
-    names, as torchvision's ImageFolder (a plain path to a folder means this)."""
+    names, as torchvision's ImageFolder (a plain path to a folder means this). A class folder
+    with no images is refused (DatasetError naming it), as torchvision does, unless
+    `allow_empty`: then it stays a class that no sample has."""
 
     kind: ClassVar[str] = "folder"
     path_fields: ClassVar[tuple[str, ...]] = ("root",)
     root: str
+    allow_empty: bool = False
 
     @property
     def where(self) -> str:
         return os.path.abspath(self.root)
 
     def open(self) -> PathIndex:
-        return scan_image_folder(self.root)
+        return scan_image_folder(self.root, allow_empty=self.allow_empty)
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,11 @@ def scan_image_folder(
     max_bytes: int | None = None,
     deadline: float | None = None,
     cancel: threading.Event | None = None,
+    allow_empty: bool = False,
 ) -> PathIndex:
-    """Index `root`; raise DatasetError (saying what is wrong) when it holds no images.
+    """Index `root`; raise DatasetError (saying what is wrong) when it holds no images, or when a
+    class folder holds none and not `allow_empty` (as torchvision's ImageFolder: a model head sized
+    from the class count would get a class no sample has).
 
     Bounds (None: unbounded): `max_files` image files indexed (it also bounds the directories
     walked, so a tree of empty folders stops too), `max_bytes` of index memory (each file's
@@ -71,6 +74,8 @@ def scan_image_folder(
             f"no images under {root_str} (looked for {', '.join(IMG_EXTENSIONS)} "
             f"in {len(classes)} class folders)"
         )
+    if not allow_empty:
+        _refuse_empty_classes(root_str, classes, found)
     # torchvision's order: sorted(os.walk(...)) orders a class's directories by path string.
     for dirs in found:
         dirs.sort(key=lambda item: item[0])
@@ -78,6 +83,19 @@ def scan_image_folder(
     per_class = [sum(len(names) for _, names in dirs) for dirs in found]
     labels = np.repeat(np.arange(len(classes), dtype=np.int64), per_class)
     return PathIndex.from_paths(root_str, classes, paths, labels)
+
+
+def _refuse_empty_classes(root: str, classes: list[str], found: list[list[tuple[str, list[bytes]]]]) -> None:
+    empty = [name for name, dirs in zip(classes, found, strict=True) if not dirs]
+    if empty:
+        shown = ", ".join(repr(name) for name in empty[:10])
+        if len(empty) > 10:
+            shown += f" and {len(empty) - 10} more"
+        raise DatasetError(
+            f"{root}: {len(empty)} of {len(classes)} class folders hold no images ({shown}; looked for "
+            f"{', '.join(IMG_EXTENSIONS)}): remove them, or pass allow_empty=True to keep them as classes "
+            "with no samples (torchvision's ImageFolder refuses them too)"
+        )
 
 
 class _Walk:
