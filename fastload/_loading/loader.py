@@ -27,6 +27,7 @@ from fastload._loading.pipeline import Pipeline
 from fastload._loading.plan import BatchSampler, SamplerPlan, ShuffledPlan
 from fastload._loading.resume import check_settings, convert, fingerprint, plain
 from fastload._loading.ring import EXTRA_SLOTS
+from fastload._loading.sanity import check_settings_sense
 from fastload._loading.shm import preflight
 from fastload._loading.spec import build_spec
 from fastload._loading.stats import LoaderStats, format_summary
@@ -162,6 +163,7 @@ class FastLoader:
         self._session: DaemonSession | None = None
         self._num_samples = 0
         self._open_source()
+        check_settings_sense(self._spec, self.classes, self._index, self._num_samples)
         self._plan = self._make_plan()
         self._last_stats: LoaderStats | None = None
         self._pipeline: Pipeline | None = None
