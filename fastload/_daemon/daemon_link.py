@@ -10,9 +10,10 @@ largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
     trainer -> daemon                                daemon -> trainer
     hello  {dataset, transforms, backend, seed,      welcome {session, daemon_pid, slots,
             batch_size, prefetch, pid, rank,                 slot_bytes, layout, num_samples,
-            world_size}                                      classes, workers}
+            world_size[, source, on_error]}                  classes, workers}
     task   {seq, epoch, batch_index, slot, row}      done    {seq, count, read_ns, decode_ns,
-           + indices                                          bytes, read_cpu_ns[, read_runq_ns]}
+           + indices                                          bytes, read_cpu_ns[, read_runq_ns,
+                                                              augment_ns, skipped]}
     grow   {}                                        failed  {seq, message, path, index,
     ping   {}                                                 exc_type, traceback[, exc_class]}
     bye    {}                                        slot    {name}      (reply to grow)
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import WireError as WireError  # raised by the checks here; `wire.WireError` to callers
+from fastload._loading.bad_samples import SkippedSample
 from fastload._loading.executor import Done, Failure
 
 VERSION = 1
@@ -59,6 +61,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "rank": _INT,
         "world_size": _INT,
         "source": (str,),
+        "on_error": (str,),
     },
     "task": {"seq": _INT, "epoch": _INT, "batch_index": _INT, "slot": (str,), "row": _INT},
     "grow": {},
@@ -85,6 +88,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "read_cpu_ns": _INT,
         "read_runq_ns": _INT,
         "augment_ns": _INT,
+        "skipped": (list,),  # [[index, name, reason, row, replacement]] (NOTE [bad samples])
     },
     "failed": {
         "seq": _INT,
@@ -113,8 +117,8 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
 # op -> fields of its schema that may be absent (added later; an older peer does not send them).
 _OPTIONAL: dict[str, frozenset[str]] = {
     "failed": frozenset({"exc_class"}),
-    "done": frozenset({"read_runq_ns"}),
-    "hello": frozenset({"source"}),  # absent: `dataset` is an image folder
+    "done": frozenset({"read_runq_ns", "augment_ns", "skipped"}),
+    "hello": frozenset({"source", "on_error"}),  # absent: an image folder; on_error="raise"
 }
 
 
@@ -171,6 +175,7 @@ def event_message(event: Done | Failure, seq: int) -> tuple[str, dict[str, Any]]
             "seq": seq, "count": event.count, "read_ns": event.read_ns, "decode_ns": event.decode_ns,
             "bytes": event.bytes_read, "read_cpu_ns": event.read_cpu_ns, "read_runq_ns": event.read_runq_ns,
             "augment_ns": event.augment_ns,
+            **({"skipped": [v.to_json() for v in event.skipped]} if event.skipped else {}),
         }
     return "failed", {
         "seq": seq, "message": event.message, "path": event.path, "index": event.index,
@@ -181,10 +186,15 @@ def event_message(event: Done | Failure, seq: int) -> tuple[str, dict[str, Any]]
 def event_from_message(op: str, fields: dict[str, Any]) -> Done | Failure:
     """The event a validated `done` or `failed` reply carries (the inverse of `event_message`)."""
     if op == "done":
+        try:
+            skipped = tuple(SkippedSample.from_json(v) for v in fields.get("skipped", ()))
+        except ValueError as e:
+            raise WireError(f"done.skipped: {e}") from None
         return Done(
             fields["seq"], fields["count"], fields["read_ns"], fields["decode_ns"], fields["bytes"],
             fields["read_cpu_ns"], fields.get("read_runq_ns", 0),  # an older daemon does not send them
             fields.get("augment_ns", 0),
+            skipped=skipped,
         )
     return Failure(
         fields["seq"], fields["message"], fields["path"], fields["index"], fields["exc_type"],

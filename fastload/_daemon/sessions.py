@@ -17,6 +17,7 @@ from typing import Any
 from fastload._daemon.daemon_link import MAX_BATCH
 from fastload._daemon.peers import Peer
 from fastload._errors import ConfigError, DaemonError
+from fastload._loading.bad_samples import ON_ERROR
 from fastload._loading.executor import Task
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import MAX_PREFETCH
@@ -118,6 +119,8 @@ def check_hello(f: dict[str, Any], budget_bytes: int) -> tuple[TransformPlan, So
         raise ConfigError(f"rank {f['rank']} is not within world_size {f['world_size']}")
     if not (1 <= f["pid"] <= _MAX_PID and f["seed"] >= 0):
         raise ConfigError("pid must be a process id and seed must not be negative")
+    if f.get("on_error", "raise") not in ON_ERROR:
+        raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}")
     if not os.path.isabs(f["dataset"]) or "\0" in f["dataset"]:
         raise ConfigError("dataset must be an absolute path (the daemon's working directory is not ours)")
     source = _hello_source(f)

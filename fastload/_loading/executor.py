@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from fastload._loading.bad_samples import SkippedSample
 from fastload._loading.layout import BatchLayout
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ class Done:
     read_runq_ns: int = 0
     # The pixel stage's time (colour, policies: NOTE [transform stages]), apart from decode_ns.
     augment_ns: int = 0
+    # Samples that could not be loaded and were replaced (on_error="skip": NOTE [bad samples]).
+    skipped: tuple[SkippedSample, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class Opaque:
     batch: Any
     count: int = 0
     load_ns: int = 0
+    skipped: tuple[SkippedSample, ...] = ()  # as Done's
 
 
 Event = Done | Failure | Probed | Opaque

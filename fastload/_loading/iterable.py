@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload._loading.bad_samples import SkippedSample
 from fastload._loading.executor import Done, Task
 from fastload._loading.jobs import (
     JobFailed,
@@ -192,8 +193,8 @@ class IterableJob:
         write_samples(task.seq, samples, layout, arrays, [-1] * len(samples), str)
         return Done(task.seq, len(samples), t1 - t0, time.perf_counter_ns() - t1, 0, read_cpu, read_runq)
 
-    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int]:
+    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int, tuple[SkippedSample, ...]]:
         samples = self._samples(task, self.batch_size, in_trainer)
         if not samples:
-            return None, 0  # the stream has ended
-        return collate_or_fail(task, samples, self.collate_fn, f"batch {task.batch_index}"), len(samples)
+            return None, 0, ()  # the stream has ended
+        return collate_or_fail(task, samples, self.collate_fn, f"batch {task.batch_index}"), len(samples), ()

@@ -22,6 +22,7 @@ import torch
 from fastload._augment.program import SampleProgram
 from fastload._errors import exception_type_name
 from fastload._loading.backends import SampleFailure, make_backend
+from fastload._loading.bad_samples import MAX_ATTEMPTS, SkippedSample, reason_of, replacement
 from fastload._loading.executor import Done, Event, Failure, Opaque, Probed, Task
 from fastload._loading.host_normalize import HostNormalizer
 from fastload._loading.layout import BatchLayout, LayoutMismatch
@@ -41,6 +42,14 @@ from fastload.sources._index import (
 from fastload.transforms import TransformPlan, compile_transforms, from_config, to_config
 
 T = TypeVar("T")
+
+
+class _Broken(Exception):
+    """Sample `position` of an attempt could not be read or decoded (`cause`)."""
+
+    def __init__(self, position: int, cause: BaseException, what: str) -> None:
+        super().__init__(str(cause))
+        self.position, self.cause, self.what = position, cause, what
 
 
 class JobFailed(Exception):
@@ -105,7 +114,7 @@ class SourceJob:
         """The layout is known up front (from the transforms, or an array's rows): nothing to load."""
         return self.layout
 
-    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int]:
+    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int, tuple[SkippedSample, ...]]:
         raise TypeError(f"{self.index.root}: a source's batches always go into slots")
 
     def _read_stage(self, task: Task, what: str, read: Callable[[np.ndarray], T]) -> tuple[T, int, int]:
@@ -136,8 +145,10 @@ class ImageJob(SourceJob):
         seed: int,
         batch_size: int,
         normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+        on_error: str = "raise",
     ) -> None:
         self.index: SampleIndex = index
+        self.on_error = on_error  # NOTE [bad samples]
         self.plan = plan
         self.backend_name = backend
         self.seed = seed
@@ -189,6 +200,7 @@ class ImageJob(SourceJob):
             "seed": self.seed,
             "batch_size": self.batch_size,
             "normalize": [list(v) for v in self.normalize] if self.normalize is not None else None,
+            "on_error": self.on_error,
         }
 
     @classmethod
@@ -204,6 +216,7 @@ class ImageJob(SourceJob):
             int(config["seed"]),
             int(config["batch_size"]),
             normalize=config.get("normalize"),
+            on_error=str(config.get("on_error", "raise")),
         )
         job._index_segment = segment
         return job
@@ -221,42 +234,84 @@ class ImageJob(SourceJob):
             self._index_segment = None
 
     def run(self, task: Task, arrays: Sequence[np.ndarray], layout: BatchLayout, in_trainer: bool) -> Done:
-        seq, epoch, indices = task.seq, task.epoch, task.indices
+        indices = task.indices
+        skipped: list[SkippedSample] = []
+        drawn: dict[int, int] = {}  # row -> replacements drawn for it
+        while True:
+            try:
+                done = self._load(task, indices, arrays)
+            except _Broken as broken:  # NOTE [bad samples]: raise, or load the batch again with a stand-in
+                indices = self._replace(task, indices, broken, skipped, drawn)
+                continue
+            return dataclasses.replace(done, skipped=tuple(skipped)) if skipped else done
+
+    def _load(self, task: Task, indices: np.ndarray, arrays: Sequence[np.ndarray]) -> Done:
+        """Load samples `indices` (the task's, or with stand-ins for broken ones) into the rows."""
         n = len(indices)
         images, labels = arrays
         t0 = time.perf_counter_ns()
         buffer = self._read_buffer
-        buffer.start()  # the previous task's views died with it
-        blobs, read_cpu, read_runq = self._read_stage(task, "image", lambda i: self.index.read(i, buffer))
+        buffer.start()  # the previous task's (or attempt's) views died with it
+        cpu0, runq0 = time.process_time_ns(), thread_run_delay_ns()
+        try:
+            blobs = self.index.read(indices, buffer)
+        except ReadFailure as e:
+            raise _Broken(e.position, e.cause, "image") from e.cause
+        read_cpu, read_runq = time.process_time_ns() - cpu0, run_delay_since(runq0)
         t1 = time.perf_counter_ns()
-        rngs = sample_randoms(self.seed, epoch, indices)
+        rngs = sample_randoms(self.seed, task.epoch, indices)
         pixels = images[:n] if self.normalize is None else self._uint8_rows(n)
         try:
             self._backend.decode_batch(blobs, rngs, pixels)
         except SampleFailure as e:
-            cause = e.__cause__ or e
-            i = int(indices[e.position])
-            raise JobFailed(failure_of(seq, cause, i, self.index.name(i), "image")) from e
+            raise _Broken(e.position, e.__cause__ or e, "image") from e
         t2 = time.perf_counter_ns()
-        self._run_stage(self._pixels, "pixel", pixels, task)
+        self._run_stage(self._pixels, "pixel", pixels, task, indices)
         if self.normalize is not None:
             self._normalize_into(pixels, images[:n])
-            self._run_stage(self._tensor, "tensor", images[:n], task)
+            self._run_stage(self._tensor, "tensor", images[:n], task, indices)
         labels[:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
-        return Done(seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq, t3 - t2)
+        return Done(task.seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq, t3 - t2)
 
+    def _replace(
+        self,
+        task: Task,
+        indices: np.ndarray,
+        broken: _Broken,
+        skipped: list[SkippedSample],
+        drawn: dict[int, int],
+    ) -> np.ndarray:
+        """The indices with a stand-in for the broken sample (on_error="skip"), else its Failure."""
+        i = int(indices[broken.position])
+        name = self.index.name(i)
+        failure = failure_of(task.seq, broken.cause, i, name, broken.what)
+        if self.on_error != "skip":
+            raise JobFailed(failure) from broken.cause
+        attempt, original = drawn.get(broken.position, 0), int(task.indices[broken.position])
+        if attempt >= MAX_ATTEMPTS:
+            last = f"the last of {MAX_ATTEMPTS} stand-ins for sample {original}, all broken"
+            failure = dataclasses.replace(failure, message=f"{failure.message} ({last})")
+            raise JobFailed(failure) from broken.cause
+        drawn[broken.position] = attempt + 1
+        stand_in = replacement(self.seed, task.epoch, original, attempt, len(self.index))
+        skipped.append(SkippedSample(i, name, reason_of(broken.cause), task.row + broken.position, stand_in))
+        indices = indices.copy()
+        indices[broken.position] = stand_in
+        return indices
 
-    def _run_stage(self, stage: SampleProgram, name: str, rows: np.ndarray, task: Task) -> None:
-        """Run a stage of the chain in place on the task's rows; a kernel's failure is the task's,
-        naming its first sample."""
+    def _run_stage(
+        self, stage: SampleProgram, name: str, rows: np.ndarray, task: Task, indices: np.ndarray
+    ) -> None:
+        """Run a stage of the chain in place on the rows of samples `indices`; a kernel's failure
+        is the task's, naming its first sample."""
         if not stage:
             return
         try:
-            stage.run_in_slot(rows, self.seed, task.epoch, task.indices)
+            stage.run_in_slot(rows, self.seed, task.epoch, indices)
         except Exception as e:
             what = f"the {name} transforms of the rows starting with image"
-            first = int(task.indices[0])
+            first = int(indices[0])
             raise JobFailed(failure_of(task.seq, e, first, self.index.name(first), what)) from e
 
 
@@ -271,12 +326,18 @@ class DatasetJob:
     layout: BatchLayout | None = None  # known only once a sample is probed
 
     def __init__(
-        self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None, seed: int, batch_size: int
+        self,
+        dataset: Any,
+        collate_fn: Callable[[list[Any]], Any] | None,
+        seed: int,
+        batch_size: int,
+        on_error: str = "raise",
     ) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.seed = seed
         self.batch_size = batch_size
+        self.on_error = on_error  # NOTE [bad samples]
 
     def worker_dataset(self) -> Any:
         """What `get_worker_info().dataset` is in this job's workers: their copy of the Dataset."""
@@ -293,33 +354,50 @@ class DatasetJob:
             return ""
 
     def _fetch(
-        self, seq: int, epoch: int, batch_index: int, indices: np.ndarray, restore_rng: bool
+        self,
+        task: Task,
+        indices: np.ndarray,
+        restore_rng: bool,
+        skipped: list[SkippedSample] | None = None,
     ) -> list[Any]:
+        """The samples; with on_error="skip" (and `skipped` to record them), a sample that raises
+        gets a stand-in (NOTE [bad samples]), and `__getitems__` is not used (it names no sample)."""
         states = rng_state() if restore_rng else None
-        seed_rng(batch_seed(self.seed, epoch, batch_index))
+        seed_rng(batch_seed(self.seed, task.epoch, task.batch_index))
+        skipping = self.on_error == "skip" and skipped is not None
         try:
             getitems = getattr(self.dataset, "__getitems__", None)
-            if callable(getitems):
+            if callable(getitems) and not skipping:
                 try:
                     return list(getitems([int(i) for i in indices]))
                 except Exception as e:
-                    raise JobFailed(failure_of(seq, e, int(indices[0]), "", "samples starting")) from e
-            samples = []
-            for i in indices:
-                try:
-                    samples.append(self.dataset[int(i)])
-                except Exception as e:
-                    raise JobFailed(failure_of(seq, e, int(i), self._path_of(int(i)), "sample")) from e
-            return samples
+                    raise JobFailed(failure_of(task.seq, e, int(indices[0]), "", "samples starting")) from e
+            record = skipped if skipping else None
+            return [self._sample(task, row, int(i), record) for row, i in enumerate(indices)]
         finally:
             if states is not None:
                 set_rng_state(states)
+
+    def _sample(self, task: Task, row: int, index: int, skipped: list[SkippedSample] | None) -> Any:
+        """Sample `index`, or (recording it in `skipped`) a stand-in's when it raises."""
+        i = index
+        for attempt in range(MAX_ATTEMPTS + 1):
+            try:
+                return self.dataset[i]
+            except Exception as e:
+                failure = failure_of(task.seq, e, i, self._path_of(i), "sample")
+                if skipped is None or attempt == MAX_ATTEMPTS:
+                    raise JobFailed(failure) from e
+                stand_in = replacement(self.seed, task.epoch, index, attempt, len(self.dataset))
+                skipped.append(SkippedSample(i, self._path_of(i), reason_of(e), task.row + row, stand_in))
+                i = stand_in
+        raise AssertionError("unreachable")
 
     def probe(self, task: Task, in_trainer: bool) -> BatchLayout | None:
         """Load the task's sample and return its layout, or None when batches must take the slow path."""
         if self.collate_fn is not None:
             return None
-        (sample,) = self._fetch(task.seq, task.epoch, task.batch_index, task.indices[:1], in_trainer)
+        (sample,) = self._fetch(task, task.indices[:1], in_trainer, [])  # a stand-in's, if it is broken
         return BatchLayout.infer(sample, self.batch_size)
 
     def run(self, task: Task, arrays: Sequence[np.ndarray], layout: BatchLayout, in_trainer: bool) -> Done:
@@ -327,17 +405,21 @@ class DatasetJob:
         cpu0 = time.process_time_ns()
         runq0 = thread_run_delay_ns()
         t0 = time.perf_counter_ns()
-        samples = self._fetch(seq, task.epoch, task.batch_index, indices, in_trainer)
+        skipped: list[SkippedSample] = []
+        samples = self._fetch(task, indices, in_trainer, skipped)
         t1 = time.perf_counter_ns()
         read_cpu = time.process_time_ns() - cpu0
         read_runq = run_delay_since(runq0)
         write_samples(seq, samples, layout, arrays, [int(i) for i in indices], self._path_of)
-        return Done(seq, len(indices), t1 - t0, time.perf_counter_ns() - t1, 0, read_cpu, read_runq)
+        decode_ns = time.perf_counter_ns() - t1
+        return Done(seq, len(indices), t1 - t0, decode_ns, 0, read_cpu, read_runq, skipped=tuple(skipped))
 
-    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int]:
+    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int, tuple[SkippedSample, ...]]:
         """Load and collate a batch that cannot live in a slot (the documented slow path)."""
-        samples = self._fetch(task.seq, task.epoch, task.batch_index, task.indices, in_trainer)
-        return collate_or_fail(task, samples, self.collate_fn, "the batch starting"), len(samples)
+        skipped: list[SkippedSample] = []
+        samples = self._fetch(task, task.indices, in_trainer, skipped)
+        batch = collate_or_fail(task, samples, self.collate_fn, "the batch starting")
+        return batch, len(samples), tuple(skipped)
 
 
 RngState = tuple[Any, Any, Any]  # torch's, numpy's and random's global random states
@@ -413,8 +495,9 @@ class Job(Protocol):
         """Load the task's samples into `arrays` (the slot's, from the task's row on)."""
         ...
 
-    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int]:
-        """Load and collate the task's samples into a batch object: (batch, samples in it)."""
+    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int, tuple[SkippedSample, ...]]:
+        """Load and collate the task's samples into a batch object: (batch, samples in it, the
+        broken samples stand-ins took the place of)."""
         ...
 
     def worker_dataset(self) -> Any:
@@ -437,8 +520,8 @@ def run_task(
             return Probed(task.seq, job.probe(task, in_trainer))
         if not task.slot_name:
             started = time.perf_counter_ns()
-            batch, count = job.run_opaque(task, in_trainer)
-            return Opaque(task.seq, batch, count, time.perf_counter_ns() - started)
+            batch, count, skipped = job.run_opaque(task, in_trainer)
+            return Opaque(task.seq, batch, count, time.perf_counter_ns() - started, skipped)
         if layout is None:
             raise RuntimeError(f"task {task.seq} names slot {task.slot_name} before any layout was set")
         arrays = [a[task.row :] for a in layout.arrays(slot_buffer(task.slot_name))]

@@ -20,6 +20,7 @@ import torch
 from fastload._daemon.client import DaemonSession
 from fastload._errors import ConfigError
 from fastload._loading.array_job import ArrayJob
+from fastload._loading.bad_samples import DEFAULT_MAX_SKIPPED, SkipAccount
 from fastload._loading.epoch import EpochIterator
 from fastload._loading.iterable import IterableJob, IterablePlan
 from fastload._loading.jobs import DatasetJob, ImageJob, Job
@@ -105,7 +106,12 @@ class FastLoader:
     how long `next()` may wait in all. A batch that crashes or hangs three workers in a row raises
     `WorkerError` naming its samples, and the loop can go on. A sample that raises (or a file that
     cannot be read) raises `SampleError`, which keeps the original type as DataLoader does:
-    `except KeyError` or `except FileNotFoundError` still catches it.
+    `except KeyError` or `except FileNotFoundError` still catches it; that batch is lost (its other
+    samples too). With `on_error="skip"` such a sample is replaced in its row by another, drawn
+    from (seed, epoch, its index), so batches stay full and ranks in step (NOTE [bad samples]);
+    each is named once in a warning and counted (`stats().skipped`, iostat), and more than
+    `max_skipped` distinct broken samples (a float: a fraction of the source, 5% by default; an
+    int: a count) raises `DatasetError`. For image sources and map-style Datasets.
     """
 
     def __init__(
@@ -144,6 +150,8 @@ class FastLoader:
         sample_ids: bool = False,
         shuffle_block: int | None = None,
         shuffle_window: int = 8,
+        on_error: str = "raise",
+        max_skipped: float | int = DEFAULT_MAX_SKIPPED,
     ) -> None:
         del pin_memory_device, in_order  # batches are always delivered in order
         self._spec = build_spec(
@@ -154,7 +162,8 @@ class FastLoader:
             seed=seed, prefetch=prefetch, transform=transform, device=device, normalize=normalize,
             dtype=dtype, memory_format=memory_format, backend=backend, daemon=daemon, rank=rank,
             world_size=world_size, summary=summary, hang_timeout=hang_timeout, sample_ids=sample_ids,
-            shuffle_block=shuffle_block, shuffle_window=shuffle_window,
+            shuffle_block=shuffle_block, shuffle_window=shuffle_window, on_error=on_error,
+            max_skipped=max_skipped,
         )
         self.dataset = dataset
         self.classes: tuple[str, ...] = ()
@@ -164,6 +173,8 @@ class FastLoader:
         self._num_samples = 0
         self._open_source()
         check_settings_sense(self._spec, self.classes, self._index, self._num_samples)
+        total = self._num_samples or (len(self._spec.dataset) if hasattr(self._spec.dataset, "__len__") else 0)
+        self._skips = SkipAccount(max_skipped, total) if on_error == "skip" else None
         self._plan = self._make_plan()
         self._last_stats: LoaderStats | None = None
         self._pipeline: Pipeline | None = None
@@ -213,7 +224,9 @@ class FastLoader:
             )
             return
         if spec.source is None:
-            self._job = DatasetJob(spec.dataset, spec.collate_fn, spec.seed, spec.slot_batch_size)
+            self._job = DatasetJob(
+                spec.dataset, spec.collate_fn, spec.seed, spec.slot_batch_size, on_error=spec.on_error
+            )
             if spec.sampler is None and spec.batch_sampler is None:  # a sampler may stand for __len__
                 self._num_samples = len(spec.dataset)
             return
@@ -242,7 +255,7 @@ class FastLoader:
         backend = "native" if spec.backend == "nvjpeg" else spec.backend
         job = ImageJob(
             self._index, spec.worker_transforms, backend, spec.seed, spec.slot_batch_size,
-            normalize=spec.worker_normalize,
+            normalize=spec.worker_normalize, on_error=spec.on_error,
         )
         assert job.layout is not None
         if not spec.decodes_in_trainer:  # the in-process DALI executor needs no ring
@@ -316,7 +329,9 @@ class FastLoader:
             if self._spec.daemon is not None:
                 session, self._session = self._session or self._connect(), None
             name_of = self._index.name if self._index is not None else None
-            self._pipeline = Pipeline(self._job, self._spec, session=session, name_of=name_of)
+            self._pipeline = Pipeline(
+                self._job, self._spec, session=session, name_of=name_of, skips=self._skips
+            )
         self._undrawn = (self._epoch, self._resume_at)  # an iteration uses up its epoch when drawn from
         self._position = (epoch, start)
         self._iterator = EpochIterator(
@@ -488,6 +503,11 @@ class FastLoader:
         if self._pipeline is not None and not self._pipeline.closed:
             return self._pipeline.stats.snapshot()
         return self._last_stats
+
+    def skipped(self) -> list[tuple[str, str]]:
+        """The broken samples `on_error="skip"` replaced so far, each once: (its file or key, why)."""
+        records = self._skips.samples.values() if self._skips is not None else ()
+        return [(r.name or str(r.index), r.reason) for r in records]
 
     def _close_pipeline(self) -> None:
         if self._iterator is not None:

@@ -24,6 +24,7 @@ import numpy as np
 
 from fastload._augment.program import TrainerStages
 from fastload._errors import LoaderTimeout
+from fastload._loading.bad_samples import SkipAccount, SkippedSample, stand_ins
 from fastload._loading.delivery import CpuDelivery, CudaDelivery, make_delivery
 from fastload._loading.engine import Engine, raise_failure
 from fastload._loading.executor import Done, Event, Executor, Failure, Opaque, Probed, RemoteExecutor, Task
@@ -54,6 +55,7 @@ class _Parts:
     read_cpu_ns: int = 0
     read_runq_ns: int = 0
     augment_ns: int = 0
+    skipped: tuple[SkippedSample, ...] = ()
     failure: Failure | None = None
 
 
@@ -69,7 +71,8 @@ class _RingSlots:
         return self.ring.buffer(name)
 
 
-Outcome = tuple[int, int] | Failure | Opaque  # (slot, count) | failure | opaque batch
+# (slot, count, samples replaced in it: NOTE [bad samples]) | failure | opaque batch
+Outcome = tuple[int, int, tuple[SkippedSample, ...]] | Failure | Opaque
 
 
 class Pipeline:
@@ -81,11 +84,14 @@ class Pipeline:
         spec: LoaderSpec,
         session: RemoteExecutor | None = None,
         name_of: Callable[[int], str] | None = None,
+        skips: SkipAccount | None = None,
     ) -> None:
         """Run `job` on local workers (or inline), or, given a daemon `session`, on the daemon's pool;
-        `name_of` names a sample for `SampleIds` (with `spec.sample_ids`)."""
+        `name_of` names a sample for `SampleIds` (with `spec.sample_ids`); `skips` takes the samples
+        on_error="skip" replaced (the loader's, kept across pipelines)."""
         self.spec = spec
         self._name_of = name_of
+        self._skips = skips
         self.layout: BatchLayout | None = job.layout if job is not None else None
         self.opaque = False
         self.ring: Ring | None = None
@@ -280,6 +286,7 @@ class Pipeline:
             parts.read_cpu_ns += event.read_cpu_ns
             parts.read_runq_ns += event.read_runq_ns
             parts.augment_ns += event.augment_ns
+            parts.skipped += event.skipped
         elif parts.failure is None:
             parts.failure = dataclasses.replace(event, seq=seq)
         if parts.left:
@@ -296,6 +303,7 @@ class Pipeline:
             parts.read_cpu_ns,
             parts.read_runq_ns,
             parts.augment_ns,
+            parts.skipped,
         )
 
     def poll_once(self, deadline: float | None, wait_s: float = _POLL_S) -> None:
@@ -344,7 +352,7 @@ class Pipeline:
         outcome: Outcome
         if isinstance(event, Done):
             assert slot is not None
-            outcome = (slot, event.count)
+            outcome = (slot, event.count, event.skipped)
         else:
             if slot is not None and self.ring is not None:
                 self.ring.release(slot)
@@ -383,11 +391,18 @@ class Pipeline:
         the transforms that run in this process), or the batch's error raised."""
         if isinstance(outcome, Failure):
             raise_failure(outcome)
+        skipped = outcome.skipped if isinstance(outcome, Opaque) else outcome[2]
+        if skipped:  # counted as delivered (not as decoded ahead): NOTE [bad samples]
+            self.stats.add("skipped", len(skipped))
+            if self._skips is not None:
+                self._skips.record(skipped)  # DatasetError past max_skipped
+            if indices is not None:
+                indices = stand_ins(indices, skipped)  # the samples the batch holds
         if isinstance(outcome, Opaque):
             batch = outcome.batch
         else:
             assert self.delivery is not None
-            slot, count = outcome
+            slot, count, _ = outcome
             batch = self.delivery.deliver(slot, count, (epoch, indices) if indices is not None else None)
         if self.spec.sample_ids and indices is not None:
             return [*batch, SampleIds(indices, self._name_of)]

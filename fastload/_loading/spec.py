@@ -28,6 +28,7 @@ from fastload._loading.arguments import (
     normalize_values,
 )
 from fastload._loading.backends import BACKENDS
+from fastload._loading.bad_samples import DEFAULT_MAX_SKIPPED, check_policy
 from fastload._loading.delivery import ImageOutput
 from fastload._loading.ranks import process_position
 from fastload._loading.ring import MAX_PREFETCH, default_prefetch
@@ -83,6 +84,9 @@ class LoaderSpec:
     # A testing aid: FASTLOAD_DALI_IN_TRAINER=1 runs backend="dali" (or "nvjpeg") on the CPU in the
     # trainer's process, as with CUDA (`decodes_in_trainer`), so that path is tested where no GPU is.
     dali_in_trainer: bool = False
+    # NOTE [bad samples] in `bad_samples`: what a sample that cannot be loaded does.
+    on_error: str = "raise"
+    max_skipped: float | int = DEFAULT_MAX_SKIPPED
 
     @property
     def iterable(self) -> bool:
@@ -195,6 +199,7 @@ class LoaderSpec:
             "world_size": self.world_size,
             # A folder is its path alone (what every daemon understands); other sources describe themselves.
             **({} if _plain_folder(self.source) else {"source": self.source.resolved().to_json()}),
+            **({"on_error": self.on_error} if self.on_error != "raise" else {}),  # what older daemons know
         }
 
 
@@ -236,6 +241,8 @@ def build_spec(
     sample_ids: bool = False,
     shuffle_block: int | None = None,
     shuffle_window: int = 8,
+    on_error: str = "raise",
+    max_skipped: float | int = DEFAULT_MAX_SKIPPED,
 ) -> LoaderSpec:
     """Check FastLoader's arguments as DataLoader checks its own (ConfigError, a ValueError, for
     anything DataLoader refuses, and for fastload's own), and resolve their defaults."""
@@ -282,12 +289,18 @@ def build_spec(
         rank, world_size = process_position(rank, world_size)
     images = _image_output(normalize, dtype, memory_format) if is_source else None
     check_block_shuffle(shuffle_block, shuffle_window, shuffle)
+    check_policy(on_error, max_skipped)
+    if on_error == "skip" and isinstance(dataset, torch.utils.data.IterableDataset):
+        raise ConfigError(
+            "on_error='skip' needs samples by index (a source or a map-style Dataset); an "
+            "IterableDataset's stream skips its own bad samples, in its __iter__"
+        )
     source = as_source(dataset) if is_source else None
     if daemon is not None:
         if source is not None and source.kind not in DAEMON_SOURCE_KINDS:
             raise ConfigError(f"a daemon does not serve {source.kind} sources: load them without daemon=")
         daemon = resolve_address(daemon)
-    return LoaderSpec(
+    spec = LoaderSpec(
         source=source,
         dataset=None if is_source else dataset,
         transform=tuple(transform) if transform is not None else None,
@@ -318,7 +331,15 @@ def build_spec(
         summary=summary,
         sample_ids=bool(sample_ids),
         dali_in_trainer=os.environ.get("FASTLOAD_DALI_IN_TRAINER") == "1",
+        on_error=on_error,
+        max_skipped=max_skipped,
     )
+    if on_error == "skip" and spec.decodes_in_trainer:
+        raise ConfigError(
+            f"on_error='skip' is not yet supported with backend={backend!r} decoding in this process "
+            "(on the GPU): use backend='native' (CPU workers), a daemon, or on_error='raise'"
+        )
+    return spec
 
 
 def check_nvjpeg(device: torch.device, daemon: str | None, is_source: bool) -> None:

@@ -30,7 +30,7 @@ from fastload._loading.shm import STATS_TAG, Segment, own_segments
 from fastload._machine import pid_alive
 
 MAGIC = b"FLSTATS1"
-VERSION = 4  # 2: read_runq_ns; 3: epochs, epoch_start_wait_ns; 4: augment_ns
+VERSION = 5  # 2: read_runq_ns; 3: epochs, epoch_start_wait_ns; 4: augment_ns; 5: skipped
 _HEAD = struct.Struct("<8sqqqqqqq")
 COUNTERS = (
     "batches",
@@ -52,6 +52,7 @@ COUNTERS = (
     "epochs",  # iterations that yielded a batch
     "epoch_start_wait_ns",  # of trainer_wait_ns, the waits for each epoch's first batch
     "augment_ns",  # workers' time in the pixel stage (colour, policies), apart from decode_ns
+    "skipped",  # broken samples replaced by stand-ins (on_error="skip": NOTE [bad samples])
 )
 _INDEX = {name: i for i, name in enumerate(COUNTERS)}
 _PATH_BYTES = 256
@@ -92,6 +93,7 @@ class LoaderStats:
     epochs: int = 0  # iterations that yielded a batch
     epoch_start_wait_s: float = 0.0  # of trainer_wait_s, the waits for each epoch's first batch
     augment_s: float = 0.0  # workers' time in the pixel stage (colour, policies)
+    skipped: int = 0  # broken samples replaced by stand-ins (on_error="skip"), every time met
 
 
 class StatsWriter:
@@ -171,6 +173,7 @@ def _parse(buf: memoryview | bytes | bytearray | object) -> LoaderStats:
         epochs=v["epochs"],
         epoch_start_wait_s=v["epoch_start_wait_ns"] / 1e9,
         augment_s=v["augment_ns"] / 1e9,
+        skipped=v["skipped"],
     )
 
 

@@ -11,10 +11,10 @@ Engine (ROUTER) -> worker (DEALER):
 Worker -> engine:
     READY   [b"R", READY_HEAD(pid)]
     DONE    [b"D", DONE_HEAD(seq, count, read_ns, decode_ns, bytes_read, read_cpu_ns, read_runq_ns,
-                                augment_ns)]
+                                augment_ns)[, skipped JSON [[index, name, reason, row, replacement]]]]
     FAILED  [b"E", SEQ_HEAD(seq), error JSON {message, path, index, exc_type, exc_class, traceback}]
     PROBED  [b"P", SEQ_HEAD(seq), layout JSON or b""]
-    OPAQUE  [b"B", OPAQUE_HEAD(seq, count, load_ns), pickle-5 stream, *out-of-band buffers]
+    OPAQUE  [b"B", OPAQUE_HEAD(seq, count, load_ns), skipped JSON, pickle-5 stream, *out-of-band buffers]
 
 NOTE [OPAQUE batches]: a Dataset whose samples are not fixed-shape arrays/numbers (strings,
 ragged shapes, a custom collate_fn) is collated in the worker and sent pickled, as torch's
@@ -24,6 +24,7 @@ itself, over an ipc socket in a 0700 directory, never over a network.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import struct
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload._loading.bad_samples import SkippedSample
 from fastload._loading.executor import Done, Event, Failure, Opaque, Probed, Task
 from fastload._loading.layout import BatchLayout
 
@@ -82,7 +84,8 @@ def encode_event(event: Event) -> list[Any]:
             event.seq, event.count, event.read_ns, event.decode_ns, event.bytes_read, event.read_cpu_ns,
             event.read_runq_ns, event.augment_ns,
         )
-        return [DONE, DONE_HEAD.pack(*fields)]
+        extra = [json.dumps([v.to_json() for v in event.skipped]).encode()] if event.skipped else []
+        return [DONE, DONE_HEAD.pack(*fields), *extra]
     if isinstance(event, Failure):
         body = {
             "message": event.message, "path": event.path, "index": event.index,
@@ -94,17 +97,23 @@ def encode_event(event: Event) -> list[Any]:
     buffers: list[pickle.PickleBuffer] = []
     head = pickle.dumps(event.batch, protocol=5, buffer_callback=buffers.append)
     opaque_head = OPAQUE_HEAD.pack(event.seq, event.count, event.load_ns)
-    return [OPAQUE, opaque_head, head, *(b.raw() for b in buffers)]
+    replaced = json.dumps([v.to_json() for v in event.skipped]).encode()
+    return [OPAQUE, opaque_head, replaced, head, *(b.raw() for b in buffers)]
 
 
 def decode_event(frames: list[bytes]) -> Event:
     """The event a worker's reply carries (`frames` without the identity; not READY)."""
     kind = frames[0]
     if kind == DONE:
-        return Done(*DONE_HEAD.unpack(frames[1]))
+        done = Done(*DONE_HEAD.unpack(frames[1]))
+        if len(frames) > 2:
+            skipped = tuple(SkippedSample.from_json(v) for v in json.loads(frames[2]))
+            done = dataclasses.replace(done, skipped=skipped)
+        return done
     if kind == OPAQUE:  # see NOTE [OPAQUE batches]: only from the trainer's own forked workers
         seq, count, load_ns = OPAQUE_HEAD.unpack(frames[1])
-        return Opaque(seq, pickle.loads(frames[2], buffers=frames[3:]), count, load_ns)
+        skipped = tuple(SkippedSample.from_json(v) for v in json.loads(frames[2]))
+        return Opaque(seq, pickle.loads(frames[3], buffers=frames[4:]), count, load_ns, skipped)
     (seq,) = SEQ_HEAD.unpack(frames[1])
     if kind == FAILED:
         body: dict[str, Any] = json.loads(frames[2])
