@@ -385,7 +385,6 @@ def _unsupported(version: str) -> list[tuple[str, Any]]:
     cases = [
         ("RandomRotation", m.RandomRotation(10)),
         ("Lambda", m.Lambda(lambda x: x)),
-        ("RandomApply", m.RandomApply([m.ColorJitter(0.4)], p=0.8)),
         ("RandomVerticalFlip", m.RandomVerticalFlip()),
         ("Grayscale", m.Grayscale(3)),
         ("RandomOrder", m.RandomOrder([m.RandomHorizontalFlip()])),

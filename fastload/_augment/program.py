@@ -11,14 +11,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload._augment import color_ops, mixing, policies
+from fastload._augment import color_ops, mixing, policies, timm_ops
 from fastload._augment.ops import BatchOp, Params, SampleOp, to_device
 from fastload._errors import ConfigError
 from fastload._loading.sample_random import BATCH_STREAM, PIXELS_STREAM, TENSOR_STREAM, sample_uniforms
 from fastload.transforms import Transform, TransformPlan
 
-_SAMPLE_OPS: dict[type, Callable[[Any], SampleOp]] = {**color_ops.OPS, **policies.OPS, **mixing.OPS}
-_BATCH_OPS: dict[type, Callable[[Any], BatchOp]] = mixing.BATCH_OPS
+_SAMPLE_OPS: dict[type, Callable[[Any], SampleOp]] = {
+    **color_ops.OPS, **policies.OPS, **mixing.OPS, **timm_ops.OPS
+}
+_BATCH_OPS: dict[type, Callable[[Any], BatchOp]] = {**mixing.BATCH_OPS, **timm_ops.BATCH_OPS}
 
 
 def sample_op(t: Transform) -> SampleOp:

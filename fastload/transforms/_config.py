@@ -21,6 +21,7 @@ from fastload.transforms._color import (
 from fastload.transforms._geometric import CenterCrop, RandomHorizontalFlip, RandomResizedCrop, Resize
 from fastload.transforms._mixing import CutMix, MixUp, RandomChoice, RandomErasing
 from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
+from fastload.transforms._timm_transforms import RandomApply, TimmMixup, TimmRandAugment
 
 BY_NAME: dict[str, type[Transform]] = {
     cls.__name__: cls
@@ -30,6 +31,7 @@ BY_NAME: dict[str, type[Transform]] = {
         RandomAutocontrast, RandomEqualize,
         RandAugment, TrivialAugmentWide, AutoAugment, AugMix,
         RandomErasing, MixUp, CutMix, RandomChoice,
+        RandomApply, TimmRandAugment, TimmMixup,
     )
 }
 _MAX_ENTRIES = 32

@@ -23,6 +23,7 @@ from fastload.transforms._color import (
 from fastload.transforms._geometric import CenterCrop, RandomHorizontalFlip, RandomResizedCrop, Resize
 from fastload.transforms._mixing import CutMix, MixUp, RandomChoice, RandomErasing
 from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
+from fastload.transforms._timm import from_timm, is_timm, random_apply, timm_conversion
 
 Normalization = tuple[tuple[float, ...], tuple[float, ...]]
 """(mean, std), one value per channel, in torchvision's units (pixels scaled to [0, 1])."""
@@ -294,6 +295,8 @@ def _convert(t: Any, place: _Place) -> Transform:
     if isinstance(t, Transform):
         return t
     name = type(t).__name__
+    if is_timm(t):
+        return from_timm(t, normalized=place.ahead is None)
     if not _is_torchvision(t):
         raise ConfigError(
             f"{name} (from {type(t).__module__}) is neither a torchvision nor a fastload transform: run the "
@@ -315,8 +318,19 @@ def _flatten(obj: Any) -> list[Any]:
     return [obj]
 
 
-def _is_passed_over(t: Any) -> bool:
-    return _is_torchvision(t) and (type(t).__name__ in _CONVERSIONS or type(t).__name__ == "Normalize")
+def _passed_over(t: Any) -> str | None:
+    """The name of a conversion (timm's as the torchvision one it acts as) or Normalize, else None."""
+    name = type(t).__name__
+    if _is_torchvision(t) and (name in _CONVERSIONS or name == "Normalize"):
+        return name
+    return timm_conversion(t)
+
+
+def _converted(t: Any, place: _Place) -> tuple[Transform, ...]:
+    """`_convert`, and RandomApply, which becomes no transform, its own, or fastload's."""
+    if _is_torchvision(t) and type(t).__name__ == "RandomApply":
+        return random_apply(t, lambda member: _convert(member, place))
+    return (_convert(t, place),)
 
 
 def from_torchvision(obj: object) -> tuple[tuple[Transform, ...], Normalization | None]:
@@ -332,6 +346,9 @@ def from_torchvision(obj: object) -> tuple[tuple[Transform, ...], Normalization 
     and CutMix); their parameters are read as torchvision stores them (InterpolationMode to
     "bilinear", "nearest", ...; AutoAugmentPolicy to "imagenet", "cifar10", "svhn").
 
+    timm's transforms (`timm.data.create_transform`'s, `timm.data.Mixup`) and RandomApply convert
+    too (`_timm`), approximations named in a UserWarning.
+
     Conversions of the image's type (ToTensor, PILToTensor, ToImage, ToDtype, ConvertImageDtype)
     are dropped, wherever they are: fastload's output makes the batch's type. They still set the
     units of what follows: a RandomSolarize threshold or a policy's fill written for float images
@@ -345,7 +362,7 @@ def from_torchvision(obj: object) -> tuple[tuple[Transform, ...], Normalization 
         output's float dtype is FastLoader's `dtype` argument, not read from the pipeline.
 
     Raises:
-        ConfigError: a transform fastload does not have (RandomRotation, Lambda, RandomApply, ...),
+        ConfigError: a transform fastload does not have (RandomRotation, Lambda, RandomOrder, ...),
             named, with the alternative: a torch Dataset that applies the pipeline, given to
             FastLoader; or a photometric transform after Normalize (fastload runs them on uint8
             pixels, before normalizing), or more than one Normalize.
@@ -357,10 +374,11 @@ def from_torchvision(obj: object) -> tuple[tuple[Transform, ...], Normalization 
     normalize_at = len(chain)
     for i, t in enumerate(chain):
         before.append(_Units(units.scale, units.is_float))
-        if not _is_passed_over(t):
+        passed_over = _passed_over(t)
+        if passed_over is None:
             continue
-        if type(t).__name__ != "Normalize":
-            units.convert(type(t).__name__, t)
+        if passed_over != "Normalize":
+            units.convert(passed_over, t)
         elif normalize is None:
             normalize, normalize_at = _normalization(t, units), i
         else:
@@ -372,15 +390,15 @@ def from_torchvision(obj: object) -> tuple[tuple[Transform, ...], Normalization 
 
     transforms: list[Transform] = []
     for i, t in enumerate(chain):
-        if _is_passed_over(t):
+        if _passed_over(t) is not None:
             continue
-        converted = _convert(t, _Place(before[i], normalize if i < normalize_at else None))
-        if i > normalize_at and converted.stage == "pixels":
-            raise ConfigError(
-                f"{type(t).__name__} comes after Normalize: fastload runs photometric transforms and "
-                "policies on uint8 pixels, before normalizing; move it before Normalize"
-            )
-        transforms.append(converted)
+        for converted in _converted(t, _Place(before[i], normalize if i < normalize_at else None)):
+            if i > normalize_at and converted.stage == "pixels":
+                raise ConfigError(
+                    f"{type(t).__name__} comes after Normalize: fastload runs photometric transforms and "
+                    "policies on uint8 pixels, before normalizing; move it before Normalize"
+                )
+            transforms.append(converted)
     return tuple(transforms), normalize
 
 

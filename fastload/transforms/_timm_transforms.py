@@ -1,0 +1,146 @@
+"""Transforms with timm's semantics where torchvision has none (its RandAugment policy strings,
+`TimmRandAugment`; its `Mixup`, `TimmMixup`), and torchvision's `RandomApply` over per-sample
+pixel transforms. Declarations only: `fastload._augment.timm_ops` runs them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fastload.transforms._base import Stage, Transform, is_int, is_number, reject, take_interpolation
+from fastload.transforms._policies import POLICY_INTERPOLATIONS, check_fill
+
+
+def _probability(kind: str, name: str, value: object) -> None:
+    if not (is_number(value) and 0.0 <= value <= 1.0):
+        raise reject(kind, name, value, "a number in [0, 1]")
+
+
+TIMM_RAND_OPS = (
+    "AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd",
+    "Color", "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel",
+)
+"""timm's `_RAND_TRANSFORMS`, in its order."""
+
+_INCREASING = {"Posterize", "Solarize", "Color", "Contrast", "Brightness", "Sharpness"}
+TIMM_RAND_INCREASING_OPS = tuple(f"{n}Increasing" if n in _INCREASING else n for n in TIMM_RAND_OPS)
+"""timm's `_RAND_INCREASING_TRANSFORMS` ('inc1'), in its order."""
+
+
+@dataclass(frozen=True)
+class TimmRandAugment(Transform):
+    """timm's RandAugment (`rand_augment_transform('rand-m9-mstd0.5-inc1', hparams)`): per sample,
+    `num_layers` operations drawn uniformly with replacement from timm's 15 (`increasing`: its
+    'inc1' set), each applied with probability `prob` at a magnitude drawn from
+    N(`magnitude`, `magnitude_std`) (uniform in [0, magnitude] when it is infinite; a fixed one when
+    0) clipped to [0, `magnitude_max`], on timm's 0..10 scale; signed operations negated half the
+    time. Translations move by `translate_pct` of the side; `fill` (uint8 units) fills what a
+    geometric operation uncovers (timm's `img_mean`)."""
+
+    stage: ClassVar[Stage] = "pixels"
+
+    num_layers: int = 2
+    magnitude: float = 10.0
+    magnitude_std: float = 0.0
+    magnitude_max: float = 10.0
+    prob: float = 0.5
+    increasing: bool = False
+    translate_pct: float = 0.45
+    interpolation: str = "bilinear"
+    fill: float | tuple[float, ...] | None = (128.0, 128.0, 128.0)
+
+    def __post_init__(self) -> None:
+        kind = "TimmRandAugment"
+        if not (is_int(self.num_layers) and 0 <= self.num_layers <= 16):
+            raise reject(kind, "num_layers", self.num_layers, "an int in 0..16")
+        if not (is_number(self.magnitude_max) and 0 <= self.magnitude_max <= 1e3):
+            raise reject(kind, "magnitude_max", self.magnitude_max, "a number in [0, 1000]")
+        if not (is_number(self.magnitude) and 0 <= self.magnitude <= 1e3):
+            raise reject(kind, "magnitude", self.magnitude, "a number in [0, 1000]")
+        std = self.magnitude_std
+        if not (std == math.inf or (is_number(std) and 0 <= std <= 1e3)):
+            raise reject(kind, "magnitude_std", std, "a number >= 0, or inf (uniform in [0, magnitude])")
+        _probability(kind, "prob", self.prob)
+        if not isinstance(self.increasing, bool):
+            raise reject(kind, "increasing", self.increasing, "True or False")
+        if not (is_number(self.translate_pct) and 0 <= self.translate_pct <= 1):
+            raise reject(kind, "translate_pct", self.translate_pct, "a number in [0, 1]")
+        take_interpolation(self)
+        if self.interpolation not in POLICY_INTERPOLATIONS:
+            raise reject(kind, "interpolation", self.interpolation, " or ".join(POLICY_INTERPOLATIONS))
+        check_fill(kind, self.fill)
+        if isinstance(self.fill, Sequence):
+            object.__setattr__(self, "fill", tuple(float(v) for v in self.fill))
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The operation space, timm's names in timm's order."""
+        return TIMM_RAND_INCREASING_OPS if self.increasing else TIMM_RAND_OPS
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimmMixup(Transform):
+    """timm's `Mixup` in mode 'batch': with probability `prob` a batch is mixed, by CutMix with
+    probability `switch_prob` when both alphas are > 0 (else the one that is); lam ~ Beta(alpha,
+    alpha); each image mixed with its mirror in the batch (`x.flip(0)`); a CutMix box of sides
+    sqrt(1 - lam) of the image's around a uniform centre, clipped (or of sides uniform in
+    `cutmix_minmax` of the image's), lam then corrected to the area kept (`correct_lam`); targets
+    are one-hot smoothed by `label_smoothing` (off = s / num_classes, on = 1 - s + off) and mixed
+    by lam, also when the batch is not mixed."""
+
+    stage: ClassVar[Stage] = "batch"
+
+    mixup_alpha: float = 1.0
+    cutmix_alpha: float = 0.0
+    cutmix_minmax: tuple[float, float] | None = None
+    prob: float = 1.0
+    switch_prob: float = 0.5
+    correct_lam: bool = True
+    label_smoothing: float = 0.1
+    num_classes: int
+
+    def __post_init__(self) -> None:
+        kind = "TimmMixup"
+        for name in ("mixup_alpha", "cutmix_alpha"):
+            value = getattr(self, name)
+            if not (is_number(value) and 0.0 <= value <= 1e3):
+                raise reject(kind, name, value, "a number >= 0 (0 turns it off)")
+        minmax = self.cutmix_minmax
+        if minmax is not None:
+            pair = tuple(minmax) if isinstance(minmax, Sequence) else ()
+            if not (len(pair) == 2 and all(is_number(v) for v in pair) and 0 < pair[0] < pair[1] <= 1):
+                raise reject(kind, "cutmix_minmax", minmax, "None or (min, max) with 0 < min < max <= 1")
+            object.__setattr__(self, "cutmix_minmax", (float(pair[0]), float(pair[1])))
+            object.__setattr__(self, "cutmix_alpha", 1.0)  # as timm: minmax turns CutMix on
+        if not (self.mixup_alpha > 0 or self.cutmix_alpha > 0):
+            raise reject(kind, "mixup_alpha", self.mixup_alpha, "> 0 when cutmix_alpha is 0")
+        _probability(kind, "prob", self.prob)
+        _probability(kind, "switch_prob", self.switch_prob)
+        if not isinstance(self.correct_lam, bool):
+            raise reject(kind, "correct_lam", self.correct_lam, "True or False")
+        if not (is_number(self.label_smoothing) and 0.0 <= self.label_smoothing <= 1.0):
+            raise reject(kind, "label_smoothing", self.label_smoothing, "a number in [0, 1]")
+        if not (is_int(self.num_classes) and 1 <= self.num_classes <= 1 << 20):
+            raise reject(kind, "num_classes", self.num_classes, "the number of classes, an int >= 1")
+
+
+@dataclass(frozen=True)
+class RandomApply(Transform):
+    """torchvision's RandomApply over pixel-stage transforms: with probability `p` a sample runs
+    all of `transforms`, in order; otherwise none of them."""
+
+    stage: ClassVar[Stage] = "pixels"
+
+    transforms: tuple[Transform, ...]
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        members = tuple(self.transforms) if isinstance(self.transforms, Sequence) else ()
+        if not members or not all(isinstance(t, Transform) and t.stage == "pixels" for t in members):
+            accepted = "a non-empty list of pixel-stage transforms (colour operations, policies)"
+            raise reject("RandomApply", "transforms", self.transforms, accepted)
+        object.__setattr__(self, "transforms", members)
+        _probability("RandomApply", "p", self.p)
