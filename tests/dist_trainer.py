@@ -2,6 +2,7 @@
 
     python tests/dist_trainer.py spawn DATA OUT PORT
     python -m torch.distributed.run --nproc_per_node=2 ... tests/dist_trainer.py torchrun DATA OUT
+    python -m torch.distributed.run --nproc_per_node=2 ... tests/dist_trainer.py skip DATA OUT
 
 spawn: `torch.multiprocessing.spawn` starts 2 processes with the environment Lightning's launcher
 gives (WORLD_SIZE, NODE_RANK, LOCAL_RANK; no RANK). Each makes a folder loader before joining a
@@ -9,6 +10,9 @@ gloo process group (its rank then comes from the environment) and one after, in 
 numbers the processes the other way round from LOCAL_RANK (its rank must come from the group).
 torchrun: each process joins the gloo group torchrun describes, makes a folder loader, and a
 Dataset loader over a DistributedSampler whose epoch it sets to 3 itself.
+
+skip: each process trains two epochs over a folder with a broken file, on_error="skip", an
+all-reduce per step, and records its steps, the files each batch held, and what was skipped.
 
 The folder loaders read unshuffled with batch size 2; an image is recorded by its pixels' digest.
 """
@@ -90,14 +94,45 @@ def torchrun(data: str, out: str) -> None:
     write(out, rank, record)
 
 
+def skipping(data: str, out: str) -> None:
+    """Two epochs of a folder with a broken file, on_error="skip", one all-reduce a step as DDP
+    does (a rank with fewer steps would leave the other waiting in it: the test's timeout)."""
+    dist.init_process_group("gloo")
+    try:
+        rank = dist.get_rank()
+        record: dict[str, Any] = {"rank": rank, "steps": [], "names": [], "skipped": []}
+        with FastLoader(
+            data, batch_size=BATCH_SIZE, shuffle=True, seed=3, num_workers=1, transform=RESIZE, device="cpu",
+            sample_ids=True, on_error="skip", max_skipped=1,
+        ) as loader:
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                steps = 0
+                for _, labels, ids in loader:
+                    total = torch.tensor([float(len(labels))])
+                    dist.all_reduce(total)  # every rank must get here as often
+                    steps += 1
+                    record["names"].append(list(ids.names))
+                record["steps"].append(steps)
+            record["skipped"] = [name for name, _ in loader.skipped()]
+            stats = loader.stats()
+            record["skipped_count"] = stats.skipped if stats is not None else -1
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    write(out, rank, record)
+
+
 def main(argv: list[str]) -> int:
     mode, data, out = argv[:3]
     if mode == "spawn":
         torch.multiprocessing.spawn(spawned, args=(data, out, int(argv[3])), nprocs=2, join=True)
     elif mode == "torchrun":
         torchrun(data, out)
+    elif mode == "skip":
+        skipping(data, out)
     else:
-        raise SystemExit(f"unknown mode {mode!r}: spawn or torchrun")
+        raise SystemExit(f"unknown mode {mode!r}: spawn, torchrun or skip")
     return 0
 
 

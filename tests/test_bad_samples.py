@@ -55,9 +55,8 @@ def _names(loader: FastLoader, ids: list[int]) -> set[str]:
 
 def test_raise_loses_the_batch_and_names_the_file(broken_folder: tuple[Path, set[str]]) -> None:
     root, bad = broken_folder
-    with FastLoader(root, num_workers=1, shuffle=False, **KW) as loader:
-        with pytest.raises(SampleError) as caught:
-            _epoch(loader)
+    with FastLoader(root, num_workers=1, shuffle=False, **KW) as loader, pytest.raises(SampleError) as caught:
+        _epoch(loader)
     assert any(Path(b).name in str(caught.value) for b in bad)
 
 
@@ -90,20 +89,20 @@ def test_labels_and_pixels_are_the_stand_ins(broken_folder: tuple[Path, set[str]
     with (
         warnings.catch_warnings(),
         FastLoader(root, num_workers=1, shuffle=False, on_error="skip", max_skipped=2, **KW) as skipping,
-        FastLoader(root, num_workers=1, on_error="skip", max_skipped=2, **{**KW, "batch_size": 1}) as one_by_one,
+        FastLoader(root, num_workers=1, on_error="skip", max_skipped=2, **{**KW, "batch_size": 1}) as single,
     ):
         warnings.simplefilter("ignore")
         batches = _epoch(skipping)
         index = skipping._index
         assert index is not None
-        for images, labels, ids in batches:
+        for _, labels, ids in batches:
             for row, i in enumerate(ids.indices):
                 assert int(labels[row]) == int(index.labels[int(i)])
         # a stand-in is decoded with its own draws: its pixels equal a plain load of it
         stand_in_rows = [(b, r) for b, (_, _, ids) in enumerate(batches) for r, i in enumerate(ids.indices)
                          if int(i) != b * 4 + r]
         assert len(stand_in_rows) == 2
-        plain = {int(ids.indices[0]): images[0] for images, _, ids in _epoch(one_by_one)}
+        plain = {int(ids.indices[0]): images[0] for images, _, ids in _epoch(single)}
         for b, r in stand_in_rows:
             i = int(batches[b][2].indices[r])
             assert torch.equal(batches[b][0][r], plain[i])
@@ -120,7 +119,8 @@ def test_the_same_stand_ins_for_any_worker_count(broken_folder: tuple[Path, set[
         with FastLoader(root, num_workers=workers, **kw) as loader:
             got = _epoch(loader, 3)
     assert _ids(got) == _ids(expected)
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, expected, strict=True))
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 def test_resume_gives_the_same_stand_ins(broken_folder: tuple[Path, set[str]]) -> None:
@@ -165,7 +165,7 @@ def test_past_max_skipped_it_raises(broken_folder: tuple[Path, set[str]]) -> Non
         FastLoader(root, num_workers=1, shuffle=False, on_error="skip", max_skipped=1, **KW) as loader,
     ):
         warnings.simplefilter("ignore")
-        with pytest.raises(DatasetError, match="max_skipped=1.*fastload verify"):
+        with pytest.raises(DatasetError, match=r"max_skipped=1.*fastload verify"):
             _epoch(loader)
     # 5% of 18 rounds up to one sample: two broken ones are too many by default
     with (
@@ -173,7 +173,7 @@ def test_past_max_skipped_it_raises(broken_folder: tuple[Path, set[str]]) -> Non
         FastLoader(root, num_workers=0, shuffle=False, on_error="skip", **KW) as by_default,
     ):
         warnings.simplefilter("ignore")
-        with pytest.raises(DatasetError, match="0.05 of 18 = 1"):
+        with pytest.raises(DatasetError, match=r"0\.05 of 18 = 1"):
             _epoch(by_default)
 
 
@@ -235,7 +235,7 @@ def test_refused_settings() -> None:
         FastLoader(_Flaky(set()), on_error="ignore")
     with pytest.raises(ConfigError, match="max_skipped"):
         FastLoader(_Flaky(set()), on_error="skip", max_skipped=-1)
-    with pytest.raises(ConfigError, match="max_skipped=1.5"):
+    with pytest.raises(ConfigError, match=r"max_skipped=1\.5"):
         FastLoader(_Flaky(set()), on_error="skip", max_skipped=1.5)
 
     class Stream(torch.utils.data.IterableDataset[int]):

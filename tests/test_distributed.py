@@ -269,6 +269,29 @@ def test_torchrun_ranks_read_their_shards_and_keep_their_samplers_epoch(
 
 
 @pytest.mark.timeout(150)
+def test_torchrun_ranks_stay_in_step_past_a_broken_file_with_on_error_skip(tmp_path: Path) -> None:
+    """Issue 22's DDP case: 2 ranks, a corrupt file, on_error="skip": the same step count on both
+    ranks (each step all-reduces, so a rank short of a batch would hang: the timeout), every good
+    image each epoch, the broken one never, and the rank that met it counted it."""
+    from helpers import build_folder
+
+    data = build_folder(tmp_path / "data", classes=3, per_class=3)
+    broken = sorted(data.glob("n01/*"))[2]
+    broken.write_bytes(b"\xff\xd8 not the rest of a JPEG" * 4)
+    out = tmp_path / "out"
+    out.mkdir()
+    _run(_torchrun(str(REPO / "tests" / "dist_trainer.py"), "skip", str(data), str(out)), 120)
+    records = _records(out)
+    assert records[0]["steps"] == records[1]["steps"] == [3, 3]  # 9 images: 5 a rank, batches of 2
+    good = {str(p) for p in data.rglob("*.*")} - {str(broken)}
+    for epoch in range(2):
+        held = [n for r in records for batch in r["names"][3 * epoch : 3 * epoch + 3] for n in batch]
+        assert len(held) == 10 and set(held) >= good and str(broken) not in held
+    assert {n for r in records for n in r["skipped"]} == {str(broken)}
+    assert sum(r["skipped_count"] for r in records) >= 2  # met once an epoch
+
+
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("recipe", ["basic", "deit"])
 def test_ddp_example_trains_under_torchrun(odd_folder: Path, recipe: str) -> None:
     out = _run(
