@@ -6,7 +6,8 @@ and cuts the chain into stages that each run where they are cheapest (NOTE [tran
 in `_plan`): crops, resizes and flips folded into the decode; colour operations and policies
 batched on the uint8 samples (in the workers, or on the GPU after the copy); RandomErasing after
 normalization; MixUp/CutMix across the batch, labels becoming soft targets. `from_torchvision`
-converts a torchvision pipeline (v1 or v2) of the transforms fastload has into these.
+converts a torchvision pipeline (v1 or v2) of the transforms fastload has into these, and timm's
+`create_transform` recipes and `Mixup` (`TimmRandAugment`, `TimmMixup`, with timm's semantics).
 
 Every random choice is drawn from (seed, epoch, sample index), so results do not depend on which
 worker ran a sample, nor on how many workers there are. Every parameter is checked once, when a
@@ -39,6 +40,7 @@ from fastload.transforms._mixing import CutMix, MixUp, RandomChoice, RandomErasi
 from fastload.transforms._plan import TransformPlan as TransformPlan
 from fastload.transforms._plan import compile_transforms as compile_transforms
 from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
+from fastload.transforms._timm_transforms import RandomApply, TimmMixup, TimmRandAugment
 from fastload.transforms._torchvision import from_torchvision
 
 # The transforms, and `from_torchvision` (a torchvision pipeline as fastload's). The loader's
@@ -54,6 +56,7 @@ __all__ = [
     "GaussianBlur",
     "MixUp",
     "RandAugment",
+    "RandomApply",
     "RandomAutocontrast",
     "RandomChoice",
     "RandomEqualize",
@@ -64,6 +67,8 @@ __all__ = [
     "RandomResizedCrop",
     "RandomSolarize",
     "Resize",
+    "TimmMixup",
+    "TimmRandAugment",
     "Transform",
     "TrivialAugmentWide",
     "from_torchvision",
