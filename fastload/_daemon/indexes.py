@@ -5,8 +5,9 @@ target) is made once and shared with the workers through a shared-memory segment
 opened in a child process (`opener`: several at a time, a deadline, a memory limit, the
 allowlist of `confine`), so the daemon keeps serving (and obeys SIGTERM) while a huge tree is
 walked, and a file that crashes or hangs its parser fails only its own hellos. An index no session
-uses is evicted after `idle_s`, or at once when its memory is wanted, except those the
-configuration warms.
+uses is evicted after `idle_s` (`index_idle`), or before that when the memory budget is wanted
+for another index or a ring (`evict_for`: the longest idle first, only as many as needed), except
+those the configuration warms.
 """
 
 from __future__ import annotations
@@ -151,16 +152,38 @@ class DatasetIndexes:
             if entry.users == 0:
                 entry.idle_since = time.monotonic()
 
-    def evict(self, *, all_idle: bool = False) -> int:
-        """Drop indexes nobody uses (idle past `idle_s`, or every one with `all_idle`); bytes freed."""
+    def evict(self) -> int:
+        """Drop the indexes no session has used for `idle_s` (pinned ones never); bytes freed."""
+        now = time.monotonic()
+        return self._drop([e for e in self._idle() if now - e.idle_since >= self.idle_s], "")
+
+    def evict_for(self, need: int, keep: str | None = None) -> int:
+        """Free at least `need` bytes by dropping idle indexes, the longest idle first (never
+        pinned ones, nor `keep`, an index a session is being opened on); bytes freed (less than
+        `need` when not enough is idle)."""
+        chosen: list[IndexEntry] = []
+        for entry in sorted(self._idle(), key=lambda e: e.idle_since):
+            if sum(e.size for e in chosen) >= need:
+                break
+            if entry.path != keep:
+                chosen.append(entry)
+        return self._drop(chosen, f"; {need / 2**20:.2f} MiB of the memory budget were wanted")
+
+    @property
+    def idle_memory(self) -> int:
+        """What the indexes `evict_for` may drop take."""
+        return sum(e.size for e in self._idle())
+
+    def _idle(self) -> list[IndexEntry]:
+        return [e for e in self._ready.values() if not e.users and not e.pinned]
+
+    def _drop(self, entries: list[IndexEntry], why: str) -> int:
         now, freed = time.monotonic(), 0
-        for key, entry in list(self._ready.items()):
-            if entry.users or entry.pinned or (not all_idle and now - entry.idle_since < self.idle_s):
-                continue
-            del self._ready[key]
+        for entry in entries:
+            del self._ready[entry.path]
             entry.segment.close()
             freed += entry.size
-            log.info("evicted the index of %s (unused for %.0f s)", key, now - entry.idle_since)
+            log.info("evicted the index of %s (unused for %.0f s%s)", entry.path, now - entry.idle_since, why)
         return freed
 
     @property

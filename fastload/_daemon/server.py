@@ -274,10 +274,10 @@ class Daemon:
             return
         # NOTE [indexing off the loop]: a folder is scanned on a background thread; the hello
         # waits (told `indexing` every second) while the daemon goes on serving everyone else.
-        self._indexes.evict(all_idle=True)
-        self._indexes.request(
-            key, source, max(0, self.config.memory_budget_bytes - self._used_bytes()), confined=confined
-        )
+        # What it may take: the budget less what is in use, idle indexes counted free (they are
+        # evicted, longest idle first, once it is made and only if its memory is wanted).
+        left = self.config.memory_budget_bytes - self._used_bytes() + self._indexes.idle_memory
+        self._indexes.request(key, source, max(0, left), confined=confined)
         self._pending[(id(sock), identity)] = PendingHello(sock, identity, local, f, plan, peer, key)
 
     def _resume_hellos(self) -> None:
@@ -300,6 +300,8 @@ class Daemon:
                 except Exception as e:
                     log.exception("error while opening a session")
                     self._reply(hello.sock, hello.identity, "error", message=f"internal error: {e}")
+        # An index just made may have taken the memory of idle ones: back within the budget.
+        self._indexes.evict_for(self._used_bytes() - self.config.memory_budget_bytes)
         now = time.monotonic()
         for hello in self._pending.values():
             if now - hello.progress_at >= _PROGRESS_EVERY_S:
@@ -323,15 +325,13 @@ class Daemon:
             raise DaemonError("the daemon is shutting down and accepts no new sessions")
         session_id = next(self._ids)
         batch_size = f["batch_size"]
-        on_error = f.get("on_error", "raise")  # NOTE [bad samples]
-        job = ImageJob(entry.index, plan, f["backend"], f["seed"], batch_size, on_error=on_error)
+        job = ImageJob(entry.index, plan, f["backend"], f["seed"], batch_size)
         assert job.layout is not None
         # A trainer that did not choose gets what a local loader of this daemon's pool would.
         prefetch = f["prefetch"] or default_prefetch(self.config.workers, job.layout.slot_bytes)
         slots = prefetch + EXTRA_SLOTS
         need = job.layout.slot_bytes * slots
-        if self._used_bytes() + need > self.config.memory_budget_bytes:
-            self._indexes.evict(all_idle=True)
+        self._indexes.evict_for(self._used_bytes() + need - self.config.memory_budget_bytes, keep=entry.path)
         used = self._used_bytes()
         if used + need > self.config.memory_budget_bytes:
             raise DaemonError(
