@@ -314,6 +314,10 @@ def run(
     out: TextIO = sys.stdout,
 ) -> int:
     """The command: one report since start (no interval), or one per interval, `count` times."""
+    if plot is not None:  # before recording: a run that cannot be drawn is said at once, not lost
+        from fastload._diagnostics.plot import check_matplotlib
+
+        check_matplotlib()
     sampler = Sampler()
     history: list[dict[str, Any]] = []
     started = time.monotonic()
@@ -325,6 +329,7 @@ def run(
             loaders, machine = sampler.sample()
             record = {
                 "time": time.monotonic() - started,
+                "wall_time": round(time.time(), 3),  # seconds since the epoch, to line up with logs
                 "loaders": [asdict(r) for r in loaders],
                 "machine": asdict(machine),
             }

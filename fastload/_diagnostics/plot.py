@@ -68,6 +68,11 @@ def _matplotlib() -> tuple[Any, Any]:
     return figure.Figure, agg.FigureCanvasAgg
 
 
+def check_matplotlib() -> None:
+    """ConfigError saying how to install matplotlib when it is missing (before a run is recorded)."""
+    _matplotlib()
+
+
 Getter = Callable[[dict[str, Any]], float]
 
 
