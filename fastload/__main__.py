@@ -99,6 +99,17 @@ def _build_parser() -> argparse.ArgumentParser:
         "(default: skipped when clearly so)",
     )
 
+    verify = sub.add_parser(
+        "verify", help="decode every sample of a source once, in parallel, and list the broken ones"
+    )
+    verify.add_argument("path", help="a source: a folder, a file list, tar shards, a pack, an HDF5 file")
+    verify.add_argument(
+        "-o", "--output", metavar="LIST", help="write the broken samples here, for FastLoader(exclude=LIST) "
+        "(default: print them)"
+    )
+    verify.add_argument("--workers", type=int, metavar="N", help="worker processes (default: the loader's)")
+    verify.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+
     iostat = sub.add_parser("iostat", help="where each running loader's time goes, with a verdict and advice")
     iostat.add_argument(
         "interval", nargs="?", type=float, help="seconds between reports (default: one report)"
@@ -164,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _control.stop(args.address)
         if args.command == "keys":
             return _control.keys()
+        if args.command == "verify":
+            from fastload._diagnostics.verify import run as run_verify
+
+            return run_verify(args.path, args.output, args.workers, args.quiet)
         if args.command == "iostat":
             if args.probe:
                 from fastload._diagnostics.probe import format_probe, probe, probe_to_json

@@ -298,3 +298,18 @@ def test_a_loader_counts_its_epochs_and_the_waits_for_their_first_batches() -> N
         stats = loader.stats()
     assert stats is not None and stats.epochs == 3
     assert 0.0 < stats.epoch_start_wait_s <= stats.trainer_wait_s
+
+
+def test_skipped_samples_are_counted_and_named_in_the_advice(tmp_path: Path) -> None:
+    """A loader with on_error="skip" over a folder with a broken file: iostat reads its count."""
+    import warnings
+
+    root = build_folder(tmp_path / "broken", classes=2, per_class=4)
+    sorted(root.glob("n00/*.jpg"))[0].write_bytes(b"not an image" * 20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with FastLoader(root, batch_size=2, num_workers=1, device="cpu", on_error="skip", max_skipped=1,
+                        transform=[T.CenterCrop(64)]) as loader:
+            r = _run_and_sample(loader, lambda: time.sleep(0.05), seconds=0.5)
+    assert r.skipped >= 1
+    assert any("broken sample(s) replaced" in a and "fastload verify" in a for a in r.advice), r.advice

@@ -325,7 +325,8 @@ class Daemon:
             raise DaemonError("the daemon is shutting down and accepts no new sessions")
         session_id = next(self._ids)
         batch_size = f["batch_size"]
-        job = ImageJob(entry.index, plan, f["backend"], f["seed"], batch_size)
+        on_error = f.get("on_error", "raise")  # NOTE [bad samples]
+        job = ImageJob(entry.index, plan, f["backend"], f["seed"], batch_size, on_error=on_error)
         assert job.layout is not None
         # A trainer that did not choose gets what a local loader of this daemon's pool would.
         prefetch = f["prefetch"] or default_prefetch(self.config.workers, job.layout.slot_bytes)

@@ -54,6 +54,7 @@ class LoaderRates:
     epochs: int  # epochs started in the interval
     ready_batches: int
     in_flight: int
+    skipped: int = 0  # broken samples replaced by stand-ins since the loader started (on_error="skip")
     verdict: str = ""
     advice: list[str] = field(default_factory=list)
 
@@ -110,6 +111,7 @@ def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seco
         epochs=int(delta("epochs")),
         ready_batches=after.ready_batches,
         in_flight=after.in_flight,
+        skipped=after.skipped,
     )
 
 
@@ -261,6 +263,11 @@ class Sampler:
         classified = []
         for r in rates:
             verdict, advice = classify(r, machine, cores)
+            if r.skipped:  # whatever bounds the loader: a dataset with broken samples is worth a line
+                advice.append(
+                    f"{r.skipped} broken sample(s) replaced by stand-ins so far (on_error='skip'): list them "
+                    "with `fastload verify PATH -o LIST` and load with exclude=LIST"
+                )
             classified.append(LoaderRates(**{**asdict(r), "verdict": verdict, "advice": advice}))
         self._loaders, self._disk, self._cpu, self._time = loaders, disks, cpu, now
         return classified, machine

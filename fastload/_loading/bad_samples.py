@@ -68,15 +68,24 @@ def reason_of(exc: BaseException) -> str:
     return text[:_MAX_REASON_CHARS]
 
 
-def replacement(seed: int, epoch: int, index: int, attempt: int, num_samples: int) -> int:
+def replacement(
+    seed: int, epoch: int, index: int, attempt: int, num_samples: int, keep: np.ndarray | None = None
+) -> int:
     """The sample that takes bad sample `index`'s row at `attempt` (0, 1, ...): uniform over the
-    source's other samples, a function of its arguments only (NOTE [bad samples])."""
-    if num_samples < 2:
+    source's other samples (those in `keep`, sorted, when an `exclude=` list left some out), a
+    function of its arguments only (NOTE [bad samples])."""
+    pool = num_samples if keep is None else len(keep)
+    if pool < 2:
         raise DatasetError("a source of one sample has nothing to replace a broken sample with")
     key = _KEY.pack(seed & (2**63 - 1), epoch, index, attempt)
     draw = int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"fl-skip").digest(), "little")
-    other = draw % (num_samples - 1)
-    return other + 1 if other >= index else other  # never the bad sample itself
+    if keep is None:
+        other = draw % (num_samples - 1)
+        return other + 1 if other >= index else other  # never the bad sample itself
+    at = int(np.searchsorted(keep, index))
+    held = at < pool and int(keep[at]) == index  # the bad sample is one of `keep`: never itself
+    other = draw % (pool - 1) if held else draw % pool
+    return int(keep[other + 1 if held and other >= at else other])
 
 
 def stand_ins(indices: np.ndarray, skipped: Sequence[SkippedSample]) -> np.ndarray:

@@ -146,9 +146,11 @@ class ImageJob(SourceJob):
         batch_size: int,
         normalize: tuple[Sequence[float], Sequence[float]] | None = None,
         on_error: str = "raise",
+        keep: np.ndarray | None = None,
     ) -> None:
         self.index: SampleIndex = index
         self.on_error = on_error  # NOTE [bad samples]
+        self.keep = keep  # the samples stand-ins are drawn from (an `exclude=` list's rest), else all
         self.plan = plan
         self.backend_name = backend
         self.seed = seed
@@ -294,7 +296,7 @@ class ImageJob(SourceJob):
             failure = dataclasses.replace(failure, message=f"{failure.message} ({last})")
             raise JobFailed(failure) from broken.cause
         drawn[broken.position] = attempt + 1
-        stand_in = replacement(self.seed, task.epoch, original, attempt, len(self.index))
+        stand_in = replacement(self.seed, task.epoch, original, attempt, len(self.index), self.keep)
         skipped.append(SkippedSample(i, name, reason_of(broken.cause), task.row + broken.position, stand_in))
         indices = indices.copy()
         indices[broken.position] = stand_in
@@ -332,12 +334,14 @@ class DatasetJob:
         seed: int,
         batch_size: int,
         on_error: str = "raise",
+        keep: np.ndarray | None = None,
     ) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.seed = seed
         self.batch_size = batch_size
         self.on_error = on_error  # NOTE [bad samples]
+        self.keep = keep  # as ImageJob's
 
     def worker_dataset(self) -> Any:
         """What `get_worker_info().dataset` is in this job's workers: their copy of the Dataset."""
@@ -388,7 +392,7 @@ class DatasetJob:
                 failure = failure_of(task.seq, e, i, self._path_of(i), "sample")
                 if skipped is None or attempt == MAX_ATTEMPTS:
                     raise JobFailed(failure) from e
-                stand_in = replacement(self.seed, task.epoch, index, attempt, len(self.dataset))
+                stand_in = replacement(self.seed, task.epoch, index, attempt, len(self.dataset), self.keep)
                 skipped.append(SkippedSample(i, self._path_of(i), reason_of(e), task.row + row, stand_in))
                 i = stand_in
         raise AssertionError("unreachable")

@@ -22,6 +22,8 @@ from fastload._errors import ConfigError
 from fastload._loading.array_job import ArrayJob
 from fastload._loading.bad_samples import DEFAULT_MAX_SKIPPED, SkipAccount
 from fastload._loading.epoch import EpochIterator
+from fastload._loading.exclusion import ExcludeArg, kept_indices
+from fastload._loading.exclusion import digest as exclusion_digest
 from fastload._loading.iterable import IterableJob, IterablePlan
 from fastload._loading.jobs import DatasetJob, ImageJob, Job
 from fastload._loading.pipeline import Pipeline
@@ -112,6 +114,10 @@ class FastLoader:
     each is named once in a warning and counted (`stats().skipped`, iostat), and more than
     `max_skipped` distinct broken samples (a float: a fraction of the source, 5% by default; an
     int: a count) raises `DatasetError`. For image sources and map-style Datasets.
+    `exclude=` leaves samples out of every epoch, as if the source did not hold them: the list
+    `fastload verify PATH -o LIST` writes (its path), or the samples' names (files, `shard:key`),
+    or their indices (a Dataset's); `state_dict` records which, and a resume under another list
+    is refused.
     """
 
     def __init__(
@@ -152,6 +158,7 @@ class FastLoader:
         shuffle_window: int = 8,
         on_error: str = "raise",
         max_skipped: float | int = DEFAULT_MAX_SKIPPED,
+        exclude: ExcludeArg = None,
     ) -> None:
         del pin_memory_device, in_order  # batches are always delivered in order
         self._spec = build_spec(
@@ -171,9 +178,14 @@ class FastLoader:
         self._index: SampleIndex | ArrayIndex | None = None
         self._session: DaemonSession | None = None
         self._num_samples = 0
+        self._keep: np.ndarray | None = None  # the samples an `exclude=` list leaves in (None: all)
+        self._check_exclude(exclude)  # before a daemon session or an index is opened
         self._open_source()
+        self._exclude(exclude)
         check_settings_sense(self._spec, self.classes, self._index, self._num_samples)
-        total = self._num_samples or (len(self._spec.dataset) if hasattr(self._spec.dataset, "__len__") else 0)
+        sized = hasattr(self._spec.dataset, "__len__")
+        total = self._num_samples or (len(self._spec.dataset) if sized else 0)
+        total = total if self._keep is None else len(self._keep)
         self._skips = SkipAccount(max_skipped, total) if on_error == "skip" else None
         self._plan = self._make_plan()
         self._last_stats: LoaderStats | None = None
@@ -225,7 +237,8 @@ class FastLoader:
             return
         if spec.source is None:
             self._job = DatasetJob(
-                spec.dataset, spec.collate_fn, spec.seed, spec.slot_batch_size, on_error=spec.on_error
+                spec.dataset, spec.collate_fn, spec.seed, spec.slot_batch_size, on_error=spec.on_error,
+                keep=self._keep,
             )
             if spec.sampler is None and spec.batch_sampler is None:  # a sampler may stand for __len__
                 self._num_samples = len(spec.dataset)
@@ -255,13 +268,32 @@ class FastLoader:
         backend = "native" if spec.backend == "nvjpeg" else spec.backend
         job = ImageJob(
             self._index, spec.worker_transforms, backend, spec.seed, spec.slot_batch_size,
-            normalize=spec.worker_normalize, on_error=spec.on_error,
+            normalize=spec.worker_normalize, on_error=spec.on_error, keep=self._keep,
         )
         assert job.layout is not None
         if not spec.decodes_in_trainer:  # the in-process DALI executor needs no ring
             prefetch = spec.ring_prefetch(spec.num_workers, job.layout.slot_bytes)
             preflight(job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))  # before any worker is forked
         self._job = job
+
+    def _check_exclude(self, exclude: ExcludeArg) -> None:
+        spec = self._spec
+        own_order = spec.sampler is None and spec.batch_sampler is None and not spec.iterable
+        if exclude is not None and (spec.daemon is not None or not own_order):
+            raise ConfigError(
+                "exclude= works on a loader's own order over a local source or a map-style Dataset: "
+                "not with daemon=, a sampler or batch_sampler (leave the samples out there), or an "
+                "IterableDataset"
+            )
+
+    def _exclude(self, exclude: ExcludeArg) -> None:
+        """Resolve `exclude=` against the source (or Dataset) into the samples kept."""
+        if exclude is None:
+            return
+        name_of = self._index.name if self._index is not None else None
+        self._keep = kept_indices(exclude, self._num_samples, name_of)
+        if self._keep is not None and isinstance(self._job, (ImageJob, DatasetJob)):
+            self._job.keep = self._keep  # stand-ins for broken samples are drawn from those kept
 
     def _make_plan(self) -> ShuffledPlan | SamplerPlan | IterablePlan:
         spec = self._spec
@@ -276,7 +308,7 @@ class FastLoader:
         return ShuffledPlan(
             self._num_samples, spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last,
             seed=spec.seed, rank=spec.rank, world_size=spec.world_size,
-            block=spec.shuffle_block, window=spec.shuffle_window,
+            block=spec.shuffle_block, window=spec.shuffle_window, keep=self._keep,
         )
 
     def __len__(self) -> int:
@@ -420,7 +452,7 @@ class FastLoader:
         return {
             "shuffle": spec.shuffle, "shuffle_block": spec.shuffle_block,
             "shuffle_window": spec.shuffle_window, "drop_last": spec.drop_last,
-            "source": self._fingerprint, "transforms": transforms,
+            "source": self._fingerprint, "transforms": transforms, "excluded": exclusion_digest(self._keep),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -65,7 +65,10 @@ class ShuffledPlan:
         world_size: int = 1,
         block: int | None = None,
         window: int = 8,
+        keep: np.ndarray | None = None,
     ) -> None:
+        """`num_samples`: the source's; `keep`: the samples (sorted) an `exclude=` list leaves in,
+        which the epoch draws from instead of all of them."""
         if block is not None:
             if not _is_positive_int(block):
                 raise ConfigError(f"block must be an integer >= 1 (samples per run) or None, got {block!r}")
@@ -73,7 +76,8 @@ class ShuffledPlan:
                 raise ConfigError("block (runs of a block shuffle) needs shuffle=True, or leave it None")
         if not _is_positive_int(window):
             raise ConfigError(f"window must be an integer >= 1 (batches mixed together), got {window!r}")
-        self.num_samples = num_samples
+        self.keep = keep
+        self.num_samples = num_samples if keep is None else len(keep)
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last
@@ -97,6 +101,11 @@ class ShuffledPlan:
 
     def order(self, epoch: int) -> np.ndarray:
         """This rank's samples for `epoch`, in order."""
+        positions = self._positions(epoch)
+        return positions if self.keep is None else self.keep[positions]
+
+    def _positions(self, epoch: int) -> np.ndarray:
+        """This rank's order for `epoch` as positions among the samples drawn from."""
         if self.block is not None:
             return self._block_order(epoch, self.block)
         if not self.shuffle:

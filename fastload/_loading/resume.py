@@ -21,7 +21,7 @@ from fastload._errors import ConfigError
 
 # Settings that must match: the order and the samples a position points at depend on them.
 # (batch_size, rank and world_size are recorded too, but converted or accepted: see below.)
-MATCHED = ("shuffle", "shuffle_block", "shuffle_window", "drop_last", "source", "transforms")
+MATCHED = ("shuffle", "shuffle_block", "shuffle_window", "drop_last", "source", "transforms", "excluded")
 
 
 def fingerprint(num_samples: int, labels: np.ndarray | None, classes: tuple[str, ...]) -> dict[str, Any]:
