@@ -33,3 +33,25 @@ def test_json_rows_carry_wall_clock_time() -> None:
     (row,) = [json.loads(line) for line in out.getvalue().splitlines()]
     assert before <= row["wall_time"] <= time.time() + 0.01
     assert row["time"] > 0 and "loaders" in row
+
+
+def test_the_plot_names_loaders_by_pid_and_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, image_folder: Path
+) -> None:
+    """A running loader appears in the plot's history as "pid N folder", not by its segment name."""
+    import os
+
+    from fastload import FastLoader
+    from fastload import transforms as T
+    from fastload._diagnostics import plot
+
+    drawn: list[list[dict[str, object]]] = []
+    monkeypatch.setattr(plot, "plot_history", lambda history, path: drawn.append(history))
+    kw: dict[str, object] = {"batch_size": 4, "num_workers": 1, "device": "cpu"}
+    kw["transform"] = [T.CenterCrop(8)]
+    with FastLoader(image_folder, **kw) as loader:  # type: ignore[arg-type]
+        next(iter(loader))
+        run(None, None, False, False, str(tmp_path / "run.png"), out=io.StringIO())
+    (history,) = drawn
+    names = {str(entry["name"]) for record in history for entry in record["loaders"]}  # type: ignore[attr-defined]
+    assert f"pid {os.getpid()} {image_folder.name}" in names, names

@@ -273,6 +273,12 @@ class Sampler:
         return classified, machine
 
 
+def display_name(r: LoaderRates) -> str:
+    """A loader as its user knows it: "pid 4242 train" (its dataset's last path part)."""
+    dataset = os.path.basename(r.dataset.rstrip("/")) or r.dataset
+    return f"pid {r.pid} {dataset}" if dataset else f"pid {r.pid}"
+
+
 def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: bool) -> str:
     lines = [time.strftime("%H:%M:%S")]
     c = machine.cpu
@@ -340,7 +346,9 @@ def run(
                 "loaders": [asdict(r) for r in loaders],
                 "machine": asdict(machine),
             }
-            history.append({**record, "cpu": machine.cpu})
+            # The plot names a loader by what its user knows it by: its pid and dataset.
+            named = [{**asdict(r), "name": display_name(r)} for r in loaders]
+            history.append({**record, "loaders": named, "cpu": machine.cpu})
             out.write(json.dumps(record) + "\n" if as_json else format_report(loaders, machine, extended))
             out.flush()
             reports += 1
