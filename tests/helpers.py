@@ -33,16 +33,23 @@ def torchvision_or_skip() -> types.ModuleType:
     """torchvision, the reference the transform tests compare against (a test-only package: the
     test command installs it without its dependencies); the test is skipped, saying why, without it.
 
-    On a CPU-only torch the CUDA build of torchvision that matches it cannot load its compiled
-    operators (nms, roi_align: nothing the transforms use), and its import fails registering their
-    meta kernels; its transforms are plain torch code, so they are imported without those.
+    Where no torchvision build matches this torch (a CPU torch, PyTorch's CPU index unreachable),
+    tools/_venv.sh keeps the nearest build in `.venv/test-reference`, off the venv's own path
+    (NOTE [test references outside the venv]); it is put on the tests' path here, with timm. That
+    CUDA build cannot load its compiled operators (nms, roi_align: nothing the transforms use) and
+    its import fails registering their meta kernels; its transforms are plain torch code, so they
+    are imported without those.
     """
     import pytest
 
+    reference = Path(sys.prefix) / "test-reference"
     try:
         import torchvision
     except ImportError:
-        pytest.skip("torchvision is not installed (a test-only reference: tools/_venv.sh installs it)")
+        if not (reference / "torchvision").is_dir() or str(reference) in sys.path:
+            pytest.skip("torchvision is not installed (a test-only reference: tools/_venv.sh installs it)")
+        sys.path.append(str(reference))
+        return torchvision_or_skip()
     except RuntimeError as e:  # its compiled operators do not match this torch build
         if "torchvision::" not in str(e):
             raise
