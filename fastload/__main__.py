@@ -123,6 +123,13 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     iostat.add_argument("--workers", type=int, help="with --probe: workers you plan to use")
     iostat.add_argument("--target", type=float, help="with --probe: images/s you need")
+    iostat.add_argument(
+        "--transform",
+        metavar="JSON",
+        help="with --probe: the chain to time, as fastload.transforms.to_config "
+        'writes it, e.g. \'[{"type": "RandomResizedCrop", "size": 224}, {"type": "RandAugment"}]\' '
+        "(default: RandomResizedCrop(224) + flip)"
+    )
     return parser
 
 
@@ -183,7 +190,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.probe:
                 from fastload._diagnostics.probe import format_probe, probe, probe_to_json
 
-                result = probe(args.probe, workers=args.workers, target=args.target)
+                chain = None
+                if args.transform is not None:
+                    from fastload.transforms import from_config
+
+                    try:
+                        chain = from_config(json.loads(args.transform))
+                    except ValueError as e:
+                        raise ConfigError(f"--transform is not JSON: {e}") from None
+                result = probe(args.probe, workers=args.workers, target=args.target, transform=chain)
                 print(json.dumps(probe_to_json(result)) if args.json else format_probe(result))
                 return 0
             from fastload._diagnostics.iostat import run

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -274,3 +275,29 @@ def test_probe_measures_any_source(jpeg_folder: Path, tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="nothing to decode"):
         probe(arrays)
 
+
+
+def test_probe_of_tar_shards_counts_classes_and_times_the_users_chain(
+    jpeg_folder: Path, tmp_path: Path
+) -> None:
+    """Tar shards name no classes: their distinct labels are counted. A chain given (RandAugment
+    after the crop) is what is timed with the decode, and named; it costs more than crop + flip."""
+    from helpers import write_tar_shards
+
+    from fastload import transforms as T
+
+    write_tar_shards(jpeg_folder, tmp_path / "shards", per_shard=16)
+    shards = str(tmp_path / "shards" / "train-{000000..000002}.tar")
+    plain = probe(shards, sample=12, seconds=0.5)
+    assert (plain.images, plain.classes) == (40, 4)
+    assert "RandomResizedCrop + RandomHorizontalFlip" in format_probe(plain)
+    chain = [T.RandomResizedCrop(224), T.RandAugment(num_ops=3, magnitude=9)]
+    heavy = probe(shards, sample=12, seconds=0.5, transform=chain)
+    assert heavy.chain == "RandomResizedCrop + RandAugment" and heavy.chain in format_probe(heavy)
+    assert heavy.decode_images_per_s < plain.decode_images_per_s
+    done = subprocess.run(
+        [sys.executable, "-m", "fastload", "iostat", "--probe", shards, "--json", "--transform",
+         json.dumps(T.to_config(chain))], capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["chain"] == "RandomResizedCrop + RandAugment"

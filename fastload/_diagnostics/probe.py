@@ -46,7 +46,7 @@ class ProbeResult:
     evicted: bool  # whether the sample could be dropped from the page cache before the cold read
     eviction_note: str
     backend: str  # "native" (libjpeg-turbo) or "pil"
-    decode_images_per_s: float  # decode + RandomResizedCrop(224) + flip on one core
+    decode_images_per_s: float  # decode + the chain (`chain`) on one core
     decode_failures: tuple[str, ...]  # "path: error" for the first sampled files that failed
     device: BlockDevice
     cores: int  # CPUs this process may run on
@@ -54,6 +54,7 @@ class ProbeResult:
     workers: int | None  # the worker count asked about, if any
     target: float | None  # the images/s asked about, if any
     advice: tuple[str, ...] = ()
+    chain: str = f"RandomResizedCrop({CROP}) + flip"  # what was timed with the decode
 
     @property
     def dataset_bytes(self) -> float:
@@ -116,9 +117,12 @@ def probe(
     target: float | None = None,
     sample: int = 200,
     seconds: float = 2.0,
+    transform: Sequence[Any] | None = None,
 ) -> ProbeResult:
     """Measure the dataset at `path` (a folder, a file list, tar shards, a pack, HDF5 images: what
-    `sources.as_source` takes); `seconds` bounds the decode timing.
+    `sources.as_source` takes); `seconds` bounds the decode timing, which times `transform` (your
+    training chain: fastload's transforms or a torchvision pipeline; RandomResizedCrop(224) + flip
+    when None) with the decode, its colour and policy stage included.
 
     Raises:
         DatasetError: the dataset cannot be opened or holds arrays (nothing to decode), a sampled
@@ -138,11 +142,12 @@ def probe(
     blobs, warm_s = read_samples(index, picks)
     total = sum(len(b) for b in cold_blobs)
     del cold_blobs
-    backend, rate, failures = decode_rate(blobs, names, seconds)
+    chain = _chain(transform)
+    backend, rate, failures = decode_rate(blobs, names, seconds, chain)
     result = ProbeResult(
         path=source.where,
         images=len(index),
-        classes=len(index.classes),
+        classes=len(index.classes) or _distinct_labels(index.labels),
         sampled=len(picks),
         mean_file_bytes=total / len(picks),
         cold_mb_per_s=total / MB / cold_s,
@@ -157,8 +162,31 @@ def probe(
         memory_available_bytes=memory().available_bytes,
         workers=workers,
         target=target,
+        chain=" + ".join(type(t).__name__ for t in chain.transforms),
     )
     return dataclasses.replace(result, advice=tuple(advice_for(result)))
+
+
+def _distinct_labels(labels: np.ndarray) -> int:
+    """Classes of a source that names none (tar shards' `.cls`): its distinct class labels."""
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        return 0
+    return int(np.unique(labels[labels >= 0]).size)
+
+
+def _chain(transform: Sequence[Any] | None) -> Any:
+    """The compiled chain the probe times (ConfigError for one fastload cannot run)."""
+    from fastload.transforms import (
+        RandomHorizontalFlip,
+        RandomResizedCrop,
+        compile_transforms,
+        from_torchvision,
+    )
+
+    if transform is None:
+        return compile_transforms([RandomResizedCrop(CROP), RandomHorizontalFlip()])
+    chain, _ = from_torchvision(transform)  # its Normalize is the loader's business, not timed here
+    return compile_transforms(chain)
 
 
 def _check_arguments(workers: int | None, target: float | None, sample: int, seconds: float) -> None:
@@ -214,21 +242,25 @@ def read_samples(index: SampleIndex, picks: np.ndarray) -> tuple[list[bytes], fl
 
 
 def decode_rate(
-    blobs: Sequence[bytes], paths: Sequence[str], seconds: float
+    blobs: Sequence[bytes], paths: Sequence[str], seconds: float, plan: Any
 ) -> tuple[str, float, tuple[str, ...]]:
-    """(backend name, images/s on this core, failures) decoding `blobs` round-robin for `seconds`."""
+    """(backend name, images/s on this core, failures) decoding `blobs` round-robin for `seconds`
+    through `plan` (a compiled chain: its decode-time crops, then its pixel stage)."""
+    from fastload._augment.program import SampleProgram
     from fastload._loading.backends import SampleFailure, make_backend
-    from fastload._loading.sample_random import sample_randoms
-    from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, compile_transforms
+    from fastload._loading.sample_random import PIXELS_STREAM, sample_randoms
 
-    backend = make_backend("native", compile_transforms([RandomResizedCrop(CROP), RandomHorizontalFlip()]))
-    out = np.empty((1, CROP, CROP, 3), dtype=np.uint8)
+    backend = make_backend("native", plan)
+    pixels = SampleProgram(plan.pixels, PIXELS_STREAM)
+    out = np.empty((1, plan.out_height, plan.out_width, 3), dtype=np.uint8)
     good = list(range(len(blobs)))
     failures: list[str] = []
 
     def decode(i: int) -> bool:
         try:
             backend.decode_batch([blobs[i]], sample_randoms(0, 0, np.array([i])), out)
+            if pixels:
+                pixels.run_in_slot(out, 0, 0, np.array([i], np.int64))
         except SampleFailure as e:
             failures.append(f"{paths[i]}: {e}")
             good.remove(i)
@@ -348,7 +380,7 @@ def format_probe(r: ProbeResult) -> str:
         f"~{r.storage_images_per_s:,.0f} images/s cold, ~{r.cached_images_per_s:,.0f} warm",
         f"            {r.eviction_note}",
         f"  decode    {r.decode_images_per_s:,.0f} images/s on one core "
-        f"({r.backend} backend, RandomResizedCrop({CROP}) + flip)",
+        f"({r.backend} backend, {r.chain})",
         f"  estimate  ~{r.estimated_images_per_s:,.0f} images/s at {_count(r.planned_workers, 'worker')} "
         f"({_count(r.cores, 'core')} available)",
     ]

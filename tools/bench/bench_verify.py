@@ -44,8 +44,9 @@ def _timed(script: str, data: str, workers: int) -> tuple[float, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=os.environ.get("BENCH_DATA"), help="a source (ImageNet-layout folder)")
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--data", default=os.environ.get("BENCH_DATA"), help="a source (an image folder)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", help="append the result here as one JSON line")
