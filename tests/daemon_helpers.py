@@ -319,6 +319,14 @@ def hello_fields(folder: Path, /, **overrides: Any) -> dict[str, Any]:
     return fields
 
 
+def answer(client: RawClient, *frames: bytes, timeout_s: float = 10.0) -> tuple[str, dict[str, Any]] | None:
+    """The reply to a message past any `indexing` notes (a hello's session stays open)."""
+    reply = client.call(*frames, timeout_s=timeout_s)
+    while reply is not None and reply[0] == "indexing":
+        reply = client.reply(timeout_s)
+    return reply
+
+
 def hello_reply(
     client: RawClient, fields: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_S
 ) -> tuple[str, dict[str, Any]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from daemon_helpers import RESIZE, DaemonPool, DaemonProcess, RawClient, hello_fields, take
+from daemon_helpers import RESIZE, DaemonPool, DaemonProcess, RawClient, answer, hello_fields, take
 from helpers import wait_until
 
 from fastload import FastLoader
@@ -38,7 +38,7 @@ def test_sessions_belong_to_the_connection_and_the_real_pid(
     daemon = daemon_pool.start(extra=_config(tmp_path, max_sessions_per_peer=4))
     clients = [RawClient(daemon.address) for _ in range(6)]
     try:
-        replies = [c.call(wire.encode("hello", **hello_fields(image_folder, pid=1))) for c in clients]
+        replies = [answer(c, wire.encode("hello", **hello_fields(image_folder, pid=1))) for c in clients]
         ops = [r[0] if r else None for r in replies]
         assert ops == ["welcome"] * 4 + ["error"] * 2, replies
         assert replies[4] is not None and "max_sessions_per_peer" in replies[4][1]["message"]
@@ -112,9 +112,7 @@ def test_index_bounds_refuse_the_hello_with_the_reason(
 ) -> None:
     daemon = daemon_pool.start(extra=_config(tmp_path, index_max_files=5, index_idle=0))
     with RawClient(daemon.address) as client:
-        reply = client.call(wire.encode("hello", **hello_fields(image_folder)), timeout_s=10)
-        while reply is not None and reply[0] == "indexing":
-            reply = client.reply(10)
+        reply = answer(client, wire.encode("hello", **hello_fields(image_folder)))
     assert reply is not None and reply[0] == "error", reply
     assert "5" in reply[1]["message"] and "files" in reply[1]["message"], reply
     assert daemon.status()["datasets"] == []

@@ -31,6 +31,7 @@ from daemon_helpers import (
     DaemonPool,
     DaemonProcess,
     RawClient,
+    answer,
     assert_same_batches,
     hello_fields,
     local_epoch,
@@ -402,8 +403,8 @@ def test_fuzzed_and_hostile_messages_get_errors_and_the_daemon_keeps_serving(
                 internal.append(f"{what}: {message}")
             sent[0] += 1
 
-        welcome1 = c1.call(wire.encode("hello", **hello_fields(image_folder)))
-        welcome2 = c2.call(wire.encode("hello", **hello_fields(image_folder, seed=2)))
+        welcome1 = answer(c1, wire.encode("hello", **hello_fields(image_folder)))
+        welcome2 = answer(c2, wire.encode("hello", **hello_fields(image_folder, seed=2)))
         assert welcome1 is not None and welcome1[0] == "welcome", welcome1
         assert welcome2 is not None and welcome2[0] == "welcome", welcome2
         own, other = welcome1[1]["slots"], welcome2[1]["slots"]

@@ -172,7 +172,11 @@ class DatasetIndexes:
     @property
     def idle_memory(self) -> int:
         """What the indexes `evict_for` may drop take."""
-        return sum(e.size for e in self._idle())
+        return self.evictable()
+
+    def evictable(self, keep: str | None = None) -> int:
+        """What `evict_for(..., keep)` could free at most."""
+        return sum(e.size for e in self._idle() if e.path != keep)
 
     def _idle(self) -> list[IndexEntry]:
         return [e for e in self._ready.values() if not e.users and not e.pinned]

@@ -332,7 +332,9 @@ class Daemon:
         prefetch = f["prefetch"] or default_prefetch(self.config.workers, job.layout.slot_bytes)
         slots = prefetch + EXTRA_SLOTS
         need = job.layout.slot_bytes * slots
-        self._indexes.evict_for(self._used_bytes() + need - self.config.memory_budget_bytes, keep=entry.path)
+        over = self._used_bytes() + need - self.config.memory_budget_bytes
+        if 0 < over <= self._indexes.evictable(keep=entry.path):  # a session refused anyway evicts nothing
+            self._indexes.evict_for(over, keep=entry.path)
         used = self._used_bytes()
         if used + need > self.config.memory_budget_bytes:
             raise DaemonError(
