@@ -51,6 +51,9 @@ def _check_epoch(batches: list[list[torch.Tensor]], n: int, bs: int, drop_last: 
         assert seen == list(range(len(seen)))
 
 
+# An epoch with no batch (drop_last, a batch larger than the data) is one of the cases: said by a
+# SettingsWarning (tests/test_settings_sense.py), and run here like any other.
+@pytest.mark.filterwarnings("ignore:batch_size=.*gives no batches")
 @settings(max_examples=25, deadline=None)
 @given(
     n=st.integers(1, 60),

@@ -6,7 +6,8 @@ holds, refuse what cannot train right and warn about what probably is not meant:
 - MixUp / CutMix `num_classes` against the source's classes: smaller than a label present is a
   ConfigError (one-hot targets would index out of range); any other mismatch (larger, or classes no
   sample has) a `SettingsWarning` (a head of that many outputs, some never a target).
-- `drop_last=True` with `batch_size` larger than one rank's samples: a ConfigError (no batches).
+- `drop_last=True` with `batch_size` larger than one rank's samples: a `SettingsWarning` (no
+  batches; DataLoader gives that empty epoch too, so a drop-in does, and says so).
 - `num_workers` above the CPU cores this process may use: a `SettingsWarning` with both numbers
   (the workers share the cores; more of them only add memory and switching).
 """
@@ -86,9 +87,11 @@ def _check_batches(spec: LoaderSpec, num_samples: int) -> None:
     if size > per_rank:
         where = f"rank {spec.rank} of {spec.world_size} gets {per_rank}" if spec.world_size > 1 else ""
         held = f"the dataset holds {num_samples} samples" + (f" ({where})" if where else "")
-        raise ConfigError(
+        warnings.warn(  # DataLoader gives no batch here without a word: a training loop that never runs
             f"batch_size={size} with drop_last=True gives no batches: {held}, fewer than one batch; "
-            f"use batch_size <= {per_rank} or drop_last=False"
+            f"use batch_size <= {per_rank} or drop_last=False",
+            SettingsWarning,
+            stacklevel=4,
         )
 
 

@@ -37,6 +37,9 @@ class Source(ABC):
 
     kind: ClassVar[str]  # the name in a config ("folder", "file_list", "tar", "packed", "hdf5")
     path_fields: ClassVar[tuple[str, ...]] = ()  # fields naming files: made absolute by `resolved`
+    # Fields added after configs were first recorded (a pack's manifest, a state's fingerprint): left
+    # out of `to_config` at their default, so that what identifies a source does not change.
+    quiet_defaults: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -74,7 +77,12 @@ class Source(ABC):
 
     def to_config(self) -> dict[str, Any]:
         """This source as JSON-able data (`source_from_config` rebuilds it)."""
-        fields = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self).items()}
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        fields = {
+            k: (list(v) if isinstance(v, tuple) else v)
+            for k, v in vars(self).items()
+            if not (k in self.quiet_defaults and v == defaults.get(k))
+        }
         return {"kind": self.kind, **fields}
 
 

@@ -43,6 +43,7 @@ class ImageFolder(Source):
 
     kind: ClassVar[str] = "folder"
     path_fields: ClassVar[tuple[str, ...]] = ("root",)
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("allow_empty",)
     root: str
     allow_empty: bool = False
 
@@ -80,6 +81,7 @@ class FileList(Source):
 
     kind: ClassVar[str] = "file_list"
     path_fields: ClassVar[tuple[str, ...]] = ("path", "root")
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("delimiter", "header")
     path: str
     root: str | None = None
     classes: tuple[str, ...] | None = None
