@@ -3,7 +3,7 @@
 # GPU tests (tests/gpu/) run when CUDA is available and are skipped, with the reason, otherwise.
 # The `dali` extra (NVIDIA DALI, ~420 MB) is installed too: backend="dali" is tested on its CPU path;
 # and the `hdf5` extra (h5py), for HDF5 sources.
-. "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" test,dali,hdf5
+. "$(dirname "${BASH_SOURCE[0]}")/_venv.sh" test,dali,hdf5,remote
 .venv/bin/ruff check fastload tests tools examples
 .venv/bin/mypy
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

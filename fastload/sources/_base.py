@@ -15,9 +15,10 @@ import os
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from fastload._errors import ConfigError
+from fastload._errors import ConfigError, DatasetError
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._index import SampleIndex
+from fastload.sources._remote import is_url
 
 _REGISTRY: dict[str, type[Source]] = {}
 
@@ -64,9 +65,9 @@ class Source(ABC):
         for name in self.path_fields:
             value = getattr(self, name)
             if isinstance(value, str):
-                changes[name] = os.path.abspath(value)
+                changes[name] = absolute(value)
             elif isinstance(value, tuple) and all(isinstance(v, str) for v in value):
-                changes[name] = tuple(os.path.abspath(v) for v in value)
+                changes[name] = tuple(absolute(v) for v in value)
             elif value is not None:
                 raise TypeError(f"{self.kind} source field {name} must be a path, got {value!r}"[:300])
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
@@ -84,6 +85,11 @@ class Source(ABC):
             if not (k in self.quiet_defaults and v == defaults.get(k))
         }
         return {"kind": self.kind, **fields}
+
+
+def absolute(path: str) -> str:
+    """A local path made absolute; a URL (`s3://`, `gs://`, `http(s)://`) as it is."""
+    return path if is_url(path) else os.path.abspath(path)
 
 
 def source_from_config(config: Any) -> Source:
@@ -108,8 +114,15 @@ def as_source(dataset: str | os.PathLike[str] | Source) -> Source:
     HDF5 file; `.tar` a tar shard; `.csv`, `.tsv`, `.txt` a file list."""
     if isinstance(dataset, Source):
         return dataset
-    path = os.path.abspath(os.fspath(dataset))
+    path = absolute(os.fspath(dataset))
     lower = path.lower()
+    if is_url(path):  # a pack's prefix, a shard (or a brace pattern of shards), a file list
+        if lower.endswith((".csv", ".tsv", ".txt", ".h5", ".hdf5")):
+            raise DatasetError(
+                f"{path}: file lists and HDF5 files are read from local disk only; from object storage, "
+                "read a pack (`fastload pack SRC s3://bucket/prefix`) or tar shards"
+            )
+        return _REGISTRY["tar" if lower.endswith(".tar") else "packed"](path)  # type: ignore[call-arg]
     if os.path.isdir(path):
         packed = _REGISTRY.get("packed")
         if packed is not None and os.path.exists(os.path.join(path, "manifest.json")):

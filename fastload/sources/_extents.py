@@ -151,6 +151,10 @@ class ExtentIndex:
     # int64 (files, 5): each file's identity when indexed (NOTE [extent file identity]); None:
     # not checked
     file_identities: np.ndarray | None = field(default=None, repr=False)
+    # Remote files (`remote_file` entries of `files`) are read through this node cache
+    # (NOTE [node cache]): its directory (None: the default) and limit in bytes (None: the default).
+    cache_dir: str | None = None
+    cache_limit: int | None = None
 
     def __post_init__(self) -> None:
         n = int(self.labels.shape[0])
@@ -173,11 +177,14 @@ class ExtentIndex:
         if ids is not None and (ids.dtype != np.int64 or ids.shape != (len(self.files), _IDENTITY_FIELDS)):
             got = f"{ids.dtype} {ids.shape}"
             raise ValueError(f"file_identities must be int64 ({len(self.files)}, 5), got {got}")
-        self._basenames = tuple(os.path.basename(f) for f in self.files)
+        self._remote = tuple(remote_parts(f) for f in self.files)
+        paths = [r[0] if r is not None else f for f, r in zip(self.files, self._remote, strict=True)]
+        self._basenames = tuple(os.path.basename(p) for p in paths)
         # Readahead needs storage order: each file's samples consecutive, at increasing offsets.
         # `_file_end[f]`: one past the last sample of file f.
         self._file_end: np.ndarray | None = None
-        if self.readahead > 0 and n and self._in_storage_order():
+        local = all(r is None for r in self._remote)  # the kernel reads ahead local files only
+        if self.readahead > 0 and n and local and self._in_storage_order():
             self._file_end = np.searchsorted(self.file_ids, np.arange(len(self.files)), side="right")
         self._handles = _Handles()
 
@@ -267,6 +274,9 @@ class ExtentIndex:
         """One sample's bytes, through a descriptor of its own (safe from any thread)."""
         i = int(index)
         size, offset = int(self.sizes[i]), int(self.offsets[i])
+        remote = self._remote[int(self.file_ids[i])]
+        if remote is not None:
+            return self._read_remote(remote, offset, offset + size)
         fd = self._open_checked(int(self.file_ids[i]))
         try:
             data = _pread_all(fd, size, offset)
@@ -301,7 +311,12 @@ class ExtentIndex:
                 j += 1
             group = order[k:j]
             try:
-                data = _pread_all(self._fd(file_id), hi - lo, lo, into)
+                remote = self._remote[file_id]
+                data: bytes | memoryview = (
+                    self._read_remote(remote, lo, hi)
+                    if remote is not None
+                    else _pread_all(self._fd(file_id), hi - lo, lo, into)
+                )
             except SourceChanged as e:  # name a sample now past its end, if the file was cut
                 past = [p for p in group if ends_l[p] > e.size]
                 raise ReadFailure(min(past or group), e) from e
@@ -315,6 +330,12 @@ class ExtentIndex:
                 out[p] = view[starts_l[p] - lo : ends_l[p] - lo]
             k = j
         return out
+
+    def _read_remote(self, remote: tuple[str, int, str, int], start: int, end: int) -> bytes:
+        from fastload.sources._node_cache import node_cache
+
+        url, size, version, chunk_bytes = remote
+        return node_cache(self.cache_dir, self.cache_limit).read(url, version, size, start, end, chunk_bytes)
 
     def _advise(self, touched: np.ndarray) -> None:
         """WILLNEED for the stretches a batch reads several samples of (NOTE [extent readahead])."""
@@ -382,6 +403,20 @@ class ExtentIndex:
             readahead_bytes=readahead_bytes,
             file_identities=ids,
         )
+
+
+def remote_file(url: str, size: int, version: str, chunk_bytes: int) -> str:
+    """An entry of `ExtentIndex.files` for an object at `url` (one version of it), read in chunks
+    of `chunk_bytes` through the node cache."""
+    return "\0".join((url, str(size), version.replace("\0", ""), str(chunk_bytes)))
+
+
+def remote_parts(entry: str) -> tuple[str, int, str, int] | None:
+    """(url, size, version, chunk bytes) of a `remote_file` entry; None for a local path."""
+    if "\0" not in entry:
+        return None
+    url, size, version, chunk = entry.split("\0")
+    return url, int(size), version, int(chunk)
 
 
 def _align8(n: int) -> int:

@@ -46,11 +46,13 @@ import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources._arrays import ArrayIndex
-from fastload.sources._base import Source, as_source
+from fastload.sources._base import Source, absolute, as_source
 from fastload.sources._bounds import MAX_SAMPLE_BYTES, clip, identity, open_regular, read_bounded
 from fastload.sources._extents import ExtentIndex
 from fastload.sources._index import ReadFailure, SampleIndex, pack_strings
 from fastload.sources._reencode import DEFAULT_QUALITY, Blob, Reencoding, check_encoders, reencoded_batches
+from fastload.sources._remote import is_url
+from fastload.sources._remote_pack import open_remote_pack
 
 _PACK_ORDER_STREAM = 0x9AC  # the stream of `pack(shuffle_seed=...)`'s order
 
@@ -79,14 +81,20 @@ class Packed(Source):
 
     kind: ClassVar[str] = "packed"
     path_fields: ClassVar[tuple[str, ...]] = ("path",)
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
     path: str
+    # A pack at a URL: the node cache its data is read through (NOTE [node cache]); None: defaults.
+    cache_dir: str | None = None
+    cache_limit: int | None = None
 
     @property
     def where(self) -> str:
-        return os.path.abspath(self.path)
+        return absolute(self.path)
 
     def open(self) -> ExtentIndex:
         root = self.where
+        if is_url(root):
+            return open_remote_pack(root, self.cache_dir, self.cache_limit)
         manifest = read_manifest(root)
         if manifest is None:
             raise DatasetError(
@@ -197,6 +205,11 @@ def read_manifest(root: str) -> dict[str, Any] | None:
         return None
     except (OSError, ValueError, RecursionError) as e:
         raise DatasetError(f"cannot read {path}: {clip(str(e))}") from e
+    return checked_manifest_format(manifest, path)
+
+
+def checked_manifest_format(manifest: Any, path: str) -> dict[str, Any]:
+    """`manifest` (parsed JSON) when it is a fastload pack's of a version this reads."""
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DatasetError(f"{path} is not the manifest of a fastload pack (format {FORMAT!r})")
     version = manifest.get("version", 0)

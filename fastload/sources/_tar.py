@@ -38,7 +38,7 @@ from typing import Any, BinaryIO, ClassVar
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload.sources._base import Source
+from fastload.sources._base import Source, absolute
 from fastload.sources._bounds import (
     MAX_SAMPLE_BYTES,
     MAX_SHARDS,
@@ -48,9 +48,12 @@ from fastload.sources._bounds import (
     parse_label,
     quoted,
 )
-from fastload.sources._extents import ExtentIndex
+from fastload.sources._extents import ExtentIndex, remote_file
 from fastload.sources._folder import IMG_EXTENSIONS
 from fastload.sources._index import pack_strings
+from fastload.sources._node_cache import node_cache
+from fastload.sources._remote import is_url
+from fastload.sources._remote import size_of as _remote_size
 from fastload.sources._scan_cache import Identity, Scan, ScanCache, cache_root
 
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMG_EXTENSIONS)
@@ -77,7 +80,11 @@ class TarShards(Source):
 
     kind: ClassVar[str] = "tar"
     path_fields: ClassVar[tuple[str, ...]] = ("paths",)
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
     paths: str | tuple[str, ...]
+    # Shards at URLs: the node cache they are kept in (NOTE [node cache]); None: the defaults.
+    cache_dir: str | None = None
+    cache_limit: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.paths, str):
@@ -86,7 +93,7 @@ class TarShards(Source):
     @property
     def where(self) -> str:
         first = self.paths if isinstance(self.paths, str) else (self.paths[0] if self.paths else "")
-        return os.path.abspath(first)
+        return absolute(first)
 
     def shard_paths(self) -> list[str]:
         """Every shard, absolute, in order; DatasetError when a pattern matches nothing."""
@@ -96,7 +103,9 @@ class TarShards(Source):
         shards: list[str] = []
         for pattern in patterns:
             for expanded in expand_braces(pattern):
-                if glob.has_magic(expanded):
+                if is_url(expanded):  # objects: named one by one (braces), never listed
+                    shards.append(expanded)
+                elif glob.has_magic(expanded):
                     matches = sorted(glob.glob(expanded))
                     if not matches:
                         raise DatasetError(f"no tar shards match {clip(expanded)}")
@@ -108,7 +117,7 @@ class TarShards(Source):
                     shards.append(expanded)
                 if len(shards) > MAX_SHARDS:
                     raise DatasetError(f"{clip(pattern)} names over {MAX_SHARDS:,} shards (the limit)")
-        return [os.path.abspath(s) for s in shards]
+        return [absolute(s) for s in shards]
 
     def open(self) -> ExtentIndex:
         shards = self.shard_paths()
@@ -119,8 +128,22 @@ class TarShards(Source):
         key_blobs: list[np.ndarray] = []
         key_lengths: list[np.ndarray] = []
         identities: list[Identity] = []
+        files = list(shards)
         with _open_cache() as cache:
-            scans = [_cached_scan(shard, cache, identities) for shard in shards]
+            scans = []
+            for number, shard in enumerate(shards):
+                if is_url(shard):  # NOTE [node cache]: a shard is one chunk, downloaded whole, scanned there
+                    try:
+                        size, version = _remote_size(shard)
+                        node = node_cache(self.cache_dir, self.cache_limit)
+                        local = node.path_of_whole(shard, version, size)
+                    except OSError as e:
+                        raise DatasetError(f"cannot read tar shard {clip(str(e))}") from None
+                    scans.append(_cached_scan(local, cache, identities, name=shard))
+                    identities[-1] = (-1, -1, size, -1, -1)  # read through the cache: not checked by inode
+                    files[number] = remote_file(shard, size, version, max(size, 1))
+                else:
+                    scans.append(_cached_scan(shard, cache, identities))
         for file_id, (shard, scanned) in enumerate(zip(shards, scans, strict=True)):
             count = len(scanned["labels"])
             if count == 0:
@@ -141,7 +164,7 @@ class TarShards(Source):
         return ExtentIndex(
             root,
             (),
-            tuple(shards),
+            tuple(files),
             np.concatenate(file_ids),
             np.concatenate(offsets),
             np.concatenate(sizes),
@@ -149,6 +172,8 @@ class TarShards(Source):
             key_offsets,
             np.concatenate(labels),
             file_identities=np.array(identities, np.int64).reshape(len(shards), 5),
+            cache_dir=self.cache_dir,
+            cache_limit=self.cache_limit,
         )
 
 
@@ -200,13 +225,16 @@ def _open_cache() -> ScanCache | _NoCache:
     return ScanCache.open() or _NoCache()
 
 
-def _cached_scan(shard: str, cache: ScanCache | None, identities: list[Identity]) -> Scan:
+def _cached_scan(
+    shard: str, cache: ScanCache | None, identities: list[Identity], name: str | None = None
+) -> Scan:
     """One shard's samples (image extents, labels, keys), from the cache when it has this shard
-    as it is now, else scanned (and kept); the identity of the file scanned goes to `identities`."""
+    as it is now, else scanned (and kept); the identity of the file scanned goes to `identities`.
+    `name`: what errors call the shard (a remote shard's URL; `shard` is then its cached copy)."""
     try:
         fd, info = open_regular(shard, _MAX_SHARD_BYTES, "tar shard")
     except OSError as e:
-        raise DatasetError(f"cannot read tar shard {clip(shard)}: {clip(str(e))}") from e
+        raise DatasetError(f"cannot read tar shard {clip(name or shard)}: {clip(str(e))}") from e
     with os.fdopen(fd, "rb") as f:
         ident = identity(info)
         identities.append(ident)
@@ -219,7 +247,7 @@ def _cached_scan(shard: str, cache: ScanCache | None, identities: list[Identity]
         sizes: list[int] = []
         labels: list[int] = []
         keys: list[bytes] = []
-        _scan_shard(shard, offsets, sizes, labels, keys, f)
+        _scan_shard(name or shard, offsets, sizes, labels, keys, f)
     key_blob, key_offsets = pack_strings(keys)
     scanned = {
         "offsets": np.array(offsets, np.int64),

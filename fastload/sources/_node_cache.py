@@ -1,0 +1,274 @@
+"""The node-local cache of remote objects: chunks of objects as files, filled atomically, one
+download per node, least recently used evicted past `cache_limit`.
+
+NOTE [node cache]: an object (one version of it: its URL with its ETag) is cut into chunks of
+`CHUNK_BYTES` (the last one shorter; a tar shard is one chunk, read whole). A read of a byte
+range takes the chunks it covers: a chunk in the cache is read with `pread` from its file; a
+missing one is downloaded (the missing chunks of one read concurrently) by the process that
+*claims* it first, `O_CREAT|O_EXCL` on `CHUNK.claim` holding its pid: the data goes to a
+temporary file renamed into place, so no process ever reads half a chunk, and every other
+process (another worker, rank, or a daemon's) waits for the rename instead of downloading it
+again. A claim whose process died is taken over. Every process of the node that uses the same
+directory shares the cache (default: `remote-UID` under `FASTLOAD_CACHE_DIR`, 0700). A hit
+touches its chunk (mtime); once a process has written more than a tenth of `limit` since it
+last looked, it sums the cache and removes the least recently used chunks until the cache is
+under 90% of `limit`. A chunk removed while another process reads it stays readable to that
+process (its descriptor); the next read of it downloads it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from fastload._errors import DatasetError
+from fastload.sources import _remote
+from fastload.sources._scan_cache import cache_root
+
+CHUNK_BYTES = 8 << 20
+MAX_REQUESTS = 16  # chunk downloads one process runs at once
+CLAIM_WAIT_S = 300.0  # how long a process waits for another's download before taking it over
+_POLL_S = 0.005
+
+
+def default_limit(directory: str) -> int:
+    """`FASTLOAD_CACHE_LIMIT` bytes, else half the free space of the cache's filesystem now."""
+    chosen = os.environ.get("FASTLOAD_CACHE_LIMIT")
+    if chosen:
+        return int(chosen)
+    return shutil.disk_usage(directory).free // 2
+
+
+class NodeCache:
+    """One directory of cached chunks (NOTE [node cache]); safe to share between processes."""
+
+    def __init__(self, directory: str | None = None, limit: int | None = None) -> None:
+        if directory is None:
+            root = cache_root()
+            if root is None:
+                raise DatasetError(
+                    "remote data needs a local cache: FASTLOAD_CACHE_DIR is empty; set it to a directory"
+                )
+            directory = os.path.join(root, f"remote-{os.geteuid()}")
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        info = os.stat(directory)
+        if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise DatasetError(
+                f"the remote data cache {directory} is not private (it must be yours, mode 0700): remove "
+                "it, or set FASTLOAD_CACHE_DIR (or cache_dir=) to a directory of your own"
+            )
+        self.directory = directory
+        self.limit = default_limit(directory) if limit is None else int(limit)
+        self._written = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.bytes_downloaded = 0
+
+    def _chunk_path(self, url: str, version: str, chunk: int, chunk_bytes: int) -> str:
+        digest = hashlib.sha256(f"{url}\0{version}\0{chunk_bytes}".encode()).hexdigest()[:40]
+        return os.path.join(self.directory, digest[:2], f"{digest}.{chunk}")
+
+    def read(
+        self, url: str, version: str, size: int, start: int, end: int, chunk_bytes: int = CHUNK_BYTES
+    ) -> bytes:
+        """Bytes [start, end) of the object (`size` bytes, `version`), through the cache."""
+        if not 0 <= start <= end <= size:
+            raise OSError(f"{url}: bytes {start}..{end} are outside the object's {size}")
+        if start == end:
+            return b""
+        first, last = start // chunk_bytes, (end - 1) // chunk_bytes
+        chunks = list(range(first, last + 1))
+        paths = {c: self._chunk_path(url, version, c, chunk_bytes) for c in chunks}
+        missing = [c for c in chunks if not os.path.exists(paths[c])]
+        if missing:
+            self._fill(url, size, chunk_bytes, {c: paths[c] for c in missing})
+        out = bytearray(end - start)
+        for c in chunks:
+            lo, hi = max(start, c * chunk_bytes), min(end, (c + 1) * chunk_bytes)
+            piece = self._read_chunk(paths[c], lo - c * chunk_bytes, hi - lo)
+            if piece is None:  # evicted between the fill and now: once more, directly
+                piece = _remote.read_range(url, lo, hi)
+            out[lo - start : hi - start] = piece
+        self.hits += len(chunks) - len(missing)
+        return bytes(out)
+
+    def path_of_whole(self, url: str, version: str, size: int) -> str:
+        """A local file holding the whole object (one chunk of its size), downloaded if needed."""
+        chunk_bytes = max(size, 1)
+        path = self._chunk_path(url, version, 0, chunk_bytes)
+        if not os.path.exists(path):
+            self._fill(url, size, chunk_bytes, {0: path})
+        else:
+            self.hits += 1
+            _touch(path)
+        return path
+
+    def _read_chunk(self, path: str, offset: int, length: int) -> bytes | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        try:
+            data = os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+        _touch(path)
+        if len(data) != length:
+            raise OSError(f"the cached chunk {path} is shorter than it should be: remove the cache directory")
+        return data
+
+    def _fill(self, url: str, size: int, chunk_bytes: int, paths: dict[int, str]) -> None:
+        """Download the chunks of `paths` that no other process is downloading; wait for the rest."""
+        mine: list[int] = []
+        theirs: list[int] = []
+        for chunk, path in paths.items():
+            (mine if self._claim(path) else theirs).append(chunk)
+        try:
+            if mine:
+                pool = self._executor()
+                jobs = [pool.submit(self._download, url, size, chunk_bytes, c, paths[c]) for c in mine]
+                for job in jobs:
+                    job.result()
+        finally:
+            for c in mine:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(paths[c] + ".claim")
+        for c in theirs:
+            self._wait_for(url, size, chunk_bytes, c, paths[c])
+        self.misses += len(paths)
+        if self._written > self.limit // 10:
+            self.evict()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None or self._pool_pid != os.getpid():  # threads do not survive a fork
+                self._pool = ThreadPoolExecutor(MAX_REQUESTS, "fastload-fetch")
+                self._pool_pid = os.getpid()
+            return self._pool
+
+    def _claim(self, path: str) -> bool:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        try:
+            fd = os.open(path + ".claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        if os.path.exists(path):  # filled by another process between our look and our claim
+            os.unlink(path + ".claim")
+            return False
+        return True
+
+    def _download(self, url: str, size: int, chunk_bytes: int, chunk: int, path: str) -> None:
+        lo, hi = chunk * chunk_bytes, min(size, (chunk + 1) * chunk_bytes)
+        data = _remote.read_range(url, lo, hi)
+        temporary = f"{path}.{secrets.token_hex(8)}.part"
+        fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.rename(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        with self._lock:
+            self._written += len(data)
+            self.bytes_downloaded += len(data)
+
+    def _wait_for(self, url: str, size: int, chunk_bytes: int, chunk: int, path: str) -> None:
+        """Wait for another process's download of a chunk; take it over if that process died."""
+        deadline = time.monotonic() + CLAIM_WAIT_S
+        while not os.path.exists(path):
+            if not _claimant_alive(path + ".claim") or time.monotonic() > deadline:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path + ".claim")
+                if self._claim(path):
+                    try:
+                        self._download(url, size, chunk_bytes, chunk, path)
+                    finally:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(path + ".claim")
+                    return
+            time.sleep(_POLL_S)
+
+    def size(self) -> int:
+        """Bytes the cache's chunks take now."""
+        return sum(size for _, size, _ in _chunks(self.directory))
+
+    def evict(self) -> int:
+        """Remove the least recently used chunks until the cache is under 90% of its limit; return
+        the bytes removed."""
+        self._written = 0
+        chunks = sorted(_chunks(self.directory), key=lambda c: c[2])
+        total = sum(size for _, size, _ in chunks)
+        removed = 0
+        for path, size, _ in chunks:
+            if total - removed <= self.limit * 0.9:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed += size
+        return removed
+
+
+def _touch(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
+def _claimant_alive(claim: str) -> bool:
+    try:
+        with open(claim) as f:
+            text = f.read()
+        pid = int(text) if text else 0
+        made = os.stat(claim).st_mtime
+    except FileNotFoundError:
+        return False  # gone: the chunk is in place (or its claimant gave up): look again
+    except (OSError, ValueError):
+        return False
+    if pid <= 0:  # made, its pid not written yet: alive unless that was long ago
+        return time.time() - made < 10.0
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _chunks(directory: str) -> list[tuple[str, int, float]]:
+    """(path, bytes, mtime) of every complete chunk in the cache."""
+    found = []
+    for sub in os.scandir(directory):
+        if not sub.is_dir(follow_symlinks=False):
+            continue
+        for entry in os.scandir(sub.path):
+            if entry.name.endswith((".claim", ".part")) or not entry.is_file(follow_symlinks=False):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                info = entry.stat(follow_symlinks=False)
+                found.append((entry.path, info.st_size, info.st_mtime))
+    return found
+
+
+_caches: dict[tuple[str | None, int | None], NodeCache] = {}
+
+
+def node_cache(directory: str | None = None, limit: int | None = None) -> NodeCache:
+    """The process's cache object for a directory (one per directory and limit)."""
+    key = (directory, limit)
+    cache = _caches.get(key)
+    if cache is None:
+        cache = _caches[key] = NodeCache(directory, limit)
+    return cache

@@ -1,0 +1,188 @@
+"""Datasets in object storage (issue 23): a pack and tar shards read from an S3-compatible server
+(moto's, on localhost) and from an HTTP server, through a proxy that injects faults. The batches
+equal the local copy's, for any worker count; one download per chunk per node; a second epoch
+reads the node cache only; the cache stays under its limit; 404 and 403 fail at once naming the
+URL; resets, 503s and stalls are retried and lose nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import build_folder, write_tar_shards
+from remote_helpers import (
+    FaultProxy,
+    env_without_remote_state,
+    moto_server,
+    range_http_server,
+    s3_environment,
+    upload,
+)
+
+from fastload import DatasetError, FastLoader, SampleError
+from fastload import transforms as T
+from fastload.sources import Packed, TarShards, _remote, pack
+from fastload.sources._node_cache import NodeCache
+
+pytest.importorskip("s3fs", reason="object storage needs fastload[remote] (s3fs)")
+pytestmark = pytest.mark.timeout(180)
+
+KW: dict[str, Any] = {"batch_size": 4, "transform": [T.RandomResizedCrop(32)], "device": "cpu", "seed": 3}
+SHARDS = "train-{000000..000002}.tar"
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of 24 images, its pack (several data files) and its tar shards (3)."""
+    base = tmp_path_factory.mktemp("remote-data")
+    folder = build_folder(base / "folder", classes=3, per_class=8)
+    pack(str(folder), str(base / "pack"), shard_bytes=40_000)
+    write_tar_shards(folder, base / "shards", per_shard=10)
+    return base
+
+
+@pytest.fixture(scope="module")
+def s3(local: Path) -> Iterator[str]:
+    """moto's server holding the pack and the shards under s3://data-bucket/; its endpoint."""
+    with moto_server() as endpoint:
+        upload(endpoint, "data-bucket", local / "pack", "pack")
+        upload(endpoint, "data-bucket", local / "shards", "shards")
+        yield endpoint
+
+
+@pytest.fixture
+def remote_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """A private node cache for the test, and no filesystem made before (they keep endpoints)."""
+    env_without_remote_state()
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    yield tmp_path / "cache"
+    env_without_remote_state()
+
+
+def _use(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
+    for name, value in s3_environment(endpoint).items():
+        monkeypatch.setenv(name, value)
+
+
+def _epoch(source: Any, workers: int, **kw: Any) -> list[list[torch.Tensor]]:
+    with FastLoader(source, num_workers=workers, **{**KW, **kw}) as loader:
+        return [[t.clone() for t in batch] for batch in loader]
+
+
+def _same(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> bool:
+    pairs = zip(a, b, strict=False)
+    return len(a) == len(b) and all(torch.equal(x, y) for p, q in pairs for x, y in zip(p, q, strict=True))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pack_in_s3_gives_the_local_batches_and_a_second_epoch_reads_the_cache(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    proxy = FaultProxy(("127.0.0.1", int(s3.rsplit(":", 1)[1])))
+    try:
+        _use(monkeypatch, proxy.url)
+        expected = _epoch(str(local / "pack"), 1, shuffle=True)
+        with FastLoader("s3://data-bucket/pack", num_workers=workers, shuffle=True, **KW) as loader:
+            first = [[t.clone() for t in batch] for batch in loader]
+            after_first = sum(proxy.ranges.values())
+            loader.set_epoch(0)
+            again = [[t.clone() for t in batch] for batch in loader]
+        assert _same(first, expected) and _same(again, expected)
+        assert after_first > 0 and sum(proxy.ranges.values()) == after_first  # epoch 2: the cache only
+        repeated = {r: n for r, n in proxy.ranges.items() if n > 1}
+        assert not repeated, f"chunks downloaded twice on one node: {repeated}"
+    finally:
+        proxy.close()
+
+
+def test_tar_shards_by_url_from_s3_and_from_http(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _use(monkeypatch, s3)
+    expected = _epoch(str(local / "shards" / SHARDS), 1, shuffle=True)
+    assert _same(_epoch(f"s3://data-bucket/shards/{SHARDS}", 2, shuffle=True), expected)
+    with range_http_server(local) as base:
+        assert _same(_epoch(TarShards(f"{base}/shards/{SHARDS}"), 1, shuffle=True), expected)
+        packed = _epoch(str(local / "pack"), 0, shuffle=True)
+        assert _same(_epoch(Packed(f"{base}/pack"), 1, shuffle=True), packed)
+
+
+def test_missing_and_denied_fail_at_once_naming_the_url(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _use(monkeypatch, s3)
+    started = time.monotonic()
+    with pytest.raises(DatasetError, match=r"s3://data-bucket/nothing-here is not a packed dataset"):
+        FastLoader("s3://data-bucket/nothing-here", **KW)
+    with pytest.raises(DatasetError, match=r"s3://no-such-bucket/x\.tar does not exist \(404\)"):
+        FastLoader("s3://no-such-bucket/x.tar", **KW)
+    denied = r"denied/x\.tar.*access denied \(403\)"
+    with range_http_server(local) as base, pytest.raises(DatasetError, match=denied):
+        FastLoader(f"{base}/denied/x.tar", **KW)
+    assert time.monotonic() - started < 20  # no retries for what retrying cannot mend
+    with pytest.raises(DatasetError, match="read from local disk only"):
+        FastLoader("s3://data-bucket/list.csv", **KW)
+
+
+def test_resets_503s_and_stalls_are_retried_and_lose_nothing(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_remote, "REQUEST_TIMEOUT_S", 1.0)  # a stalled read is given up after 1 s
+    faults = ["reset", "503", "stall", "reset", "503"] * 3
+    proxy = FaultProxy(("127.0.0.1", int(s3.rsplit(":", 1)[1])), faults=faults, latency_s=0.02, stall_s=3.0)
+    try:
+        _use(monkeypatch, proxy.url)
+        expected = _epoch(str(local / "pack"), 1, shuffle=True)
+        got = _epoch("s3://data-bucket/pack", 2, shuffle=True)
+        assert _same(got, expected)
+        assert proxy.faulted["reset"] and proxy.faulted["503"] and proxy.faulted["stall"], proxy.faulted
+    finally:
+        proxy.close()
+
+
+def test_an_unreachable_store_fails_the_batch_naming_the_url(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened, then the store goes away: past the retry deadline the batch fails with the URL."""
+    monkeypatch.setattr(_remote, "RETRY_DEADLINE_S", 2.0)
+    proxy = FaultProxy(("127.0.0.1", int(s3.rsplit(":", 1)[1])))
+    _use(monkeypatch, proxy.url)
+    try:
+        with FastLoader("s3://data-bucket/pack", num_workers=1, **KW) as loader:
+            proxy.faults = ["reset"] * 10_000  # from now on every new connection is dropped
+            env_without_remote_state()  # the worker's own filesystem opens new connections
+            with pytest.raises(SampleError, match=r"s3://data-bucket/pack/.*attempts"):
+                list(loader)
+    finally:
+        proxy.close()
+
+
+def test_the_cache_stays_under_its_limit(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _use(monkeypatch, s3)
+    data_bytes = sum(p.stat().st_size for p in (local / "pack").glob("data-*"))
+    limit = data_bytes // 3
+    source = Packed("s3://data-bucket/pack", cache_dir=str(remote_env), cache_limit=limit)
+    expected = _epoch(str(local / "pack"), 1, shuffle=True)
+    for _ in range(2):
+        assert _same(_epoch(source, 1, shuffle=True), expected)
+        assert 0 < NodeCache(str(remote_env), limit).size() <= limit
+
+
+def test_urls_are_sources_and_configs_keep_them(
+    s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _use(monkeypatch, s3)
+    source = Packed("s3://data-bucket/pack")
+    assert source.where == "s3://data-bucket/pack" and source.resolved() == source
+    assert source.to_config() == {"kind": "packed", "path": "s3://data-bucket/pack"}
+    third = TarShards(f"s3://data-bucket/shards/{SHARDS}").shard_paths()[2]
+    assert third == "s3://data-bucket/shards/train-000002.tar"
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] not in repr(source.open())
