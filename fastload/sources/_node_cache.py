@@ -28,6 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from fastload._errors import DatasetError
+from fastload._machine import pid_alive
 from fastload.sources import _remote
 from fastload.sources._scan_cache import cache_root
 
@@ -238,13 +239,7 @@ def _claimant_alive(claim: str) -> bool:
         return False
     if pid <= 0:  # made, its pid not written yet: alive unless that was long ago
         return time.time() - made < 10.0
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def _chunks(directory: str) -> list[tuple[str, int, float]]:

@@ -122,18 +122,26 @@ class Packed(Source):
             os.close(fd)
             identities.append(identity(info))
         _check_index(root, count, arrays, [i[2] for i in identities])
-        return ExtentIndex(
-            root,
-            tuple(classes),
-            tuple(files),
-            arrays["file_ids"],
-            arrays["offsets"],
-            arrays["sizes"],
-            arrays["names"],
-            arrays["name_offsets"],
-            arrays["labels"],
-            file_identities=np.array(identities, np.int64).reshape(len(files), 5),
-        )
+        checked = np.array(identities, np.int64).reshape(len(files), 5)
+        return pack_index(root, classes, files, arrays, file_identities=checked)
+
+
+def pack_index(
+    root: str, classes: Sequence[str], files: Sequence[str], arrays: dict[str, np.ndarray], **options: Any
+) -> ExtentIndex:
+    """The ExtentIndex of a pack's checked index arrays (`options`: ExtentIndex's keywords)."""
+    return ExtentIndex(
+        root,
+        tuple(classes),
+        tuple(files),
+        arrays["file_ids"],
+        arrays["offsets"],
+        arrays["sizes"],
+        arrays["names"],
+        arrays["name_offsets"],
+        arrays["labels"],
+        **options,
+    )
 
 
 def _checked_manifest(root: str, manifest: dict[str, Any]) -> tuple[int, list[str], list[str]]:

@@ -32,6 +32,7 @@ def open_remote_pack(root: str, cache_dir: str | None = None, cache_limit: int |
         _check_index,
         _checked_manifest,
         checked_manifest_format,
+        pack_index,
     )
 
     where = _remote.join(root, MANIFEST)
@@ -66,16 +67,4 @@ def open_remote_pack(root: str, cache_dir: str | None = None, cache_limit: int |
         files.append(remote_file(url, size, version, CHUNK_BYTES))
         sizes.append(size)
     _check_index(root, count, arrays, sizes)
-    return ExtentIndex(
-        root,
-        tuple(classes),
-        tuple(files),
-        arrays["file_ids"],
-        arrays["offsets"],
-        arrays["sizes"],
-        arrays["names"],
-        arrays["name_offsets"],
-        arrays["labels"],
-        cache_dir=cache_dir,
-        cache_limit=cache_limit,
-    )
+    return pack_index(root, classes, files, arrays, cache_dir=cache_dir, cache_limit=cache_limit)
