@@ -238,3 +238,12 @@ def env_without_remote_state() -> None:
     _remote._filesystems.clear()
     _node_cache._caches.clear()
     os.environ.pop("FASTLOAD_CACHE_LIMIT", None)
+
+
+def list_objects(endpoint: str, bucket: str, prefix: str) -> dict[str, bytes]:
+    """name (below `prefix`) -> bytes of every object under `prefix`."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, **{k.lower(): v for k, v in _keys().items()})
+    found = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    return {o["Key"][len(prefix):]: s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in found}

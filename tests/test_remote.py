@@ -186,3 +186,27 @@ def test_urls_are_sources_and_configs_keep_them(
     third = TarShards(f"s3://data-bucket/shards/{SHARDS}").shard_paths()[2]
     assert third == "s3://data-bucket/shards/train-000002.tar"
     assert os.environ["AWS_SECRET_ACCESS_KEY"] not in repr(source.open())
+
+
+def test_pack_writes_to_s3_and_reads_back_the_same(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fastload pack SRC s3://...`: staged on local disk, uploaded (the manifest last); the
+    same bytes as a local pack of the same source, and the same batches."""
+    import subprocess
+    import sys
+
+    from remote_helpers import list_objects
+
+    _use(monkeypatch, s3)
+    done = subprocess.run(
+        [sys.executable, "-m", "fastload", "pack", str(local / "folder"), "s3://data-bucket/packed-by-cli",
+         "--shard-size", "40000", "--quiet"],
+        capture_output=True, text=True, timeout=120, env={**os.environ},
+    )
+    assert done.returncode == 0, done.stderr
+    stored = list_objects(s3, "data-bucket", "packed-by-cli/")
+    assert stored == {p.name: p.read_bytes() for p in (local / "pack").iterdir()}
+    assert not list((remote_env / f"remote-{os.geteuid()}" / "pack-staging").glob("*"))  # staging removed
+    expected = _epoch(str(local / "pack"), 1, shuffle=True)
+    assert _same(_epoch("s3://data-bucket/packed-by-cli", 1, shuffle=True), expected)

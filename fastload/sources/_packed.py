@@ -251,7 +251,14 @@ def pack(
     full shuffle does (docs/BENCHMARKS.md); names keep saying where each sample came from.
     `max_side`: re-encode images whose longer side exceeds it, resized to it (`_reencode.py`),
     as JPEG at `quality` (default 90); smaller ones are stored as they are. `workers`: processes
-    that re-encode (default: the CPUs this process may use); the pack's bytes do not depend on it."""
+    that re-encode (default: the CPUs this process may use); the pack's bytes do not depend on it.
+    A `dst` at a URL (`s3://bucket/prefix`) is packed in a local staging directory first (resumed
+    there when run again), then uploaded, its manifest last (`_remote_pack.pack_to_url`)."""
+    if is_url(os.fspath(dst)):  # packed on local disk next to the cache, then uploaded
+        from fastload.sources._remote_pack import pack_to_url
+
+        options = {"shuffle_seed": shuffle_seed, "max_side": max_side, "quality": quality, "workers": workers}
+        return pack_to_url(source, os.fspath(dst), shard_bytes=shard_bytes, progress=progress, **options)
     src = as_source(source)
     setting = _reencoding(max_side, quality, workers)
     root = os.path.abspath(os.fspath(dst))

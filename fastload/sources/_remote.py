@@ -190,6 +190,11 @@ def exists(url: str) -> bool:
     return bool(_retried(url, lambda fs: fs.exists(url)))
 
 
+def upload(path: str, url: str) -> None:
+    """Copy the local file at `path` to the object `url` (streamed, in parts when large)."""
+    _retried(url, lambda fs: fs.put_file(path, url))
+
+
 def write(url: str, data: bytes) -> None:
     """Put the object (s3fs uploads large ones in parts)."""
     _retried(url, lambda fs: fs.pipe_file(url, data))

@@ -1,4 +1,5 @@
-"""Opening a pack that lies in object storage (`s3://bucket/prefix`, `gs://`, `http(s)://`).
+"""A pack that lies in object storage (`s3://bucket/prefix`, `gs://`, `http(s)://`): opened, and
+written (`pack_to_url`).
 
 The manifest and the index arrays (a few bytes per sample) are downloaded whole and checked as a
 local pack's are; the data files are not: their samples are read by byte ranges through the
@@ -9,8 +10,13 @@ rewritten in place is never read as a mix of two versions from the cache.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import os
+import shutil
+import sys
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +25,9 @@ from fastload.sources import _remote
 from fastload.sources._bounds import clip
 from fastload.sources._extents import ExtentIndex, remote_file
 from fastload.sources._node_cache import CHUNK_BYTES
+
+if TYPE_CHECKING:
+    from fastload.sources._packed import Packed
 
 _MAX_MANIFEST_BYTES = 64 << 20
 _MAX_INDEX_BYTES = 8 << 30
@@ -68,3 +77,33 @@ def open_remote_pack(root: str, cache_dir: str | None = None, cache_limit: int |
         sizes.append(size)
     _check_index(root, count, arrays, sizes)
     return pack_index(root, classes, files, arrays, cache_dir=cache_dir, cache_limit=cache_limit)
+
+
+def pack_to_url(source: Any, dst: str, *, shard_bytes: int, progress: bool, **options: Any) -> Packed:
+    """Pack `source` into a staging directory on this machine (under the node cache's root, named
+    by `dst`: run again, it resumes there), then upload its files that the store does not hold
+    yet at their size, the manifest last, so that a reader never sees a manifest before its data.
+    Returns the pack at `dst` as a source."""
+    from fastload.sources._node_cache import NodeCache
+    from fastload.sources._packed import MANIFEST, Packed, pack
+
+    cache = NodeCache()
+    staging = os.path.join(cache.directory, "pack-staging", hashlib.sha256(dst.encode()).hexdigest()[:24])
+    os.makedirs(staging, mode=0o700, exist_ok=True)
+    pack(source, staging, shard_bytes=shard_bytes, progress=progress, **options)
+    names = [*sorted(n for n in os.listdir(staging) if n != MANIFEST), MANIFEST]
+    for number, name in enumerate(names, 1):
+        local, url = os.path.join(staging, name), _remote.join(dst, name)
+        size = os.path.getsize(local)
+        try:
+            there = _remote.size_of(url)[0] if name != MANIFEST else -1
+        except FileNotFoundError:
+            there = -1
+        if there != size:
+            _remote.upload(local, url)
+        if progress:
+            print(f"\rupload {number}/{len(names)} files to {dst}", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    shutil.rmtree(staging, ignore_errors=True)  # kept only while an upload is unfinished
+    return Packed(dst)
