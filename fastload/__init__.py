@@ -6,9 +6,15 @@ receives small descriptors over ZeroMQ and copies batches to the GPU asynchronou
     from fastload import FastLoader, transforms as T
     loader = FastLoader("data/train", batch_size=256, shuffle=True, num_workers=8,
                         transform=[T.RandomResizedCrop(224), T.RandomHorizontalFlip()])
+
+NOTE [lazy package]: the loader, the sources and the transforms (and with them torch) are imported
+on first use of their names, so that `fastload status` (a container's health check, every few
+seconds) does not pay torch's import: 2 s of CPU before, on a 2-vCPU VM (docs/BENCHMARKS.md).
 """
 
-from fastload import sources, transforms
+import importlib as _importlib
+import typing as _typing
+
 from fastload._errors import (
     ConfigError,
     DaemonError,
@@ -20,8 +26,11 @@ from fastload._errors import (
     WireError,
     WorkerError,
 )
-from fastload._loading.identity import SampleIds
-from fastload._loading.loader import FastLoader
+
+if _typing.TYPE_CHECKING:
+    from fastload import sources, transforms
+    from fastload._loading.identity import SampleIds
+    from fastload._loading.loader import FastLoader
 
 __version__ = "0.1.0"
 
@@ -41,3 +50,25 @@ __all__ = [
     "sources",
     "transforms",
 ]
+
+# Name -> (module, attribute; "" for the module itself), imported on first access.
+_LAZY = {
+    "FastLoader": ("fastload._loading.loader", "FastLoader"),
+    "SampleIds": ("fastload._loading.identity", "SampleIds"),
+    "sources": ("fastload.sources", ""),
+    "transforms": ("fastload.transforms", ""),
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'fastload' has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    module = _importlib.import_module(module_name)
+    value = getattr(module, attribute) if attribute else module
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("_")})

@@ -46,11 +46,15 @@ def _build_parser() -> argparse.ArgumentParser:
     )
 
     for name, text in (
-        ("status", "show the daemon's sessions; non-zero exit when none runs"),
+        ("status", "show the daemon's sessions; exit 1 when none answers or it is draining (a health check)"),
         ("stop", "ask the daemon to finish the batches in flight and exit"),
     ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--address", help="daemon address (default: this user's local socket)")
+        if name == "status":
+            cmd.add_argument(
+                "--json", action="store_true", help="one JSON object: healthy, reason, and every figure"
+            )
     sub.add_parser("keys", help="print a new CURVE key pair for a TCP daemon or client")
 
     pack = sub.add_parser(
@@ -177,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             return _control.serve(args.config, overrides)
         if args.command == "status":
-            return _control.status(args.address)
+            return _control.status(args.address, as_json=args.json)
         if args.command == "stop":
             return _control.stop(args.address)
         if args.command == "keys":

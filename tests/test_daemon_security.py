@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 from fastload import DaemonError, FastLoader
 from fastload import transforms as T
 from fastload._daemon import daemon_link as wire
-from fastload._daemon.client import default_address
+from fastload._daemon.addresses import default_address
 from fastload._paths import runtime_dir
 
 pytestmark = pytest.mark.timeout(90)

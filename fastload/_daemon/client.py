@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import socket
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -22,54 +21,18 @@ import numpy as np
 import zmq
 
 from fastload._daemon import daemon_link as wire
+from fastload._daemon.addresses import no_daemon_at
 from fastload._errors import DaemonError
 from fastload._loading.executor import Event, Failure, Task
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import Ring
 from fastload._loading.shm import Segment
 from fastload._machine import pid_alive
-from fastload._paths import daemon_dir_candidates
 
 CONNECT_TIMEOUT_S = 5.0
 _PING_EVERY_S = 1.0
 _TCP_SILENCE_LIMIT_S = 10.0
 _TCP_HEARTBEAT_MS, _TCP_HEARTBEAT_TIMEOUT_MS = 5_000, 30_000
-
-
-def no_daemon_at(address: str) -> bool:
-    """True when `address` is a local socket nothing listens on: missing, or left behind by a
-    daemon killed with SIGKILL (connecting to it is refused). Says nothing about TCP addresses."""
-    if not address.startswith("ipc://"):
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(address[len("ipc://") :])
-        except (FileNotFoundError, ConnectionRefusedError):
-            return True
-        except OSError:  # e.g. no permission: the real connection will say what is wrong
-            return False
-    return False
-
-
-def default_address() -> str:
-    """This user's daemon socket: in the standard runtime directory, or in the private fallback
-    directory a daemon used because someone else held the standard one (see `_paths`)."""
-    candidates = daemon_dir_candidates()
-    for directory in candidates:
-        path = os.path.join(directory, "daemon.sock")
-        if os.path.exists(path):
-            return f"ipc://{path}"
-    return f"ipc://{os.path.join(candidates[0], 'daemon.sock')}"
-
-
-def resolve_address(daemon: str) -> str:
-    """ "default" -> this user's local socket; ipc://... and tcp://... are taken as given."""
-    if daemon == "default":
-        return default_address()
-    if daemon.startswith(("ipc://", "tcp://")):
-        return daemon
-    raise DaemonError(f"daemon address {daemon!r} is not 'default', ipc://PATH or tcp://HOST:PORT")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ the daemon's local socket and exit non-zero when no daemon answers.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -17,9 +18,7 @@ from typing import Any, TextIO
 import zmq
 
 from fastload._daemon import daemon_link as wire
-from fastload._daemon.client import default_address, no_daemon_at, resolve_address
-from fastload._daemon.confine import check_roots
-from fastload._daemon.listeners import check_tcp_config
+from fastload._daemon.addresses import default_address, no_daemon_at, resolve_address
 from fastload._errors import ConfigError, DaemonError
 from fastload._machine import SHM_DIR, usable_cores
 
@@ -53,7 +52,9 @@ def default_budget() -> int:
 
 def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[str]]:
     """The DaemonConfig and datasets to warm, from a TOML file's [daemon] table plus flags."""
+    from fastload._daemon.confine import check_roots
     from fastload._daemon.indexes import IndexLimits
+    from fastload._daemon.listeners import check_tcp_config
     from fastload._daemon.server import DaemonConfig
 
     table: dict[str, Any] = {}
@@ -185,11 +186,26 @@ def request(address: str, op: str, timeout_s: float = 3.0) -> dict[str, Any]:
         ctx.term()
 
 
-def status(address: str | None, out: TextIO | None = None) -> int:
-    """Print the daemon's sessions (to `out`, default sys.stdout); exit status 1 when none answers."""
+def status(address: str | None, out: TextIO | None = None, as_json: bool = False) -> int:
+    """Print the daemon's sessions (to `out`, default sys.stdout), or with `as_json` its whole status
+    as one JSON object with `healthy` (and `reason` when not).
+
+    The exit status is what a container's health check reads: 0 while the daemon answers and
+    serves, 1 when none answers (within 3 s) or it is draining to exit."""
     out = out or sys.stdout
     target = resolve_address(address) if address else default_address()
-    s = request(target, "status")
+    try:
+        s = request(target, "status")
+    except DaemonError as e:
+        if not as_json:
+            raise
+        out.write(json.dumps({"healthy": False, "reason": str(e), "address": target}) + "\n")
+        return 1
+    healthy = not s["draining"]
+    if as_json:
+        reason = {} if healthy else {"reason": "draining: finishing its last batches before it exits"}
+        out.write(json.dumps({"healthy": healthy, **reason, "address": target, **s}) + "\n")
+        return 0 if healthy else 1
     out.write(
         f"fastload daemon pid {s['pid']}: {s['workers']} workers, "
         f"memory {s['used_bytes'] / 2**20:.0f}/{s['budget_bytes'] / 2**20:.0f} MiB"
@@ -218,7 +234,7 @@ def status(address: str | None, out: TextIO | None = None) -> int:
                 f"{x['images']:>9} {x['images_per_s']:>8.0f} {x['memory_bytes'] / 2**20:>6.0f}  "
                 f"{x['dataset']}\n"
             )
-    return 0
+    return 0 if healthy else 1
 
 
 def stop(address: str | None, wait_s: float = 40.0) -> int:

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from fastload._loading.bad_samples import SkippedSample
-from fastload._loading.layout import BatchLayout
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # not at run time: layout imports torch, which `fastload status` must not pay
+    from fastload._loading.layout import BatchLayout
     from fastload._loading.ring import Ring
 
 __all__ = ["Done", "Event", "Executor", "Failure", "Opaque", "Probed", "RemoteExecutor", "Task"]

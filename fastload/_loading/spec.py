@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fastload._daemon.client import resolve_address
+from fastload._daemon.addresses import resolve_address
 from fastload._errors import ConfigError
 from fastload._loading.arguments import (
     check_batching,
