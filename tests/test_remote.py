@@ -210,3 +210,27 @@ def test_pack_writes_to_s3_and_reads_back_the_same(
     assert not list((remote_env / f"remote-{os.geteuid()}" / "pack-staging").glob("*"))  # staging removed
     expected = _epoch(str(local / "pack"), 1, shuffle=True)
     assert _same(_epoch("s3://data-bucket/packed-by-cli", 1, shuffle=True), expected)
+
+
+def test_a_daemon_serves_a_pack_in_s3_as_a_local_loader_reads_it(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch, daemon_pool: Any
+) -> None:
+    _use(monkeypatch, s3)  # the daemon inherits the endpoint, the credentials and the cache
+    daemon = daemon_pool.start(workers=1)
+    expected = _epoch("s3://data-bucket/pack", 1, shuffle=True)
+    assert _same(_epoch("s3://data-bucket/pack", 0, shuffle=True, daemon=daemon.address), expected)
+
+
+def test_daemon_roots_confine_urls_to_their_prefixes() -> None:
+    """A TCP peer's source is checked against the roots: a URL only under a URL root."""
+    from fastload._daemon.confine import Roots
+    from fastload.sources._extents import remote_file
+
+    local_only = Roots(("/data",))
+    assert not local_only.allows("s3://bucket/datasets/pack/manifest.json")
+    in_bucket = Roots(("s3://bucket/datasets",))
+    assert in_bucket.allows("s3://bucket/datasets/pack")
+    assert in_bucket.allows(remote_file("s3://bucket/datasets/pack/data-00000.bin", 10, "etag", 8))
+    assert not in_bucket.allows("s3://bucket/datasets-private/pack")
+    assert not in_bucket.allows("s3://bucket/datasets/../secret/pack")
+    assert not in_bucket.allows("s3://other/datasets/pack") and not in_bucket.allows("/data/x")

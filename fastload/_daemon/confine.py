@@ -26,6 +26,7 @@ from typing import Any
 
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources import Source
+from fastload.sources._remote import is_url
 from fastload.sources._tar import expand_braces
 
 # HDF5's own prefixes for relative names (the workers' library reads the same environment).
@@ -44,12 +45,18 @@ class Roots:
     """The configured dataset roots (real paths) and the resolution of paths against them."""
 
     def __init__(self, roots: tuple[str, ...]) -> None:
-        self.roots = tuple(os.path.realpath(r) for r in roots)
+        # A root at a URL (s3://bucket/datasets/) allows the objects under that prefix; a local
+        # root never allows a URL (the daemon's credentials must not fetch what it was not told).
+        self.roots = tuple(r if is_url(r) else os.path.realpath(r) for r in roots)
         self._prefixes = tuple(r if r.endswith("/") else r + "/" for r in self.roots)
         self._dirs: dict[str, str] = {}
 
     def resolve(self, path: str) -> str:
-        """`path`'s real path (links followed), its directory's resolution cached."""
+        """`path`'s real path (links followed), its directory's resolution cached; a URL as it is
+        (a `remote_file` entry: its URL), unless it climbs with `..`."""
+        if "\0" in path or is_url(path):
+            url = path.split("\0", 1)[0]
+            return "" if "/../" in url or url.endswith("/..") else url
         head, tail = os.path.split(os.path.abspath(path))
         real_head = self._dirs.get(head)
         if real_head is None:

@@ -23,6 +23,7 @@ from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import MAX_PREFETCH
 from fastload._loading.shm import Segment
 from fastload.sources import DAEMON_SOURCE_KINDS, ImageFolder, Source, source_from_config
+from fastload.sources._remote import is_url
 from fastload.transforms import TransformPlan, compile_transforms, from_config
 
 _MAX_PID = 2**31 - 1  # pid_t; os.kill() refuses larger numbers
@@ -121,7 +122,7 @@ def check_hello(f: dict[str, Any], budget_bytes: int) -> tuple[TransformPlan, So
         raise ConfigError("pid must be a process id and seed must not be negative")
     if f.get("on_error", "raise") not in ON_ERROR:
         raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}")
-    if not os.path.isabs(f["dataset"]) or "\0" in f["dataset"]:
+    if not (os.path.isabs(f["dataset"]) or is_url(f["dataset"])) or "\0" in f["dataset"]:
         raise ConfigError("dataset must be an absolute path (the daemon's working directory is not ours)")
     source = _hello_source(f)
     plan = compile_transforms(from_config(f["transforms"]))
