@@ -1,0 +1,97 @@
+"""A pack read from object storage against the same pack on local disk (issue 23).
+
+The store: moto's S3-compatible server on localhost (started here), behind a TCP proxy that adds
+`--latency-ms` to every request (20 ms: a store in another building); a cold node cache each
+round. For each round, in turn: two epochs of the local pack, then two of the same pack at
+`s3://` (the first cold, the second from the cache), each pair one FastLoader with `--workers`
+workers, RandomResizedCrop(224) + flip, batch 64, device="cpu". Images/s per epoch; medians and
+[min-max] over rounds, each epoch against the local pack's same epoch; the cache's size against
+its limit after each round.
+
+    python tools/bench/bench_remote.py --data FOLDER [--workers 2] [--rounds 3] [--latency-ms 20]
+
+Needs fastload[remote] and moto[server] (the test extra has both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from remote_helpers import FaultProxy, moto_server, s3_environment, upload
+
+
+def _two_epochs(path: str, workers: int, cache_limit: int) -> tuple[float, float]:
+    """Images/s of a loader's first and second epochs (for a URL: cold, then from the cache)."""
+    from fastload import FastLoader
+    from fastload import transforms as T
+    from fastload.sources import Packed
+
+    recipe = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
+    source = Packed(path, cache_limit=cache_limit)
+    rates = []
+    with FastLoader(source, batch_size=64, num_workers=workers, transform=recipe, device="cpu", shuffle=True,
+                    seed=0) as loader:
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            started, images = time.perf_counter(), 0
+            for _, labels in loader:
+                images += len(labels)
+            rates.append(images / (time.perf_counter() - started))
+    return rates[0], rates[1]
+
+
+def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--data", default=os.environ.get("BENCH_DATA"), help="an image folder")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    args = parser.parse_args()
+    if not args.data:
+        parser.error("--data (or $BENCH_DATA) is required")
+    from fastload.sources import pack
+    from fastload.sources._node_cache import NodeCache
+
+    work = Path(tempfile.mkdtemp(prefix="fl-bench-remote-"))
+    pack(args.data, str(work / "pack"), progress=False)
+    data_bytes = sum(p.stat().st_size for p in (work / "pack").iterdir())
+    limit = int(data_bytes * 1.5)
+    rates: dict[str, list[float]] = {"local 1st": [], "local 2nd": [], "s3 cold": [], "s3 warm": []}
+    with moto_server() as endpoint:
+        upload(endpoint, "bench-bucket", work / "pack", "pack")
+        proxy = FaultProxy(("127.0.0.1", int(endpoint.rsplit(":", 1)[1])), latency_s=args.latency_ms / 1000)
+        os.environ.update(s3_environment(proxy.url))
+        try:
+            for round_ in range(args.rounds):
+                os.environ["FASTLOAD_CACHE_DIR"] = str(work / f"cache-{round_}")  # cold
+                first, second = _two_epochs(str(work / "pack"), args.workers, limit)
+                rates["local 1st"].append(first)
+                rates["local 2nd"].append(second)
+                cold, warm = _two_epochs("s3://bench-bucket/pack", args.workers, limit)
+                rates["s3 cold"].append(cold)
+                rates["s3 warm"].append(warm)
+                cached = NodeCache(str(work / f"cache-{round_}" / f"remote-{os.geteuid()}"), limit).size()
+                both = f"local {first:.0f} then {second:.0f}, s3 cold {cold:.0f} then warm {warm:.0f} img/s"
+                print(f"round {round_ + 1}: {both}; "
+                      f"cache {cached / 2**20:.1f} MiB of {limit / 2**20:.1f} MiB allowed", flush=True)
+        finally:
+            proxy.close()
+    latency = f"+{args.latency_ms:g} ms a request"
+    print(f"{args.data}: {data_bytes / 2**20:.1f} MiB packed; {args.workers} workers; {latency}")
+    for name, values in rates.items():
+        same = rates["local 2nd" if name in ("local 2nd", "s3 warm") else "local 1st"]
+        share = statistics.median(v / loc for v, loc in zip(values, same, strict=True))
+        print(f"  {name:8} {statistics.median(values):7.0f} img/s [{min(values):.0f}-{max(values):.0f}]  "
+              f"{share:.0%} of local's same epoch (median of per-round ratios)")
+
+
+if __name__ == "__main__":
+    main()
