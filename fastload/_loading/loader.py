@@ -19,6 +19,7 @@ import torch
 
 from fastload._daemon.client import DaemonSession
 from fastload._errors import ConfigError
+from fastload._loading.read_ahead import ReadAhead, read_ahead
 from fastload._loading.array_job import ArrayJob
 from fastload._loading.bad_samples import DEFAULT_MAX_SKIPPED, SkipAccount
 from fastload._loading.epoch import EpochIterator
@@ -179,6 +180,7 @@ class FastLoader:
         self._session: DaemonSession | None = None
         self._num_samples = 0
         self._keep: np.ndarray | None = None  # the samples an `exclude=` list leaves in (None: all)
+        self._read_ahead: ReadAhead | None = None  # of a remote source's epoch (`read_ahead`)
         self._check_exclude(exclude)  # before a daemon session or an index is opened
         self._open_source()
         self._exclude(exclude)
@@ -366,6 +368,9 @@ class FastLoader:
             )
         self._undrawn = (self._epoch, self._resume_at)  # an iteration uses up its epoch when drawn from
         self._position = (epoch, start)
+        if self._read_ahead is not None:
+            self._read_ahead.stop()
+        self._read_ahead = read_ahead(self._index, self._plan.iter_batches(epoch, start))
         self._iterator = EpochIterator(
             self._pipeline, self._plan.iter_batches(epoch, start), epoch, start, self._on_yield,
             following=self._following(epoch), carried=carried,
@@ -395,6 +400,8 @@ class FastLoader:
 
     def _on_yield(self, epoch: int, yielded: int, batch: np.ndarray | None) -> None:
         self._position = (epoch, yielded)
+        if self._read_ahead is not None:
+            self._read_ahead.delivered()
         if isinstance(self._plan, IterablePlan) and batch is not None:
             self._plan.delivered(epoch, batch)
         if self._undrawn is not None:
@@ -542,6 +549,9 @@ class FastLoader:
         return [(r.name or str(r.index), r.reason) for r in records]
 
     def _close_pipeline(self) -> None:
+        if self._read_ahead is not None:
+            self._read_ahead.stop()
+            self._read_ahead = None
         if self._iterator is not None:
             self._iterator.stop()
         if self._pipeline is not None and not self._pipeline.closed:

@@ -331,6 +331,30 @@ class ExtentIndex:
             k = j
         return out
 
+    @property
+    def remote(self) -> bool:
+        """Whether any of its containers is a remote object (read through the node cache)."""
+        return any(r is not None for r in self._remote)
+
+    def prefetch(self, indices: np.ndarray) -> None:
+        """Fetch into the node cache the chunks of remote containers these samples lie in."""
+        from fastload.sources._node_cache import node_cache
+
+        idx = np.asarray(indices, dtype=np.int64)
+        cache = node_cache(self.cache_dir, self.cache_limit)
+        for file_id in np.unique(self.file_ids[idx]).tolist():
+            remote = self._remote[file_id]
+            if remote is None:
+                continue
+            url, size, version, chunk_bytes = remote
+            mine = idx[self.file_ids[idx] == file_id]
+            starts, ends = self.offsets[mine], self.offsets[mine] + self.sizes[mine]
+            chunks: set[int] = set()
+            firsts, lasts = (starts // chunk_bytes).tolist(), ((ends - 1) // chunk_bytes).tolist()
+            for lo, hi in zip(firsts, lasts, strict=True):
+                chunks.update(range(lo, hi + 1))
+            cache.prefetch(url, version, size, sorted(chunks), chunk_bytes)
+
     def _read_remote(self, remote: tuple[str, int, str, int], start: int, end: int) -> bytes:
         from fastload.sources._node_cache import node_cache
 

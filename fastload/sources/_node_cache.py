@@ -102,6 +102,14 @@ class NodeCache:
         self.hits += len(chunks) - len(missing)
         return bytes(out)
 
+    def prefetch(
+        self, url: str, version: str, size: int, chunks: list[int], chunk_bytes: int = CHUNK_BYTES
+    ) -> None:
+        """Fetch these chunks of the object unless cached, or being fetched by another process."""
+        paths = {c: self._chunk_path(url, version, c, chunk_bytes) for c in chunks}
+        claimed = {c: p for c, p in paths.items() if not os.path.exists(p) and self._claim(p)}
+        self._download_all(url, size, chunk_bytes, claimed)
+
     def path_of_whole(self, url: str, version: str, size: int) -> str:
         """A local file holding the whole object (one chunk of its size), downloaded if needed."""
         chunk_bytes = max(size, 1)
@@ -129,23 +137,26 @@ class NodeCache:
 
     def _fill(self, url: str, size: int, chunk_bytes: int, paths: dict[int, str]) -> None:
         """Download the chunks of `paths` that no other process is downloading; wait for the rest."""
-        mine: list[int] = []
-        theirs: list[int] = []
-        for chunk, path in paths.items():
-            (mine if self._claim(path) else theirs).append(chunk)
-        try:
-            if mine:
-                pool = self._executor()
-                jobs = [pool.submit(self._download, url, size, chunk_bytes, c, paths[c]) for c in mine]
-                for job in jobs:
-                    job.result()
-        finally:
-            for c in mine:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(paths[c] + ".claim")
-        for c in theirs:
-            self._wait_for(url, size, chunk_bytes, c, paths[c])
+        mine = {c: p for c, p in paths.items() if self._claim(p)}
+        self._download_all(url, size, chunk_bytes, mine)
+        for c, path in paths.items():
+            if c not in mine:
+                self._wait_for(url, size, chunk_bytes, c, path)
         self.misses += len(paths)
+
+    def _download_all(self, url: str, size: int, chunk_bytes: int, claimed: dict[int, str]) -> None:
+        """Download the chunks this process claimed, concurrently; release the claims."""
+        if not claimed:
+            return
+        try:
+            pool = self._executor()
+            jobs = [pool.submit(self._download, url, size, chunk_bytes, c, p) for c, p in claimed.items()]
+            for job in jobs:
+                job.result()
+        finally:
+            for path in claimed.values():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path + ".claim")
         if self._written > self.limit // 10:
             self.evict()
 
@@ -257,12 +268,13 @@ def _chunks(directory: str) -> list[tuple[str, int, float]]:
     return found
 
 
-_caches: dict[tuple[str | None, int | None], NodeCache] = {}
+_caches: dict[tuple[str, int | None], NodeCache] = {}
 
 
 def node_cache(directory: str | None = None, limit: int | None = None) -> NodeCache:
-    """The process's cache object for a directory (one per directory and limit)."""
-    key = (directory, limit)
+    """The process's cache object for a directory (one per directory and limit; the default
+    directory as `FASTLOAD_CACHE_DIR` says now)."""
+    key = (directory if directory is not None else f"default:{cache_root()}", limit)
     cache = _caches.get(key)
     if cache is None:
         cache = _caches[key] = NodeCache(directory, limit)
