@@ -19,7 +19,6 @@ import torch
 
 from fastload._daemon.client import DaemonSession
 from fastload._errors import ConfigError
-from fastload._loading.read_ahead import ReadAhead, read_ahead
 from fastload._loading.array_job import ArrayJob
 from fastload._loading.bad_samples import DEFAULT_MAX_SKIPPED, SkipAccount
 from fastload._loading.epoch import EpochIterator
@@ -29,6 +28,7 @@ from fastload._loading.iterable import IterableJob, IterablePlan
 from fastload._loading.jobs import DatasetJob, ImageJob, Job
 from fastload._loading.pipeline import Pipeline
 from fastload._loading.plan import BatchSampler, SamplerPlan, ShuffledPlan
+from fastload._loading.read_ahead import ReadAhead, read_ahead
 from fastload._loading.resume import check_settings, convert, fingerprint, plain
 from fastload._loading.ring import EXTRA_SLOTS
 from fastload._loading.sanity import check_settings_sense
