@@ -44,6 +44,15 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--hang-timeout", type=float, help="seconds a batch may run before its worker is replaced (0: off)"
     )
+    serve.add_argument(
+        "--metrics",
+        metavar="[HOST:]PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (a PORT alone: 127.0.0.1; "
+        "0.0.0.0:PORT to be scraped from other machines); needs fastload[metrics]",
+    )
+    serve.add_argument(
+        "--log-format", choices=("text", "json"), help="json: one JSON object a line, events as keys"
+    )
 
     for name, text in (
         ("status", "show the daemon's sessions; exit 1 when none answers or it is draining (a health check)"),
@@ -178,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "hang_timeout": args.hang_timeout,
                 "roots": args.roots,
                 "ipc_any_path": args.ipc_any_path,
+                "metrics": args.metrics,
+                "log_format": args.log_format,
             }
             return _control.serve(args.config, overrides)
         if args.command == "status":

@@ -90,6 +90,13 @@ if [[ ",$extras," == *,test,* ]]; then
                 || echo "no timm: the tests that compare against it will skip"
         fi
     fi
+    # tensorboard (examples/tensorboard_scalars.py, run by the tests, and their reader of its event
+    # file) requires `pillow` too; what it needs besides, none of it Pillow:
+    if ! installed tensorboard; then
+        requirements+=(absl-py "grpcio>=1.74" markdown "protobuf>=6.31.1,<8" "tensorboard-data-server>=0.7,<0.8"
+            werkzeug packaging setuptools)
+        without_deps+=("tensorboard>=2.16")
+    fi
     # matplotlib (`fastload iostat --plot`) requires `pillow`, a name pillow-simd does not provide.
     if ! installed matplotlib; then
         requirements+=(contourpy cycler fonttools kiwisolver numpy packaging pyparsing python-dateutil)

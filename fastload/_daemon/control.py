@@ -84,6 +84,8 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         "datasets",
         "roots",
         "ipc_any_path",
+        "metrics",
+        "log_format",
     }
     unknown = set(table) - known
     if unknown:
@@ -106,6 +108,11 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
             tuple(table.get("curve_clients", ())),
         )
     check_roots(listen, roots)
+    metrics = table.get("metrics")
+    if metrics is not None:
+        from fastload._diagnostics.metrics import parse_address
+
+        metrics = parse_address(metrics)
     config = DaemonConfig(
         workers=int(table.get("workers", usable_cores())),
         memory_budget_bytes=parse_size(table.get("memory_budget", default_budget())),
@@ -126,6 +133,7 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         roots=roots,
         ipc_any_path=bool(table.get("ipc_any_path", False)),
         index_idle_s=float(table.get("index_idle", 60.0)),
+        metrics=metrics,
     )
     if config.workers < 1:
         raise ConfigError("the daemon needs at least one worker")
@@ -144,10 +152,15 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
 
 def serve(config_path: str | None, overrides: dict[str, Any]) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT or `fastload stop`."""
+    from fastload._daemon.logs import configure
     from fastload._daemon.server import Daemon
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s fastload %(levelname)s %(message)s")
+    log_format = overrides.get("log_format")
+    configure(log_format or "text")  # the flag's format from the first line; the file's once read
     config, datasets = load_config(config_path, overrides)
+    if log_format is None and config_path is not None:
+        with open(config_path, "rb") as f:
+            configure(str(tomllib.load(f).get("daemon", {}).get("log_format", "text")))
     daemon = Daemon(config)
     if config.roots is None:
         logging.getLogger("fastload.daemon").warning(

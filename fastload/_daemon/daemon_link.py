@@ -20,7 +20,8 @@ largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
     status {}                                        pong    {}
     stop   {}          (local socket only)           status_reply {sessions, workers, budget_bytes,
                                                               used_bytes, pid, draining,
-                                                              datasets, worker_deaths}
+                                                              datasets, worker_deaths,
+                                                              [metrics, totals]}
                                                      indexing {path, seconds} (hello waits
                                                               while the folder is indexed)
                                                      error   {message}   (anything refused)
@@ -110,6 +111,8 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "draining": (bool,),
         "datasets": (list,),
         "worker_deaths": (dict,),
+        "metrics": (str, type(None)),  # its Prometheus endpoint's URL, None when not served
+        "totals": (dict,),  # every session's counters, summed and kept past the session's end
     },
     "indexing": {"path": (str,), "seconds": (float, int)},
     "error": {"message": (str,)},
@@ -119,6 +122,7 @@ _OPTIONAL: dict[str, frozenset[str]] = {
     "failed": frozenset({"exc_class"}),
     "done": frozenset({"read_runq_ns", "augment_ns", "skipped"}),
     "hello": frozenset({"source", "on_error"}),  # absent: an image folder; on_error="raise"
+    "status_reply": frozenset({"metrics", "totals"}),
 }
 
 

@@ -39,12 +39,13 @@ from fastload._daemon import daemon_link as wire
 from fastload._daemon.confine import check_roots
 from fastload._daemon.indexes import DatasetIndexes, IndexEntry, IndexLimits
 from fastload._daemon.listeners import Listeners
+from fastload._daemon.logs import event as log_event
 from fastload._daemon.peers import Peer
 from fastload._daemon.scheduler import Scheduler
 from fastload._daemon.sessions import PendingHello, Session, batch_frames, check_hello, status_row
 from fastload._errors import DaemonError, FastloadError, WorkerError
 from fastload._loading.engine import Engine
-from fastload._loading.executor import Done, Event
+from fastload._loading.executor import Done, Event, Failure
 from fastload._loading.jobs import ImageJob
 from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
 from fastload._loading.shm import Segment, ensure_fd_room, preflight, reap_orphans
@@ -59,6 +60,7 @@ _LIVENESS_S = 1.0
 _DRAIN_LIMIT_S = 30.0
 _MAX_SLOTS_PER_SESSION = 256
 _PROGRESS_EVERY_S = 1.0  # an `indexing` note to each hello waiting for its folder's index
+_PUBLISH_EVERY_S = 0.1  # NOTE [published status]
 # The largest message a worker sends (DONE, FAILED with a clipped traceback, READY).
 _MAX_WORKER_MESSAGE_BYTES = 1 << 20
 
@@ -84,6 +86,8 @@ class DaemonConfig:
     # `ipc_any_path` lifts them for the local socket (whose peers run as the daemon's user).
     roots: tuple[str, ...] | None = None
     ipc_any_path: bool = False
+    # Prometheus metrics (`_diagnostics.metrics`) served on (host, port), only when asked for.
+    metrics: tuple[str, int] | None = None
 
 
 class Daemon:
@@ -120,6 +124,26 @@ class Daemon:
         self._scheduler = Scheduler(self.engine, config.workers)
         self._stopping = False
         self._last_liveness = 0.0
+        # Every session's counters, summed as they come and kept past the session's end; refusals
+        # are hellos refused.
+        self._totals = dict.fromkeys(
+            ("samples", "tasks", "bytes_read", "failures", "sessions", "refusals"), 0
+        )
+        # NOTE [published status]: what the metrics thread reads. The loop replaces it whole at most
+        # every _PUBLISH_EVERY_S (an assignment: no lock); a scrape never asks the loop for anything.
+        self._published: dict[str, Any] | None = None
+        self._published_at = 0.0
+        self._metrics: Any = None
+        if config.metrics is not None:
+            from fastload._diagnostics.metrics import DaemonCollector, MetricsServer
+
+            try:
+                self._metrics = MetricsServer(*config.metrics, DaemonCollector(lambda: self._published))
+            except BaseException:
+                self.engine.close()
+                self._doors.close()
+                raise
+            self._publish()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -132,10 +156,15 @@ class Daemon:
     def serve_forever(self) -> None:
         previous = {s: signal.signal(s, self.request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         log.info(
-            "serving on %s (%d workers, budget %d MiB)",
+            "serving on %s (%d workers, budget %d MiB%s)",
             self.sock_path,
             self.config.workers,
             self.config.memory_budget_bytes >> 20,
+            f", metrics on {self._metrics.url}" if self._metrics is not None else "",
+            extra=log_event(
+                "serving", socket=self.sock_path, workers=self.config.workers,
+                budget_bytes=self.config.memory_budget_bytes, metrics=self.metrics_url,
+            ),
         )
         poller = zmq.Poller()
         for sock in [self.engine.socket, *(sock for sock, _ in self._doors.sockets)]:
@@ -175,9 +204,23 @@ class Daemon:
             self._reap_dead_sessions()
             self._indexes.evict()
         self._schedule()
+        if self._metrics is not None and time.monotonic() - self._published_at >= _PUBLISH_EVERY_S:
+            self._publish()
+
+    def _publish(self) -> None:
+        self._published = self.status()
+        self._published_at = time.monotonic()
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the Prometheus metrics are served (None: not asked for)."""
+        return self._metrics.url if self._metrics is not None else None
 
     def close(self) -> None:
         """Stop the workers, unlink every ring and index, remove the socket and the pid file."""
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
         self.engine.close()
         for session in list(self._sessions.values()):
             self._end_session(session, notify_engine=False)
@@ -194,12 +237,15 @@ class Daemon:
             except zmq.Again:
                 return
             identity = frames[0].bytes
+            op = ""
             try:
                 if len(frames) < 2:
                     raise wire.WireError("empty message")
                 op, fields = wire.decode(frames[1].bytes)
                 self._handle(sock, identity, local, op, fields, frames[1:])
             except FastloadError as e:
+                if op == "hello":  # a session refused (other requests' errors are answers, not events)
+                    self._refused(str(e), local, peer=None, request=op)
                 self._reply(sock, identity, "error", message=str(e))
             except Exception as e:  # a bug must not take the daemon down with every session
                 log.exception("error while handling a client message")
@@ -296,6 +342,7 @@ class Daemon:
                 except FastloadError as e:
                     # NOTE [refusals carry no content]: a TCP peer gets the open's public text.
                     message = str(e) if hello.local else getattr(e, "public", str(e))
+                    self._refused(message, hello.local, peer=hello.peer.name, request="hello")
                     self._reply(hello.sock, hello.identity, "error", message=message)
                 except Exception as e:
                     log.exception("error while opening a session")
@@ -377,6 +424,7 @@ class Daemon:
         self._by_identity[(id(sock), identity)] = session
         self._indexes.acquire(entry)
         self.engine.add_job(session_id, job.to_config(entry.segment.name))
+        self._totals["sessions"] += 1
         log.info(
             "session %d: %s rank %d/%d, %s, %d slots of %d KiB",
             session_id,
@@ -386,6 +434,11 @@ class Daemon:
             f["dataset"],
             slots,
             session.slot_bytes >> 10,
+            extra=log_event(
+                "session_start", session=session_id, peer=peer.name, pid=pid, local=local, rank=session.rank,
+                world_size=session.world_size, dataset=f["dataset"], batch_size=batch_size, slots=slots,
+                slot_bytes=session.slot_bytes,
+            ),
         )
         self._reply(
             sock,
@@ -436,10 +489,10 @@ class Daemon:
         for session, event, client_seq in self._scheduler.trace(events):
             rows = session.task_rows.pop(event.seq, None)
             frames: Any = ()
-            if isinstance(event, Done):
-                session.images += event.count
-                if rows is not None:  # over TCP: the batch's bytes go with it
-                    frames = batch_frames(session, rows, event.count)
+            session.record(event)
+            self._count(event)
+            if isinstance(event, Done) and rows is not None:  # over TCP: the batch's bytes go with it
+                frames = batch_frames(session, rows, event.count)
             op, fields = wire.event_message(event, client_seq)
             self._reply(session.sock, session.identity, op, *frames, **fields)
 
@@ -451,8 +504,7 @@ class Daemon:
                 continue
             for session in list(self._sessions.values()):
                 if id(session.sock) == sock_id and session.connection in closed:
-                    log.info("session %d: its connection closed; reclaiming it", session.id)
-                    self._end_session(session)
+                    self._end_session(session, why="its connection closed")
             for where, hello in list(self._pending.items()):
                 if id(hello.sock) == sock_id and hello.peer.connection in closed:
                     del self._pending[where]
@@ -460,12 +512,21 @@ class Daemon:
     def _reap_dead_sessions(self) -> None:
         for session in list(self._sessions.values()):
             if session.local and not pid_alive(session.pid):
-                log.info("session %d: trainer pid %d is gone; reclaiming it", session.id, session.pid)
-                self._end_session(session)
+                self._end_session(session, why=f"trainer pid {session.pid} is gone")
 
-    def _end_session(self, session: Session, notify_engine: bool = True) -> None:
+    def _end_session(self, session: Session, notify_engine: bool = True, why: str = "bye") -> None:
         if self._sessions.pop(session.id, None) is None:
             return
+        why = why if notify_engine else "the daemon stopped"
+        log.info(
+            "session %d ended (%s): %d images in %d tasks, %.1f s",
+            session.id, why, session.images, session.tasks, time.monotonic() - session.started,
+            extra=log_event(
+                "session_end", session=session.id, reason=why, pid=session.pid, rank=session.rank,
+                images=session.images, tasks=session.tasks, failures=session.failures,
+                seconds=round(time.monotonic() - session.started, 3),
+            ),
+        )
         self._by_identity.pop((id(session.sock), session.identity), None)
         self._scheduler.forget(session)
         if notify_engine:
@@ -475,6 +536,22 @@ class Daemon:
         session.segments.clear()
         self._indexes.release(session.index_key)
 
+    def _count(self, event: Done | Failure) -> None:
+        """The daemon's totals, which outlive sessions (the metrics' counters must never fall)."""
+        if isinstance(event, Done):
+            self._totals["samples"] += event.count
+            self._totals["tasks"] += 1
+            self._totals["bytes_read"] += event.bytes_read
+        else:
+            self._totals["failures"] += 1
+
+    def _refused(self, message: str, local: bool, peer: str | None, request: str) -> None:
+        self._totals["refusals"] += 1
+        log.info(
+            "refused %s%s: %s", request, f" from {peer}" if peer else "", message,
+            extra=log_event("refusal", request=request, peer=peer, local=local, reason=message),
+        )
+
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
         return {
@@ -483,6 +560,8 @@ class Daemon:
             "budget_bytes": self.config.memory_budget_bytes,
             "used_bytes": self._used_bytes(),
             "draining": self._stopping,
+            "metrics": self.metrics_url,
+            "totals": dict(self._totals),
             "datasets": self._indexes.describe(),
             "worker_deaths": {cause.name.lower(): n for cause, n in self.engine.deaths.items()},
             "sessions": [status_row(s, now) for s in self._sessions.values()],

@@ -18,7 +18,7 @@ from fastload._daemon.daemon_link import MAX_BATCH
 from fastload._daemon.peers import Peer
 from fastload._errors import ConfigError, DaemonError
 from fastload._loading.bad_samples import ON_ERROR
-from fastload._loading.executor import Task
+from fastload._loading.executor import Done, Failure, Task
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import MAX_PREFETCH
 from fastload._loading.shm import Segment
@@ -52,6 +52,14 @@ class Session:
     client_seq: dict[int, int] = field(default_factory=dict)  # daemon seq -> trainer seq
     started: float = field(default_factory=time.monotonic)
     images: int = 0
+    # What its tasks cost, as the workers report them (`record`): `status` and the metrics show it.
+    # A task is a batch or a part of one (a trainer splits its batches: NOTE [split batches]).
+    tasks: int = 0
+    bytes_read: int = 0
+    read_ns: int = 0
+    decode_ns: int = 0
+    augment_ns: int = 0
+    failures: int = 0
     epoch: int = -1  # the newest (epoch, batch) the trainer asked for: its position
     batch: int = -1
     layout: BatchLayout | None = None
@@ -60,6 +68,18 @@ class Session:
     @property
     def memory(self) -> int:
         return self.slot_bytes * len(self.segments)
+
+    def record(self, event: Done | Failure) -> None:
+        """Count a finished task of this session's."""
+        if isinstance(event, Failure):
+            self.failures += 1
+            return
+        self.images += event.count
+        self.tasks += 1
+        self.bytes_read += event.bytes_read
+        self.read_ns += event.read_ns
+        self.decode_ns += event.decode_ns
+        self.augment_ns += event.augment_ns
 
 
 @dataclass
@@ -99,6 +119,12 @@ def status_row(s: Session, now: float) -> dict[str, Any]:
         "world_size": s.world_size,
         "dataset": s.dataset,
         "images": s.images,
+        "tasks": s.tasks,
+        "bytes_read": s.bytes_read,
+        "read_s": s.read_ns / 1e9,
+        "decode_s": s.decode_ns / 1e9,
+        "augment_s": s.augment_ns / 1e9,
+        "failures": s.failures,
         "memory_bytes": s.memory,
         "images_per_s": s.images / max(now - s.started, 1e-9),
         "queued": len(s.pending),

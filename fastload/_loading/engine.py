@@ -370,6 +370,14 @@ class Engine:
                 code, hung=worker.hung, oom_kills_before=self._oom_kills, oom_kills_now=oom_now
             )
             self.deaths[cause] += 1
+            log.info(
+                "worker %d (pid %s) %s: %s; replacing it", worker.worker_id, worker.process.pid,
+                cause.name.lower(), describe_exit(code),
+                extra={"event": "worker_replaced", "fields": {
+                    "worker": worker.worker_id, "pid": worker.process.pid, "cause": cause.name.lower(),
+                    "exit": describe_exit(code), "tasks_redone": len(worker.tasks),
+                }},
+            )
             self._requeue(worker, code, cause)
             if not worker.ready and cause is Cause.CRASH and code != 0:
                 self._startup_deaths += 1

@@ -119,6 +119,10 @@ class FastLoader:
     `fastload verify PATH -o LIST` writes (its path), or the samples' names (files, `shard:key`),
     or their indices (a Dataset's); `state_dict` records which, and a resume under another list
     is refused.
+    `metrics=PORT` (or "HOST:PORT"; a PORT alone listens on 127.0.0.1 only) serves these counters
+    to Prometheus (`pip install fastload[metrics]`), one series per rank; unset, a launcher's
+    `FASTLOAD_METRICS=PORT` does it, each rank on PORT + LOCAL_RANK. `fastload.ScalarLogger`
+    writes them to TensorBoard or a Lightning logger each epoch.
     """
 
     def __init__(
@@ -160,6 +164,7 @@ class FastLoader:
         on_error: str = "raise",
         max_skipped: float | int = DEFAULT_MAX_SKIPPED,
         exclude: ExcludeArg = None,
+        metrics: str | int | None = None,
     ) -> None:
         del pin_memory_device, in_order  # batches are always delivered in order
         self._spec = build_spec(
@@ -171,7 +176,7 @@ class FastLoader:
             dtype=dtype, memory_format=memory_format, backend=backend, daemon=daemon, rank=rank,
             world_size=world_size, summary=summary, hang_timeout=hang_timeout, sample_ids=sample_ids,
             shuffle_block=shuffle_block, shuffle_window=shuffle_window, on_error=on_error,
-            max_skipped=max_skipped,
+            max_skipped=max_skipped, metrics=metrics,
         )
         self.dataset = dataset
         self.classes: tuple[str, ...] = ()
@@ -199,6 +204,7 @@ class FastLoader:
         self._undrawn: tuple[int, int] | None = None  # (epoch, resume_at) before an iteration's first batch
         self._fingerprint: dict[str, Any] | None = None  # the source's, for state_dict (computed once)
         self._closed = False
+        self._metrics = _export_metrics(self, self._spec.metrics, self._spec.rank)
 
     # DataLoader's attributes, read from the spec.
     @property
@@ -535,6 +541,8 @@ class FastLoader:
         """Stop the workers and free shared memory. Batches already delivered stay valid."""
         self._closed = True
         self._close_pipeline()
+        if self._metrics is not None:
+            self._metrics.close()
 
     def stats(self) -> LoaderStats | None:
         """This loader's counters and stage timings (what `fastload iostat` shows), or None
@@ -573,3 +581,13 @@ class FastLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _export_metrics(loader: FastLoader, address: tuple[str, int] | None, rank: int) -> Any:
+    """Serve `loader`'s statistics to Prometheus on `address` (`_diagnostics.metrics`, imported only
+    then: `import fastload` imports no diagnostics); None when not asked for."""
+    if address is None:
+        return None
+    from fastload._diagnostics.metrics import export_loader
+
+    return export_loader(loader, address, rank)

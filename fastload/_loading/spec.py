@@ -87,6 +87,8 @@ class LoaderSpec:
     # NOTE [bad samples] in `bad_samples`: what a sample that cannot be loaded does.
     on_error: str = "raise"
     max_skipped: float | int = DEFAULT_MAX_SKIPPED
+    # Where this loader serves Prometheus metrics (`_diagnostics.metrics`): None, not at all.
+    metrics: tuple[str, int] | None = None
 
     @property
     def iterable(self) -> bool:
@@ -243,6 +245,7 @@ def build_spec(
     shuffle_window: int = 8,
     on_error: str = "raise",
     max_skipped: float | int = DEFAULT_MAX_SKIPPED,
+    metrics: str | int | None = None,
 ) -> LoaderSpec:
     """Check FastLoader's arguments as DataLoader checks its own (ConfigError, a ValueError, for
     anything DataLoader refuses, and for fastload's own), and resolve their defaults."""
@@ -300,6 +303,11 @@ def build_spec(
         if source is not None and source.kind not in DAEMON_SOURCE_KINDS:
             raise ConfigError(f"a daemon does not serve {source.kind} sources: load them without daemon=")
         daemon = resolve_address(daemon)
+    metrics_address = None
+    if metrics is not None or os.environ.get("FASTLOAD_METRICS"):  # diagnostics only when asked for
+        from fastload._diagnostics.metrics import metrics_setting
+
+        metrics_address = metrics_setting(metrics)
     spec = LoaderSpec(
         source=source,
         dataset=None if is_source else dataset,
@@ -333,6 +341,7 @@ def build_spec(
         dali_in_trainer=os.environ.get("FASTLOAD_DALI_IN_TRAINER") == "1",
         on_error=on_error,
         max_skipped=max_skipped,
+        metrics=metrics_address,
     )
     if on_error == "skip" and spec.decodes_in_trainer:
         raise ConfigError(

@@ -183,12 +183,20 @@ def find_loaders() -> dict[str, LoaderStats]:
     for entry, owner in own_segments():
         if f"_{STATS_TAG}" not in entry.name or not pid_alive(owner):
             continue  # not a statistics block, or its owner died (the next loader start reaps it)
-        try:
-            with open(entry.path, "rb") as f:
-                found[entry.name] = _parse(f.read(BLOCK_BYTES))
-        except (OSError, ValueError):
-            continue  # gone meanwhile, or not (yet) a valid block
+        stats = read_block(entry.path)
+        if stats is not None:
+            found[entry.name] = stats
     return found
+
+
+def read_block(path: str) -> LoaderStats | None:
+    """A block read from its file, never mapped (its owner may close it meanwhile): None when it is
+    gone, or not (yet) a valid block."""
+    try:
+        with open(path, "rb") as f:
+            return _parse(f.read(BLOCK_BYTES))
+    except (OSError, ValueError):
+        return None
 
 
 def format_summary(stats: LoaderStats) -> str:
