@@ -29,6 +29,7 @@ from fastload._errors import (
 
 if _typing.TYPE_CHECKING:
     from fastload import sources, transforms
+    from fastload._diagnostics.scalars import ScalarLogger
     from fastload._loading.identity import SampleIds
     from fastload._loading.loader import FastLoader
 
@@ -43,6 +44,7 @@ __all__ = [
     "LoaderTimeout",
     "SampleError",
     "SampleIds",
+    "ScalarLogger",
     "SharedMemoryError",
     "WireError",
     "WorkerError",
@@ -55,6 +57,7 @@ __all__ = [
 _LAZY = {
     "FastLoader": ("fastload._loading.loader", "FastLoader"),
     "SampleIds": ("fastload._loading.identity", "SampleIds"),
+    "ScalarLogger": ("fastload._diagnostics.scalars", "ScalarLogger"),
     "sources": ("fastload.sources", ""),
     "transforms": ("fastload.transforms", ""),
 }
