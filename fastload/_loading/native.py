@@ -7,6 +7,7 @@ once, through the `fastload` logger.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
 from types import ModuleType
@@ -16,9 +17,7 @@ _log = logging.getLogger("fastload")
 _notice_given = False
 
 try:
-    from fastload import _jpeg as _loaded  # type: ignore[attr-defined]
-
-    _jpeg: ModuleType | None = _loaded
+    _jpeg: ModuleType | None = importlib.import_module("fastload._jpeg")
     _import_error: ImportError | None = None
 except ImportError as e:  # pragma: no cover - depends on the install
     _jpeg = None

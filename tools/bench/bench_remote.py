@@ -1,9 +1,9 @@
 """A pack read from object storage against the same pack on local disk (issue 23).
 
-The store: moto's S3-compatible server on localhost (started here), behind a TCP proxy that adds
-`--latency-ms` to every request (20 ms: a store in another building); a cold node cache each
-round. For each round, in turn: two epochs of the local pack, then two of the same pack at
-`s3://` (the first cold, the second from the cache), each pair one FastLoader with `--workers`
+The store: moto's S3-compatible server on localhost (started here), behind a TCP proxy (a process
+of its own) that adds `--latency-ms` to every request (20 ms: a store in another building); a
+cold node cache each round. For each round, in turn: two epochs of the local pack, then two of
+the same pack at `s3://` (the first cold, the second from the cache), each pair one FastLoader with `--workers`
 workers, RandomResizedCrop(224) + flip, batch 64, device="cpu". Images/s per epoch; medians and
 [min-max] over rounds, each epoch against the local pack's same epoch; the cache's size against
 its limit after each round.
@@ -16,15 +16,25 @@ Needs fastload[remote] and moto[server] (the test extra has both).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from remote_helpers import FaultProxy, moto_server, s3_environment, upload
+
+
+def _serve_proxy(upstream: tuple[str, int], latency_s: float, ready: Any) -> None:
+    """The proxy in a process of its own: its byte copying must not take the trainer's CPU."""
+    proxy = FaultProxy(upstream, latency_s=latency_s)
+    ready.send(proxy.port)
+    threading.Event().wait()
 
 
 def _two_epochs(path: str, workers: int, cache_limit: int) -> tuple[float, float]:
@@ -67,8 +77,13 @@ def main() -> None:
     rates: dict[str, list[float]] = {"local 1st": [], "local 2nd": [], "s3 cold": [], "s3 warm": []}
     with moto_server() as endpoint:
         upload(endpoint, "bench-bucket", work / "pack", "pack")
-        proxy = FaultProxy(("127.0.0.1", int(endpoint.rsplit(":", 1)[1])), latency_s=args.latency_ms / 1000)
-        os.environ.update(s3_environment(proxy.url))
+        mine, theirs = multiprocessing.Pipe()
+        upstream = ("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))
+        proxy = multiprocessing.get_context("fork").Process(
+            target=_serve_proxy, args=(upstream, args.latency_ms / 1000, theirs), daemon=True
+        )
+        proxy.start()
+        os.environ.update(s3_environment(f"http://127.0.0.1:{mine.recv()}"))
         try:
             for round_ in range(args.rounds):
                 os.environ["FASTLOAD_CACHE_DIR"] = str(work / f"cache-{round_}")  # cold
@@ -83,7 +98,8 @@ def main() -> None:
                 print(f"round {round_ + 1}: {both}; "
                       f"cache {cached / 2**20:.1f} MiB of {limit / 2**20:.1f} MiB allowed", flush=True)
         finally:
-            proxy.close()
+            proxy.kill()
+            proxy.join()
     latency = f"+{args.latency_ms:g} ms a request"
     print(f"{args.data}: {data_bytes / 2**20:.1f} MiB packed; {args.workers} workers; {latency}")
     for name, values in rates.items():
