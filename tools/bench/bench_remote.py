@@ -3,10 +3,10 @@
 The store: moto's S3-compatible server on localhost (started here), behind a TCP proxy (a process
 of its own) that adds `--latency-ms` to every request (20 ms: a store in another building); a
 cold node cache each round. For each round, in turn: two epochs of the local pack, then two of
-the same pack at `s3://` (the first cold, the second from the cache), each pair one FastLoader with `--workers`
-workers, RandomResizedCrop(224) + flip, batch 64, device="cpu". Images/s per epoch; medians and
-[min-max] over rounds, each epoch against the local pack's same epoch; the cache's size against
-its limit after each round.
+the same pack at `s3://` (the first cold, the second from the cache), each pair one FastLoader
+with `--workers` workers, RandomResizedCrop(224) + flip, batch 64, device="cpu". Images/s per
+epoch; medians and [min-max] over rounds, each epoch against the local pack's same epoch; the
+cache's size against its limit after each round.
 
     python tools/bench/bench_remote.py --data FOLDER [--workers 2] [--rounds 3] [--latency-ms 20]
 
