@@ -37,8 +37,16 @@ def _serve_proxy(upstream: tuple[str, int], latency_s: float, ready: Any) -> Non
     threading.Event().wait()
 
 
-def _two_epochs(path: str, workers: int, cache_limit: int) -> tuple[float, float]:
-    """Images/s of a loader's first and second epochs (for a URL: cold, then from the cache)."""
+def _cpu_seconds(processes: list[Any]) -> float:
+    """User + system CPU seconds these processes (psutil) have used so far."""
+    return sum(sum(p.cpu_times()[:2]) for p in processes)
+
+
+def _two_epochs(path: str, workers: int, cache_limit: int, store: list[Any]) -> tuple[float, float, float]:
+    """Images/s of a loader's first and second epochs (for a URL: cold, then from the cache), and
+    the share of the machine's CPU the `store` processes (the S3 server, the proxy) took in the
+    first: on this benchmark's one machine they compete with the loader's workers, as a real
+    store on other machines would not."""
     from fastload import FastLoader
     from fastload import transforms as T
     from fastload.sources import Packed
@@ -50,11 +58,14 @@ def _two_epochs(path: str, workers: int, cache_limit: int) -> tuple[float, float
                     seed=0) as loader:
         for epoch in range(2):
             loader.set_epoch(epoch)
-            started, images = time.perf_counter(), 0
+            started, images, store_cpu = time.perf_counter(), 0, _cpu_seconds(store)
             for _, labels in loader:
                 images += len(labels)
-            rates.append(images / (time.perf_counter() - started))
-    return rates[0], rates[1]
+            elapsed = time.perf_counter() - started
+            rates.append(images / elapsed)
+            if epoch == 0:
+                store_share = (_cpu_seconds(store) - store_cpu) / (elapsed * len(os.sched_getaffinity(0)))
+    return rates[0], rates[1], store_share
 
 
 def main() -> None:
@@ -74,7 +85,10 @@ def main() -> None:
     pack(args.data, str(work / "pack"), progress=False)
     data_bytes = sum(p.stat().st_size for p in (work / "pack").iterdir())
     limit = int(data_bytes * 1.5)
+    import psutil
+
     rates: dict[str, list[float]] = {"local 1st": [], "local 2nd": [], "s3 cold": [], "s3 warm": []}
+    shares: list[float] = []
     with moto_server() as endpoint:
         upload(endpoint, "bench-bucket", work / "pack", "pack")
         mine, theirs = multiprocessing.Pipe()
@@ -84,19 +98,23 @@ def main() -> None:
         )
         proxy.start()
         os.environ.update(s3_environment(f"http://127.0.0.1:{mine.recv()}"))
+        store = [
+            p for p in psutil.Process().children() if p.pid == proxy.pid or "moto" in " ".join(p.cmdline())
+        ]
         try:
             for round_ in range(args.rounds):
                 os.environ["FASTLOAD_CACHE_DIR"] = str(work / f"cache-{round_}")  # cold
-                first, second = _two_epochs(str(work / "pack"), args.workers, limit)
+                first, second, _ = _two_epochs(str(work / "pack"), args.workers, limit, store)
                 rates["local 1st"].append(first)
                 rates["local 2nd"].append(second)
-                cold, warm = _two_epochs("s3://bench-bucket/pack", args.workers, limit)
+                cold, warm, share = _two_epochs("s3://bench-bucket/pack", args.workers, limit, store)
+                shares.append(share)
                 rates["s3 cold"].append(cold)
                 rates["s3 warm"].append(warm)
                 cached = NodeCache(str(work / f"cache-{round_}" / f"remote-{os.geteuid()}"), limit).size()
                 both = f"local {first:.0f} then {second:.0f}, s3 cold {cold:.0f} then warm {warm:.0f} img/s"
-                print(f"round {round_ + 1}: {both}; "
-                      f"cache {cached / 2**20:.1f} MiB of {limit / 2**20:.1f} MiB allowed", flush=True)
+                print(f"round {round_ + 1}: {both}; the store took {share:.0%} of the CPUs in the cold "
+                      f"epoch; cache {cached / 2**20:.1f} MiB of {limit / 2**20:.1f} MiB allowed", flush=True)
         finally:
             proxy.kill()
             proxy.join()
@@ -107,6 +125,8 @@ def main() -> None:
         share = statistics.median(v / loc for v, loc in zip(values, same, strict=True))
         print(f"  {name:8} {statistics.median(values):7.0f} img/s [{min(values):.0f}-{max(values):.0f}]  "
               f"{share:.0%} of local's same epoch (median of per-round ratios)")
+    print(f"  the S3 server and proxy took {statistics.median(shares):.0%} of this machine's CPUs in the "
+          f"cold epochs [{min(shares):.0%}-{max(shares):.0%}]")
 
 
 if __name__ == "__main__":
