@@ -16,6 +16,7 @@ Needs fastload[remote] and moto[server] (the test extra has both).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import statistics
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,22 @@ def _serve_proxy(upstream: tuple[str, int], latency_s: float, ready: Any) -> Non
     proxy = FaultProxy(upstream, latency_s=latency_s)
     ready.send(proxy.port)
     threading.Event().wait()
+
+
+@contextlib.contextmanager
+def start_proxy(endpoint: str, latency_ms: float) -> Iterator[tuple[str, int]]:
+    """The latency proxy in front of `endpoint` (moto's server), in its own process: (its URL, its pid)."""
+    mine, theirs = multiprocessing.Pipe()
+    upstream = ("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))
+    proxy = multiprocessing.get_context("fork").Process(
+        target=_serve_proxy, args=(upstream, latency_ms / 1000, theirs), daemon=True
+    )
+    proxy.start()
+    try:
+        yield f"http://127.0.0.1:{mine.recv()}", proxy.pid
+    finally:
+        proxy.kill()
+        proxy.join()
 
 
 def _cpu_seconds(processes: list[Any]) -> float:
@@ -89,35 +107,25 @@ def main() -> None:
 
     rates: dict[str, list[float]] = {"local 1st": [], "local 2nd": [], "s3 cold": [], "s3 warm": []}
     shares: list[float] = []
-    with moto_server() as endpoint:
+    with moto_server() as endpoint, start_proxy(endpoint, args.latency_ms) as (proxied, proxy_pid):
         upload(endpoint, "bench-bucket", work / "pack", "pack")
-        mine, theirs = multiprocessing.Pipe()
-        upstream = ("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))
-        proxy = multiprocessing.get_context("fork").Process(
-            target=_serve_proxy, args=(upstream, args.latency_ms / 1000, theirs), daemon=True
-        )
-        proxy.start()
-        os.environ.update(s3_environment(f"http://127.0.0.1:{mine.recv()}"))
+        os.environ.update(s3_environment(proxied))
         store = [
-            p for p in psutil.Process().children() if p.pid == proxy.pid or "moto" in " ".join(p.cmdline())
+            p for p in psutil.Process().children() if p.pid == proxy_pid or "moto" in " ".join(p.cmdline())
         ]
-        try:
-            for round_ in range(args.rounds):
-                os.environ["FASTLOAD_CACHE_DIR"] = str(work / f"cache-{round_}")  # cold
-                first, second, _ = _two_epochs(str(work / "pack"), args.workers, limit, store)
-                rates["local 1st"].append(first)
-                rates["local 2nd"].append(second)
-                cold, warm, share = _two_epochs("s3://bench-bucket/pack", args.workers, limit, store)
-                shares.append(share)
-                rates["s3 cold"].append(cold)
-                rates["s3 warm"].append(warm)
-                cached = NodeCache(str(work / f"cache-{round_}" / f"remote-{os.geteuid()}"), limit).size()
-                both = f"local {first:.0f} then {second:.0f}, s3 cold {cold:.0f} then warm {warm:.0f} img/s"
-                print(f"round {round_ + 1}: {both}; the store took {share:.0%} of the CPUs in the cold "
-                      f"epoch; cache {cached / 2**20:.1f} MiB of {limit / 2**20:.1f} MiB allowed", flush=True)
-        finally:
-            proxy.kill()
-            proxy.join()
+        for round_ in range(args.rounds):
+            os.environ["FASTLOAD_CACHE_DIR"] = str(work / f"cache-{round_}")  # cold
+            first, second, _ = _two_epochs(str(work / "pack"), args.workers, limit, store)
+            rates["local 1st"].append(first)
+            rates["local 2nd"].append(second)
+            cold, warm, share = _two_epochs("s3://bench-bucket/pack", args.workers, limit, store)
+            shares.append(share)
+            rates["s3 cold"].append(cold)
+            rates["s3 warm"].append(warm)
+            cached = NodeCache(str(work / f"cache-{round_}" / f"remote-{os.geteuid()}"), limit).size()
+            both = f"local {first:.0f} then {second:.0f}, s3 cold {cold:.0f} then warm {warm:.0f} img/s"
+            print(f"round {round_ + 1}: {both}; the store took {share:.0%} of the CPUs in the cold "
+                  f"epoch; cache {cached / 2**20:.1f} MiB of {limit / 2**20:.1f} MiB allowed", flush=True)
     latency = f"+{args.latency_ms:g} ms a request"
     print(f"{args.data}: {data_bytes / 2**20:.1f} MiB packed; {args.workers} workers; {latency}")
     for name, values in rates.items():
