@@ -98,6 +98,17 @@ def _build_parser() -> argparse.ArgumentParser:
         help="processes that re-encode, with --max-side (default: all CPUs); the pack is the same for any N",
     )
     pack.add_argument(
+        "--ray",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="ADDRESS",
+        help="read and re-encode the samples in Ray tasks over a cluster (pip install 'fastload[ray]'): "
+        "at ADDRESS (ray://HOST:10001, HOST:6379, auto), else RAY_ADDRESS's, else a local Ray of --workers "
+        "CPUs; the same bytes as without. Every node reads SRC at its own path (shared storage). Put "
+        "it after SRC DST, or write --ray=ADDRESS",
+    )
+    pack.add_argument(
         "--root", help="with a file list: the folder its paths are relative to (default: the list's folder)"
     )
     pack.add_argument(
@@ -174,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_side=args.max_side,
                 quality=args.quality,
                 workers=args.workers,
+                ray=args.ray,
             )
             return 0
 

@@ -13,6 +13,7 @@ Its one responsibility is that format. A pack is a directory:
                            the index (int64, int64, int32, int64 (N,) or float32 (N, K), a uint8
                            blob of sample names and its int64 offsets), loaded with mmap_mode="r"
                            so forked workers share its pages
+    ray-staging/           while `pack(ray=...)` runs: ranges of samples Ray made (`_ray_pack.py`)
 
 A pack made with `max_side` (`fastload pack --max-side N --quality Q`) records `"max_side": N,
 "quality": Q` in its manifest (null in a pack of the source's bytes, and absent in packs made
@@ -24,7 +25,8 @@ more for tiny images (a 3 KB PNG becomes 4 KiB on disk).
 `pack` is resumable: every few thousand samples it fsyncs the data and then a checkpoint (the
 sizes of the samples written so far, `pack-checkpoint.npy`), and the same command run again after
 a kill truncates what came after the checkpoint and goes on, when the source's index is still the
-one it started from (`source_fingerprint` in the manifest: names, targets, extents); the layout
+one it started from (`source_fingerprint` in the manifest: names, targets, extents); an error
+from the source's side (a sample unreadable, a Ray task failed) checkpoints first. The layout
 depends only on the samples' sizes, and re-encoding is deterministic, so the result is byte-identical to an
 uninterrupted run (a pack is finished only with the `max_side` and `quality` it was started with).
 """
@@ -36,6 +38,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Generator, Iterator, Sequence
@@ -44,7 +47,7 @@ from typing import Any, ClassVar, TextIO
 
 import numpy as np
 
-from fastload._errors import ConfigError, DatasetError
+from fastload._errors import ConfigError, DatasetError, FastloadError
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._base import Source, absolute, as_source
 from fastload.sources._bounds import MAX_SAMPLE_BYTES, clip, identity, open_regular, read_bounded
@@ -61,6 +64,7 @@ VERSION = 1
 ALIGN = 4096
 MANIFEST = "manifest.json"
 CHECKPOINT = "pack-checkpoint.npy"
+STAGING = "ray-staging"
 DEFAULT_SHARD_BYTES = 1 << 30
 INDEX_FILES = ("offsets", "sizes", "file_ids", "labels", "names", "name_offsets")
 # Samples read from the source at a time, and written between two checkpoints (or bytes, whichever
@@ -241,6 +245,7 @@ def pack(
     max_side: int | None = None,
     quality: int | None = None,
     workers: int | None = None,
+    ray: bool | str = False,
 ) -> Packed:
     """Copy `source`'s samples (anything `as_source` takes) into a pack at `dst` (see the module
     docstring) and return it as a source. Run again on the same `dst`, it finishes an interrupted
@@ -252,18 +257,24 @@ def pack(
     `max_side`: re-encode images whose longer side exceeds it, resized to it (`_reencode.py`),
     as JPEG at `quality` (default 90); smaller ones are stored as they are. `workers`: processes
     that re-encode (default: the CPUs this process may use); the pack's bytes do not depend on it.
+    `ray`: read (and re-encode) the samples in Ray tasks (`_ray_pack.py`, `pip install
+    'fastload[ray]'`): True for a local Ray of `workers` CPUs (or the cluster `RAY_ADDRESS` names,
+    or the one this process is connected to), or a cluster's address; the same bytes again.
     A `dst` at a URL (`s3://bucket/prefix`) is packed in a local staging directory first (resumed
     there when run again), then uploaded, its manifest last (`_remote_pack.pack_to_url`)."""
     if is_url(os.fspath(dst)):  # packed on local disk next to the cache, then uploaded
         from fastload.sources._remote_pack import pack_to_url
 
-        options = {"shuffle_seed": shuffle_seed, "max_side": max_side, "quality": quality, "workers": workers}
+        options: dict[str, Any] = {"shuffle_seed": shuffle_seed, "max_side": max_side, "quality": quality}
+        options.update(workers=workers, ray=ray)
         return pack_to_url(source, os.fspath(dst), shard_bytes=shard_bytes, progress=progress, **options)
     src = as_source(source)
     setting = _reencoding(max_side, quality, workers)
     root = os.path.abspath(os.fspath(dst))
     if shard_bytes < ALIGN:
         raise ConfigError(f"shard_bytes must be at least {ALIGN}, got {shard_bytes}")
+    if not isinstance(ray, bool | str) or ray == "":
+        raise ConfigError(f"ray must be True or a Ray cluster's address, got {ray!r}")
     where = src.where
     if os.path.isdir(where) and (root == where or root.startswith(where.rstrip(os.sep) + os.sep)):
         raise ConfigError(f"the pack {root} must not be inside the dataset it packs ({where})")
@@ -283,8 +294,7 @@ def pack(
     if manifest is not None:
         _check_same(root, manifest, wanted)
         if manifest.get("complete"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(root, CHECKPOINT))  # left by a kill after the manifest was written
+            _drop_leftovers(root)  # left by a kill after the manifest was written
             if say is not None:
                 size = manifest.get("shard_bytes")
                 other = (
@@ -303,11 +313,16 @@ def pack(
         _write_json(os.path.join(root, MANIFEST), wanted)
     writer = _Writer(root, shard_bytes, _load_checkpoint(root))
     start = len(writer.sizes)
-    batches = (
-        _read_batches(index, order, start)
-        if setting is None
-        else reencoded_batches(index, order, start, setting, _worker_count(workers))
-    )
+    if ray is not False:
+        from fastload.sources._ray_pack import ray_batches
+
+        address = None if ray is True else ray
+        staging = os.path.join(root, STAGING)
+        batches = ray_batches(index, order, start, setting, address, workers, staging, say)
+    elif setting is None:
+        batches = _read_batches(index, order, start)
+    else:
+        batches = reencoded_batches(index, order, start, setting, _worker_count(workers))
     try:
         _copy(batches, len(index), writer, _Progress(len(index), where, sys.stderr) if progress else None)
     finally:
@@ -520,7 +535,7 @@ def _copy(batches: Iterator[Sequence[Blob]], total: int, writer: _Writer, progre
     done = len(writer.sizes)
     if progress is not None:
         progress.begin(done)
-    for blobs in batches:
+    for blobs in _checkpointed_on_error(batches, writer):
         for blob in blobs:
             writer.write(blob)
             if writer.unsynced >= CHECKPOINT_SAMPLES or writer.unsynced_bytes >= CHECKPOINT_BYTES:
@@ -533,6 +548,18 @@ def _copy(batches: Iterator[Sequence[Blob]], total: int, writer: _Writer, progre
     writer.close()
     if progress is not None:
         progress.end()
+
+
+def _checkpointed_on_error(
+    batches: Iterator[Sequence[Blob]], writer: _Writer
+) -> Generator[Sequence[Blob], None, None]:
+    """`batches`; when one cannot be made (a sample unreadable, a Ray task failed), what the writer
+    holds is whole samples: checkpointed, so that the same command run again goes on after them."""
+    try:
+        yield from batches
+    except FastloadError:
+        writer.checkpoint()
+        raise
 
 
 def _finish(
@@ -553,8 +580,14 @@ def _finish(
         _save_durably(os.path.join(root, f"{name}.npy"), arrays[name])
     files = [data_file_name(k) for k in range(writer.file + 1)]
     _write_json(os.path.join(root, MANIFEST), {**manifest, "complete": True, "files": files})
+    _drop_leftovers(root)
+
+
+def _drop_leftovers(root: str) -> None:
+    """Remove what only an unfinished pack needs: the checkpoint and `pack(ray=...)`'s staging."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(root, CHECKPOINT))
+    shutil.rmtree(os.path.join(root, STAGING), ignore_errors=True)
 
 
 def _names(index: SampleIndex, order: np.ndarray, src: Source) -> list[bytes]:

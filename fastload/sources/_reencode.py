@@ -182,7 +182,7 @@ class _Failure:
 class _Job:
     index: SampleIndex
     order: np.ndarray
-    setting: Reencoding
+    setting: Reencoding | None  # None: the samples as the source stores them (`pack(ray=...)`'s tasks)
     parent: int
 
 
@@ -196,7 +196,7 @@ def _run_task(job: _Job, first: int, stop: int, keep_views: bool) -> list[Blob] 
     out: list[Blob] = []
     for position, blob in enumerate(blobs):
         try:
-            done = reencode(blob, job.setting)
+            done = blob if job.setting is None else reencode(blob, job.setting)
         except ConfigError as e:
             return _Failure(position, str(e), config=True)
         except Exception as e:  # any decoder's error (ValueError, OSError, Pillow's own): named below
