@@ -119,6 +119,32 @@ def test_reads_blocked_on_storage_are_storage_bound(machine: MachineRates, runq_
     assert "network filesystem" in advice[0] and "shards" in advice[0], advice
 
 
+def test_reads_waiting_for_object_storage_are_storage_bound_with_its_advice() -> None:
+    # A cold first epoch from s3://: 1.5 of the 1.8 s of reading waits for chunks being fetched
+    # (30 MB/s of them), most chunk reads miss the node cache. The columns show the network.
+    cold = _one_second(
+        batches=10, samples=80, bytes_read=8 << 20, read_s=1.80, read_cpu_s=0.04, decode_s=0.15,
+        trainer_wait_s=0.9, next_calls=10, epochs=1, net_bytes=30_000_000, net_wait_s=1.5,
+        cache_hits=5, cache_misses=15,
+    )
+    assert cold.ms_per_sample["net_wait"] == pytest.approx(1500 / 80)
+    assert cold.cache_hit_percent == pytest.approx(25.0) and cold.net_mb_per_s == pytest.approx(30.0)
+    verdict, advice = classify(cold, IDLE, cores=2)
+    assert verdict == "storage-bound", advice
+    assert "object storage" in advice[0] and "FASTLOAD_REMOTE_REQUESTS" in advice[0], advice
+    assert "shuffle_block" in advice[0] and "cache_limit" not in advice[0], advice
+    report = format_report([dataclasses.replace(cold, verdict=verdict, advice=advice)], IDLE, True)
+    head, row = report.splitlines()[2:4]
+    assert "netMB/s" in head and "hit%" in head and " 30.0    25 " in row, report
+    # Its third epoch misses as much: the cache is too small for the data.
+    later = dataclasses.replace(cold, epochs_so_far=3)
+    verdict, advice = classify(later, IDLE, cores=2)
+    assert verdict == "storage-bound" and "raise cache_limit" in advice[0], advice
+    # A local loader's report has no network columns.
+    local = _one_second(batches=10, samples=80, read_s=0.1, decode_s=1.5, trainer_wait_s=0.5, next_calls=10)
+    assert "netMB/s" not in format_report([local], IDLE, True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Real loaders
 

@@ -91,9 +91,16 @@ def test_a_pack_in_s3_gives_the_local_batches_and_a_second_epoch_reads_the_cache
         with FastLoader("s3://data-bucket/pack", num_workers=workers, shuffle=True, **KW) as loader:
             first = [[t.clone() for t in batch] for batch in loader]
             after_first = sum(proxy.ranges.values())
+            cold = loader.stats()
             loader.set_epoch(0)
             again = [[t.clone() for t in batch] for batch in loader]
+            warm = loader.stats()
         assert _same(first, expected) and _same(again, expected)
+        # What iostat and the metrics show: every data byte fetched once, in the first epoch.
+        assert cold is not None and warm is not None
+        data_bytes = sum(p.stat().st_size for p in (local / "pack").glob("data-*"))
+        assert cold.net_bytes == data_bytes and warm.net_bytes == data_bytes
+        assert warm.cache_misses == cold.cache_misses and warm.cache_hits > cold.cache_hits
         assert after_first > 0 and sum(proxy.ranges.values()) == after_first  # epoch 2: the cache only
         repeated = {r: n for r, n in proxy.ranges.items() if n > 1}
         assert not repeated, f"chunks downloaded twice on one node: {repeated}"

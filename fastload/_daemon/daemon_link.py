@@ -89,6 +89,10 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "read_cpu_ns": _INT,
         "read_runq_ns": _INT,
         "augment_ns": _INT,
+        "net_bytes": _INT,  # remote reads (NOTE [node cache]); absent: none
+        "net_wait_ns": _INT,
+        "cache_hits": _INT,
+        "cache_misses": _INT,
         "skipped": (list,),  # [[index, name, reason, row, replacement]] (NOTE [bad samples])
     },
     "failed": {
@@ -117,10 +121,13 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "indexing": {"path": (str,), "seconds": (float, int)},
     "error": {"message": (str,)},
 }
+_REMOTE_READS = ("net_bytes", "net_wait_ns", "cache_hits", "cache_misses")  # Done's, in its order
 # op -> fields of its schema that may be absent (added later; an older peer does not send them).
 _OPTIONAL: dict[str, frozenset[str]] = {
     "failed": frozenset({"exc_class"}),
-    "done": frozenset({"read_runq_ns", "augment_ns", "skipped"}),
+    "done": frozenset(
+        {"read_runq_ns", "augment_ns", "skipped", "net_bytes", "net_wait_ns", "cache_hits", "cache_misses"}
+    ),
     "hello": frozenset({"source", "on_error"}),  # absent: an image folder; on_error="raise"
     "status_reply": frozenset({"metrics", "totals"}),
 }
@@ -179,6 +186,7 @@ def event_message(event: Done | Failure, seq: int) -> tuple[str, dict[str, Any]]
             "seq": seq, "count": event.count, "read_ns": event.read_ns, "decode_ns": event.decode_ns,
             "bytes": event.bytes_read, "read_cpu_ns": event.read_cpu_ns, "read_runq_ns": event.read_runq_ns,
             "augment_ns": event.augment_ns,
+            **({name: getattr(event, name) for name in _REMOTE_READS if getattr(event, name)}),
             **({"skipped": [v.to_json() for v in event.skipped]} if event.skipped else {}),
         }
     return "failed", {
@@ -198,6 +206,8 @@ def event_from_message(op: str, fields: dict[str, Any]) -> Done | Failure:
             fields["seq"], fields["count"], fields["read_ns"], fields["decode_ns"], fields["bytes"],
             fields["read_cpu_ns"], fields.get("read_runq_ns", 0),  # an older daemon does not send them
             fields.get("augment_ns", 0),
+            net_bytes=fields.get("net_bytes", 0), net_wait_ns=fields.get("net_wait_ns", 0),
+            cache_hits=fields.get("cache_hits", 0), cache_misses=fields.get("cache_misses", 0),
             skipped=skipped,
         )
     return Failure(

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from fastload._diagnostics import sysinfo
+from fastload._loading import read_ahead
 from fastload._loading.stats import LoaderStats, find_loaders
 from fastload._machine import usable_cores
 
@@ -31,6 +32,7 @@ IOWAIT_BOUND_PERCENT = 20.0
 # (NOTE [storage wait or CPU wait] in `classify`).
 READ_WAITING = 0.3
 CPU_CONTENDED = 0.3  # reads queued for a CPU this share of their time: the cores are oversubscribed
+REMOTE_WAITING = 0.5  # reads waiting for object storage this share of their time: storage-bound
 EPOCH_START_SHARE = 0.3  # the trainer's wait is mostly at epoch starts: the pipeline drains there
 
 
@@ -55,6 +57,9 @@ class LoaderRates:
     ready_batches: int
     in_flight: int
     skipped: int = 0  # broken samples replaced by stand-ins since the loader started (on_error="skip")
+    epochs_so_far: int = 0  # iterations that yielded a batch since the loader started
+    net_mb_per_s: float = 0.0  # fetched from object storage (workers and read-ahead)
+    cache_hit_percent: float | None = None  # of chunk reads of remote objects; None: no remote reads
     verdict: str = ""
     advice: list[str] = field(default_factory=list)
 
@@ -84,6 +89,7 @@ def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seco
     batches = delta("batches")
     sample_per_batch = samples / batches if batches else 0.0
     worker_time = delta("read_s") + delta("decode_s") + delta("augment_s")
+    hits, misses = delta("cache_hits"), delta("cache_misses")
     return LoaderRates(
         name=name,
         pid=after.pid,
@@ -100,6 +106,7 @@ def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seco
             "augment": delta("augment_s") * per_sample,
             "read_cpu": delta("read_cpu_s") * per_sample,
             "read_runq": delta("read_runq_s") * per_sample,
+            "net_wait": delta("net_wait_s") * per_sample,
             "slot_wait": delta("slot_wait_s") * per_sample,
             "h2d": delta("h2d_s") / max(delta("h2d_batches"), 1) * 1000.0 / max(sample_per_batch, 1.0)
             if delta("h2d_batches")
@@ -112,6 +119,9 @@ def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seco
         ready_batches=after.ready_batches,
         in_flight=after.in_flight,
         skipped=after.skipped,
+        epochs_so_far=after.epochs,
+        net_mb_per_s=delta("net_bytes") / seconds / 1e6,
+        cache_hit_percent=100.0 * hits / (hits + misses) if hits + misses else None,
     )
 
 
@@ -157,6 +167,8 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
     # not report run-queue delay, read_runq is 0 and this is CPU / wall, as before.
     runnable_share = (ms["read_cpu"] + ms["read_runq"]) / ms["read"] if ms["read"] else 1.0
     runq_share = ms["read_runq"] / ms["read"] if ms["read"] else 0.0
+    if read_share > 0.5 and ms["net_wait"] > REMOTE_WAITING * ms["read"]:
+        return "storage-bound", [_remote_advice(r), *advice]
     disk_busy = m.disk is not None and m.disk.get("util_percent", 0.0) > DISK_BOUND_UTIL
     waiting_on_reads = read_share > 0.5 and runnable_share < READ_WAITING
     if waiting_on_reads or disk_busy or m.cpu.get("iowait", 0.0) > IOWAIT_BOUND_PERCENT:
@@ -220,6 +232,28 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
         f"(now {r.in_flight + r.ready_batches} batches ahead)",
         *advice,
     ]
+
+
+def _remote_advice(r: LoaderRates) -> str:
+    """Why reads of object storage hold the loader back, and what to change."""
+    ms = r.ms_per_sample
+    hit = r.cache_hit_percent
+    said = (
+        f"storage-bound on object storage: {ms['net_wait']:.2f} of {ms['read']:.2f} ms/sample reading "
+        f"waits for chunks not in the node cache ({r.net_mb_per_s:.1f} MB/s fetched"
+        f"{f', {hit:.0f}% of chunk reads from the cache' if hit is not None else ''})"
+    )
+    if hit is not None and hit < 50.0 and r.epochs_so_far > 1:  # past the first epoch: the cache's to answer
+        return (
+            f"{said}; later epochs fetch again: the node cache is smaller than the data, so raise "
+            "cache_limit (or FASTLOAD_CACHE_LIMIT), or put the cache (FASTLOAD_CACHE_DIR) on a larger disk"
+        )
+    return (
+        f"{said}; keep more requests in flight (FASTLOAD_REMOTE_REQUESTS, {read_ahead.DEFAULT_REQUESTS} by "
+        "default), "
+        "use a block shuffle (shuffle_block=) so that a batch's samples share chunks, or pack the data "
+        "(`fastload pack SRC s3://...`: packs are read by byte ranges, tar shards whole)"
+    )
 
 
 class Sampler:
@@ -301,17 +335,23 @@ def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: b
         lines.append("no running fastload loaders of this user")
         return "\n".join(lines) + "\n"
     head = f"{'pid':>7} {'mode':<6} {'samples/s':>10} {'rMB/s':>7} {'busy%':>6} {'queue':>5} {'wait%':>6}"
+    remote = any(r.net_mb_per_s or r.cache_hit_percent is not None for r in loaders)
+    if remote:  # object storage: what was fetched, and how often the node cache answered
+        head += f" {'netMB/s':>8} {'hit%':>5}"
     if extended:
-        head += f" {'read':>7} {'decode':>7} {'augment':>7} {'slot':>7} {'h2d':>7}  (ms/sample)"
+        head += f" {'read':>7} {'net':>7} {'decode':>7} {'augment':>7} {'slot':>7} {'h2d':>7}  (ms/sample)"
     lines.append(head + "  verdict")
     for r in loaders:
         row = (
             f"{r.pid:>7} {r.mode:<6} {r.samples_per_s:>10.0f} {r.read_mb_per_s:>7.1f} "
             f"{r.worker_busy_percent:>6.0f} {r.ready_batches:>5} {r.trainer_wait_percent:>6.0f}"
         )
+        if remote:
+            hit = "-" if r.cache_hit_percent is None else f"{r.cache_hit_percent:.0f}"
+            row += f" {r.net_mb_per_s:>8.1f} {hit:>5}"
         if extended:
             ms = r.ms_per_sample
-            row += f" {ms['read']:>7.3f} {ms['decode']:>7.3f} {ms['augment']:>7.3f}"
+            row += f" {ms['read']:>7.3f} {ms['net_wait']:>7.3f} {ms['decode']:>7.3f} {ms['augment']:>7.3f}"
             row += f" {ms['slot_wait']:>7.3f} {ms['h2d']:>7.3f}"
         lines.append(f"{row}  {r.verdict}")
         lines.extend(f"{'':>9}- {a}" for a in r.advice)

@@ -143,6 +143,25 @@ def add_loader(f: Families, labels: Mapping[str, str], s: LoaderStats, r: Loader
         s.skipped,
     )
     f.counter("fastload_epochs_total", "Iterations that yielded a batch.", labels, s.epochs)
+    f.counter(
+        "fastload_remote_bytes_total",
+        "Bytes fetched from object storage (workers and the trainer's read-ahead).",
+        labels,
+        s.net_bytes,
+    )
+    f.counter(
+        "fastload_remote_wait_seconds_total",
+        "Of the read stage, time waiting for chunks not in the node cache.",
+        labels,
+        s.net_wait_s,
+    )
+    for outcome, count in (("hit", s.cache_hits), ("miss", s.cache_misses)):
+        f.counter(
+            "fastload_node_cache_reads_total",
+            "Chunk reads of remote objects, answered by the node cache (hit) or waited for (miss).",
+            {**labels, "outcome": outcome},
+            count,
+        )
     f.gauge(
         "fastload_ring_ready_batches", "Batches decoded and waiting for the trainer.", labels, s.ready_batches
     )

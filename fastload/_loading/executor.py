@@ -62,6 +62,12 @@ class Done:
     read_runq_ns: int = 0
     # The pixel stage's time (colour, policies: NOTE [transform stages]), apart from decode_ns.
     augment_ns: int = 0
+    # Reads of remote objects (NOTE [node cache]): bytes fetched from the store, time waited for
+    # chunks not in the node cache, chunks found there and chunks waited for.
+    net_bytes: int = 0
+    net_wait_ns: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
     # Samples that could not be loaded and were replaced (on_error="skip": NOTE [bad samples]).
     skipped: tuple[SkippedSample, ...] = ()
 

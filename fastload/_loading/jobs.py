@@ -39,6 +39,7 @@ from fastload.sources._index import (
     SampleIndex,
     target_row,
 )
+from fastload.sources._node_cache import READS as REMOTE_READS
 from fastload.transforms import TransformPlan, compile_transforms, from_config, to_config
 
 T = TypeVar("T")
@@ -255,11 +256,13 @@ class ImageJob(SourceJob):
         buffer = self._read_buffer
         buffer.start()  # the previous task's (or attempt's) views died with it
         cpu0, runq0 = time.process_time_ns(), thread_run_delay_ns()
+        remote0 = REMOTE_READS.snapshot()
         try:
             blobs = self.index.read(indices, buffer)
         except ReadFailure as e:
             raise _Broken(e.position, e.cause, "image") from e.cause
         read_cpu, read_runq = time.process_time_ns() - cpu0, run_delay_since(runq0)
+        net_bytes, net_wait, hits, misses = REMOTE_READS.since(remote0)
         t1 = time.perf_counter_ns()
         rngs = sample_randoms(self.seed, task.epoch, indices)
         pixels = images[:n] if self.normalize is None else self._uint8_rows(n)
@@ -274,7 +277,10 @@ class ImageJob(SourceJob):
             self._run_stage(self._tensor, "tensor", images[:n], task, indices)
         labels[:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
-        return Done(task.seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq, t3 - t2)
+        return Done(
+            task.seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq, t3 - t2,
+            net_bytes=net_bytes, net_wait_ns=net_wait, cache_hits=hits, cache_misses=misses,
+        )
 
     def _replace(
         self,

@@ -407,7 +407,9 @@ class FastLoader:
     def _on_yield(self, epoch: int, yielded: int, batch: np.ndarray | None) -> None:
         self._position = (epoch, yielded)
         if self._read_ahead is not None:
-            self._read_ahead.delivered()
+            fetched = self._read_ahead.delivered()
+            if fetched and self._pipeline is not None:
+                self._pipeline.stats.add("net_bytes", fetched)
         if isinstance(self._plan, IterablePlan) and batch is not None:
             self._plan.delivered(epoch, batch)
         if self._undrawn is not None:

@@ -55,6 +55,10 @@ class _Parts:
     read_cpu_ns: int = 0
     read_runq_ns: int = 0
     augment_ns: int = 0
+    net_bytes: int = 0
+    net_wait_ns: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
     skipped: tuple[SkippedSample, ...] = ()
     failure: Failure | None = None
 
@@ -286,6 +290,10 @@ class Pipeline:
             parts.read_cpu_ns += event.read_cpu_ns
             parts.read_runq_ns += event.read_runq_ns
             parts.augment_ns += event.augment_ns
+            parts.net_bytes += event.net_bytes
+            parts.net_wait_ns += event.net_wait_ns
+            parts.cache_hits += event.cache_hits
+            parts.cache_misses += event.cache_misses
             parts.skipped += event.skipped
         elif parts.failure is None:
             parts.failure = dataclasses.replace(event, seq=seq)
@@ -303,7 +311,11 @@ class Pipeline:
             parts.read_cpu_ns,
             parts.read_runq_ns,
             parts.augment_ns,
-            parts.skipped,
+            parts.net_bytes,
+            parts.net_wait_ns,
+            parts.cache_hits,
+            parts.cache_misses,
+            skipped=parts.skipped,
         )
 
     def poll_once(self, deadline: float | None, wait_s: float = _POLL_S) -> None:
@@ -342,6 +354,10 @@ class Pipeline:
             stats.add("read_cpu_ns", event.read_cpu_ns)
             stats.add("read_runq_ns", event.read_runq_ns)
             stats.add("augment_ns", event.augment_ns)
+            stats.add("net_bytes", event.net_bytes)
+            stats.add("net_wait_ns", event.net_wait_ns)
+            stats.add("cache_hits", event.cache_hits)
+            stats.add("cache_misses", event.cache_misses)
         elif isinstance(event, Opaque):  # made whole elsewhere: its time counts as the work's
             self.stats.add("batches", 1)
             self.stats.add("samples", event.count)

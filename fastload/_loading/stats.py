@@ -12,6 +12,7 @@ What the stages mean: `read` is getting a sample's bytes (file read, or a Datase
 `__getitem__`), of which `read_cpu` is time on a CPU and `read_runq` time runnable but waiting for
 a CPU (the rest is time blocked: storage, sleeps, locks); `decode` is decode + augment + the write
 into the batch slot (one fused pass in the native backend, so it is not split further);
+`net_wait` (of `read`) is time waiting for chunks of remote objects not in the node cache;
 `slot_wait` is time the pipeline had a batch to start but no free slot; `h2d` is the
 host-to-device copy (+ normalize) measured by CUDA events; `trainer_wait` is time the trainer
 spent inside `next()`.
@@ -30,7 +31,7 @@ from fastload._loading.shm import STATS_TAG, Segment, own_segments
 from fastload._machine import pid_alive
 
 MAGIC = b"FLSTATS1"
-VERSION = 5  # 2: read_runq_ns; 3: epochs, epoch_start_wait_ns; 4: augment_ns; 5: skipped
+VERSION = 6  # 2: read_runq_ns; 3: epochs, epoch_start_wait_ns; 4: augment_ns; 5: skipped; 6: net_*, cache_*
 _HEAD = struct.Struct("<8sqqqqqqq")
 COUNTERS = (
     "batches",
@@ -53,6 +54,10 @@ COUNTERS = (
     "epoch_start_wait_ns",  # of trainer_wait_ns, the waits for each epoch's first batch
     "augment_ns",  # workers' time in the pixel stage (colour, policies), apart from decode_ns
     "skipped",  # broken samples replaced by stand-ins (on_error="skip": NOTE [bad samples])
+    "net_bytes",  # fetched from object storage, by the workers and the trainer's read-ahead
+    "net_wait_ns",  # of read_ns, workers' time waiting for chunks not in the node cache
+    "cache_hits",  # chunk reads of remote objects the node cache answered
+    "cache_misses",  # ...and those that waited for a download
 )
 _INDEX = {name: i for i, name in enumerate(COUNTERS)}
 _PATH_BYTES = 256
@@ -94,6 +99,10 @@ class LoaderStats:
     epoch_start_wait_s: float = 0.0  # of trainer_wait_s, the waits for each epoch's first batch
     augment_s: float = 0.0  # workers' time in the pixel stage (colour, policies)
     skipped: int = 0  # broken samples replaced by stand-ins (on_error="skip"), every time met
+    net_bytes: int = 0  # fetched from object storage (workers and read-ahead)
+    net_wait_s: float = 0.0  # of read_s, waiting for chunks not in the node cache
+    cache_hits: int = 0  # chunk reads of remote objects answered by the node cache
+    cache_misses: int = 0  # ...and those that waited for a download
 
 
 class StatsWriter:
@@ -174,6 +183,10 @@ def _parse(buf: memoryview | bytes | bytearray | object) -> LoaderStats:
         epoch_start_wait_s=v["epoch_start_wait_ns"] / 1e9,
         augment_s=v["augment_ns"] / 1e9,
         skipped=v["skipped"],
+        net_bytes=v["net_bytes"],
+        net_wait_s=v["net_wait_ns"] / 1e9,
+        cache_hits=v["cache_hits"],
+        cache_misses=v["cache_misses"],
     )
 
 

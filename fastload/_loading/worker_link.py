@@ -11,7 +11,8 @@ Engine (ROUTER) -> worker (DEALER):
 Worker -> engine:
     READY   [b"R", READY_HEAD(pid)]
     DONE    [b"D", DONE_HEAD(seq, count, read_ns, decode_ns, bytes_read, read_cpu_ns, read_runq_ns,
-                                augment_ns)[, skipped JSON [[index, name, reason, row, replacement]]]]
+                                augment_ns, net_bytes, net_wait_ns, cache_hits, cache_misses)
+                 [, skipped JSON [[index, name, reason, row, replacement]]]]
     FAILED  [b"E", SEQ_HEAD(seq), error JSON {message, path, index, exc_type, exc_class, traceback}]
     PROBED  [b"P", SEQ_HEAD(seq), layout JSON or b""]
     OPAQUE  [b"B", OPAQUE_HEAD(seq, count, load_ns), skipped JSON, pickle-5 stream, *out-of-band buffers]
@@ -51,7 +52,7 @@ OPAQUE = b"B"
 TASK_HEAD = struct.Struct("<qqqqqq")
 JOB_HEAD = struct.Struct("<q")
 READY_HEAD = struct.Struct("<q")
-DONE_HEAD = struct.Struct("<qqqqqqqq")
+DONE_HEAD = struct.Struct("<qqqqqqqqqqqq")
 SEQ_HEAD = struct.Struct("<q")
 OPAQUE_HEAD = struct.Struct("<qqq")
 SLOT_LEN = struct.Struct("<H")
@@ -82,7 +83,8 @@ def encode_event(event: Event) -> list[Any]:
     if isinstance(event, Done):
         fields = (
             event.seq, event.count, event.read_ns, event.decode_ns, event.bytes_read, event.read_cpu_ns,
-            event.read_runq_ns, event.augment_ns,
+            event.read_runq_ns, event.augment_ns, event.net_bytes, event.net_wait_ns, event.cache_hits,
+            event.cache_misses,
         )
         extra = [json.dumps([v.to_json() for v in event.skipped]).encode()] if event.skipped else []
         return [DONE, DONE_HEAD.pack(*fields), *extra]

@@ -30,6 +30,7 @@ import struct
 import threading
 import time
 from dataclasses import KW_ONLY, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from fastload._errors import DatasetError
 from fastload._loading.shm import Segment
 from fastload.sources._bounds import check_regular, clip, identity
 from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure, pack_strings
+
+if TYPE_CHECKING:
+    from fastload.sources._node_cache import NodeCache
 
 DEFAULT_GAP = 64 << 10  # bytes between two extents still read as one
 DEFAULT_READAHEAD = 32  # samples past a touched stretch to ask the kernel for
@@ -336,24 +340,30 @@ class ExtentIndex:
         """Whether any of its containers is a remote object (read through the node cache)."""
         return any(r is not None for r in self._remote)
 
-    def prefetch(self, indices: np.ndarray) -> None:
-        """Fetch into the node cache the chunks of remote containers these samples lie in."""
-        from fastload.sources._node_cache import node_cache
-
+    def remote_chunks(self, indices: np.ndarray) -> list[tuple[tuple[str, int, str, int], int]]:
+        """The chunks of remote containers (NOTE [node cache]) these samples lie in, in the order
+        of the samples' containers: ((url, size, version, chunk bytes), chunk number) each."""
         idx = np.asarray(indices, dtype=np.int64)
-        cache = node_cache(self.cache_dir, self.cache_limit)
+        found: list[tuple[tuple[str, int, str, int], int]] = []
         for file_id in np.unique(self.file_ids[idx]).tolist():
             remote = self._remote[file_id]
             if remote is None:
                 continue
-            url, size, version, chunk_bytes = remote
+            chunk_bytes = remote[3]
             mine = idx[self.file_ids[idx] == file_id]
             starts, ends = self.offsets[mine], self.offsets[mine] + self.sizes[mine]
             chunks: set[int] = set()
             firsts, lasts = (starts // chunk_bytes).tolist(), ((ends - 1) // chunk_bytes).tolist()
             for lo, hi in zip(firsts, lasts, strict=True):
                 chunks.update(range(lo, hi + 1))
-            cache.prefetch(url, version, size, sorted(chunks), chunk_bytes)
+            found.extend((remote, c) for c in sorted(chunks))
+        return found
+
+    def node_cache(self) -> NodeCache:
+        """The node cache its remote containers are read through (`_node_cache.NodeCache`)."""
+        from fastload.sources._node_cache import node_cache
+
+        return node_cache(self.cache_dir, self.cache_limit)
 
     def _read_remote(self, remote: tuple[str, int, str, int], start: int, end: int) -> bytes:
         from fastload.sources._node_cache import node_cache

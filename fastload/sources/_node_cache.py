@@ -38,6 +38,30 @@ CLAIM_WAIT_S = 300.0  # how long a process waits for another's download before t
 _POLL_S = 0.005
 
 
+class RemoteReads:
+    """What this process's reads of remote objects did, through every cache (read by a worker
+    around each task, for the loader's statistics and iostat)."""
+
+    def __init__(self) -> None:
+        self.downloaded = 0  # bytes fetched from stores
+        self.waited_ns = 0  # time reads waited for chunks not in the cache (fetching, or another's fetch)
+        self.hits = 0  # chunks read from the cache
+        self.misses = 0  # chunks a read had to wait for
+        self.lock = threading.Lock()
+
+    def snapshot(self) -> tuple[int, int, int, int]:
+        """(downloaded, waited_ns, hits, misses) so far."""
+        return self.downloaded, self.waited_ns, self.hits, self.misses
+
+    def since(self, then: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        """What was done since the `snapshot` `then`."""
+        now = self.snapshot()
+        return now[0] - then[0], now[1] - then[1], now[2] - then[2], now[3] - then[3]
+
+
+READS = RemoteReads()
+
+
 def default_limit(directory: str) -> int:
     """`FASTLOAD_CACHE_LIMIT` bytes, else half the free space of the cache's filesystem now."""
     chosen = os.environ.get("FASTLOAD_CACHE_LIMIT")
@@ -100,15 +124,22 @@ class NodeCache:
                 piece = _remote.read_range(url, lo, hi)
             out[lo - start : hi - start] = piece
         self.hits += len(chunks) - len(missing)
+        _count(hits=len(chunks) - len(missing))
         return bytes(out)
 
-    def prefetch(
-        self, url: str, version: str, size: int, chunks: list[int], chunk_bytes: int = CHUNK_BYTES
-    ) -> None:
-        """Fetch these chunks of the object unless cached, or being fetched by another process."""
-        paths = {c: self._chunk_path(url, version, c, chunk_bytes) for c in chunks}
-        claimed = {c: p for c, p in paths.items() if not os.path.exists(p) and self._claim(p)}
-        self._download_all(url, size, chunk_bytes, claimed)
+    def fetch(self, url: str, version: str, size: int, chunk: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+        """Download one chunk of the object in this thread, unless it is cached or another thread
+        or process is downloading it; the bytes downloaded (0 when it did not). For read-ahead."""
+        path = self._chunk_path(url, version, chunk, chunk_bytes)
+        if os.path.exists(path) or not self._claim(path):
+            return 0
+        try:
+            return self._download(url, size, chunk_bytes, chunk, path, counted=False)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path + ".claim")
+            if self._written > self.limit // 10:
+                self.evict()
 
     def path_of_whole(self, url: str, version: str, size: int) -> str:
         """A local file holding the whole object (one chunk of its size), downloaded if needed."""
@@ -118,6 +149,7 @@ class NodeCache:
             self._fill(url, size, chunk_bytes, {0: path})
         else:
             self.hits += 1
+            _count(hits=1)
             _touch(path)
         return path
 
@@ -137,12 +169,16 @@ class NodeCache:
 
     def _fill(self, url: str, size: int, chunk_bytes: int, paths: dict[int, str]) -> None:
         """Download the chunks of `paths` that no other process is downloading; wait for the rest."""
-        mine = {c: p for c, p in paths.items() if self._claim(p)}
-        self._download_all(url, size, chunk_bytes, mine)
-        for c, path in paths.items():
-            if c not in mine:
-                self._wait_for(url, size, chunk_bytes, c, path)
-        self.misses += len(paths)
+        started = time.perf_counter_ns()
+        try:
+            mine = {c: p for c, p in paths.items() if self._claim(p)}
+            self._download_all(url, size, chunk_bytes, mine)
+            for c, path in paths.items():
+                if c not in mine:
+                    self._wait_for(url, size, chunk_bytes, c, path)
+        finally:
+            self.misses += len(paths)
+            _count(misses=len(paths), waited_ns=time.perf_counter_ns() - started)
 
     def _download_all(self, url: str, size: int, chunk_bytes: int, claimed: dict[int, str]) -> None:
         """Download the chunks this process claimed, concurrently; release the claims."""
@@ -180,7 +216,11 @@ class NodeCache:
             return False
         return True
 
-    def _download(self, url: str, size: int, chunk_bytes: int, chunk: int, path: str) -> None:
+    def _download(
+        self, url: str, size: int, chunk_bytes: int, chunk: int, path: str, counted: bool = True
+    ) -> int:
+        """Fetch one chunk into its file; its bytes. `counted`: in `READS` (a read-ahead's
+        fetches are not: it reports its own, `read_ahead.ReadAhead.delivered`)."""
         lo, hi = chunk * chunk_bytes, min(size, (chunk + 1) * chunk_bytes)
         data = _remote.read_range(url, lo, hi)
         temporary = f"{path}.{secrets.token_hex(8)}.part"
@@ -196,6 +236,9 @@ class NodeCache:
         with self._lock:
             self._written += len(data)
             self.bytes_downloaded += len(data)
+        if counted:
+            _count(downloaded=len(data))
+        return len(data)
 
     def _wait_for(self, url: str, size: int, chunk_bytes: int, chunk: int, path: str) -> None:
         """Wait for another process's download of a chunk; take it over if that process died."""
@@ -231,6 +274,14 @@ class NodeCache:
                 os.unlink(path)
                 removed += size
         return removed
+
+
+def _count(downloaded: int = 0, waited_ns: int = 0, hits: int = 0, misses: int = 0) -> None:
+    with READS.lock:
+        READS.downloaded += downloaded
+        READS.waited_ns += waited_ns
+        READS.hits += hits
+        READS.misses += misses
 
 
 def _touch(path: str) -> None:
