@@ -93,6 +93,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--shard-mib", type=int, default=1024,
+        help="the pack's data files, MiB (pack's default 1024; moto copies the whole object for each "
+        "ranged GET, a real store does not: smaller files show the loader rather than moto)",
+    )
     args = parser.parse_args()
     if not args.data:
         parser.error("--data (or $BENCH_DATA) is required")
@@ -100,7 +105,7 @@ def main() -> None:
     from fastload.sources._node_cache import NodeCache
 
     work = Path(tempfile.mkdtemp(prefix="fl-bench-remote-"))
-    pack(args.data, str(work / "pack"), progress=False)
+    pack(args.data, str(work / "pack"), progress=False, shard_bytes=args.shard_mib << 20)
     data_bytes = sum(p.stat().st_size for p in (work / "pack").iterdir())
     limit = int(data_bytes * 1.5)
     import psutil
