@@ -13,6 +13,7 @@ the first test, so that the per-test check for leftover processes sees no new on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -104,7 +105,9 @@ def test_the_command_line_on_its_own_local_ray_packs_to_s3_the_same_bytes(
     pytest.importorskip("s3fs", reason="object storage needs fastload[remote] (s3fs)")
     env = {**os.environ, "FASTLOAD_CACHE_DIR": str(tmp_path / "cache"), "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
-    with moto_server() as endpoint:
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray-")  # Ray's session files; short, for its sockets
+    with moto_server() as endpoint, contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, env["RAY_TMPDIR"], ignore_errors=True)
         env.update(s3_environment(endpoint))
         import boto3
 
