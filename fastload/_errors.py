@@ -118,6 +118,11 @@ class LoaderTimeout(FastloadError, TimeoutError, RuntimeError):
     """
 
 
+class SettingsWarning(UserWarning):
+    """A loader setting that runs but is probably not what was meant (the message says why and
+    what to pass instead); filter it by this class to silence a choice that is meant."""
+
+
 # NOTE [original exception types]: DataLoader re-raises a worker's exception with its own type
 # (ExceptionWrapper.reraise), and training code relies on it (`except KeyError`, `except
 # FileNotFoundError`). A worker reports its exception's class as "module:qualname" beside the

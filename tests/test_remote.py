@@ -25,7 +25,7 @@ from remote_helpers import (
     upload,
 )
 
-from fastload import DatasetError, FastLoader, SampleError
+from fastload import DatasetError, FastLoader, SampleError, SettingsWarning
 from fastload import transforms as T
 from fastload.sources import Packed, TarShards, _remote, pack
 from fastload.sources._node_cache import NodeCache
@@ -179,8 +179,16 @@ def test_the_cache_stays_under_its_limit(
     source = Packed("s3://data-bucket/pack", cache_dir=str(remote_env), cache_limit=limit)
     expected = _epoch(str(local / "pack"), 1, shuffle=True)
     for _ in range(2):
-        assert _same(_epoch(source, 1, shuffle=True), expected)
+        # A full shuffle of data three times the cache downloads it over and over: said, with the
+        # block shuffle that fits (24 samples in 6 data files of one chunk each: 4 a chunk).
+        said = r"full shuffle .* shuffle_block=4 \(the samples of one of its 6"
+        with pytest.warns(SettingsWarning, match=said):
+            batches = _epoch(source, 1, shuffle=True)
+        assert _same(batches, expected)
         assert 0 < NodeCache(str(remote_env), limit).size() <= limit
+    blocks = _epoch(source, 1, shuffle=True, shuffle_block=4)  # no warning (warnings are errors here)
+    labels = [sorted(torch.cat([b[1] for b in epoch]).tolist()) for epoch in (blocks, expected)]
+    assert labels[0] == labels[1]
 
 
 def test_urls_are_sources_and_configs_keep_them(

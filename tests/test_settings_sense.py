@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fastload import ConfigError, FastLoader
+from fastload import ConfigError, FastLoader, SettingsWarning
 from fastload import transforms as T
-from fastload._loading.sanity import SettingsWarning
 from fastload.sources import FileList
 
 RESIZE = T.Resize((16, 16))

@@ -10,6 +10,9 @@ holds, refuse what cannot train right and warn about what probably is not meant:
   batches; DataLoader gives that empty epoch too, so a drop-in does, and says so).
 - `num_workers` above the CPU cores this process may use: a `SettingsWarning` with both numbers
   (the workers share the cores; more of them only add memory and switching).
+- A full shuffle of remote data larger than its node cache: a `SettingsWarning` naming the block
+  shuffle that fits (every sample of a batch lies in another chunk, and a chunk is evicted before
+  its other samples come up: each epoch downloads the data many times over).
 """
 
 from __future__ import annotations
@@ -20,15 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from fastload._errors import ConfigError
+from fastload._errors import ConfigError, SettingsWarning
 from fastload._loading.spec import LoaderSpec
 from fastload.transforms import CutMix, MixUp, RandomChoice
 
-__all__ = ["SettingsWarning", "check_settings_sense"]
-
-
-class SettingsWarning(UserWarning):
-    """A loader setting that runs but is probably not what was meant (the message says why)."""
+__all__ = ["check_settings_sense"]
 
 
 def check_settings_sense(spec: LoaderSpec, classes: tuple[str, ...], index: Any, num_samples: int) -> None:
@@ -37,6 +36,7 @@ def check_settings_sense(spec: LoaderSpec, classes: tuple[str, ...], index: Any,
     _check_mixing(spec, classes, index)
     _check_batches(spec, num_samples)
     _check_workers(spec)
+    _check_remote_shuffle(spec, index)
 
 
 def _mixing(spec: LoaderSpec) -> tuple[str, int] | None:
@@ -93,6 +93,26 @@ def _check_batches(spec: LoaderSpec, num_samples: int) -> None:
             SettingsWarning,
             stacklevel=4,
         )
+
+
+def _check_remote_shuffle(spec: LoaderSpec, index: Any) -> None:
+    remote_bytes = getattr(index, "remote_bytes", 0)
+    if not remote_bytes or not spec.shuffle or spec.shuffle_block is not None or spec.sampler is not None:
+        return
+    limit = index.node_cache().limit
+    if remote_bytes <= limit:
+        return  # the first epoch downloads each chunk once; the others read the cache
+    chunks = index.remote_chunk_count
+    per_chunk = max(1, round(len(index) / max(chunks, 1)))
+    warnings.warn(
+        f"a full shuffle of {spec.source.where if spec.source else 'remote data'} "
+        f"({remote_bytes / 2**30:.1f} GiB) through a node cache of {limit / 2**30:.1f} GiB: a batch's "
+        "samples lie in as many chunks, evicted before their other samples come up, so every epoch "
+        f"downloads the data many times over; pass shuffle_block={per_chunk} (the samples of one of "
+        f"its {chunks} chunks) or raise cache_limit above the data",
+        SettingsWarning,
+        stacklevel=4,
+    )
 
 
 def _check_workers(spec: LoaderSpec) -> None:

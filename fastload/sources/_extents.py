@@ -340,6 +340,16 @@ class ExtentIndex:
         """Whether any of its containers is a remote object (read through the node cache)."""
         return any(r is not None for r in self._remote)
 
+    @property
+    def remote_bytes(self) -> int:
+        """The bytes of its remote containers (0 when all are local)."""
+        return sum(r[1] for r in self._remote if r is not None)
+
+    @property
+    def remote_chunk_count(self) -> int:
+        """The chunks its remote containers are cut into (NOTE [node cache])."""
+        return sum(-(-r[1] // r[3]) for r in self._remote if r is not None)
+
     def remote_chunks(self, indices: np.ndarray) -> list[tuple[tuple[str, int, str, int], int]]:
         """The chunks of remote containers (NOTE [node cache]) these samples lie in, in the order
         of the samples' containers: ((url, size, version, chunk bytes), chunk number) each."""
