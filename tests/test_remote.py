@@ -25,9 +25,9 @@ from remote_helpers import (
     upload,
 )
 
-from fastload import DatasetError, FastLoader, SampleError, SettingsWarning
+from fastload import ConfigError, DatasetError, FastLoader, SampleError, SettingsWarning
 from fastload import transforms as T
-from fastload.sources import Packed, TarShards, _remote, pack
+from fastload.sources import FileList, Packed, TarShards, _remote, pack
 from fastload.sources._node_cache import NodeCache
 
 pytest.importorskip("s3fs", reason="object storage needs fastload[remote] (s3fs)")
@@ -49,11 +49,32 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def s3(local: Path) -> Iterator[str]:
-    """moto's server holding the pack and the shards under s3://data-bucket/; its endpoint."""
+    """moto's server holding the pack and the shards under s3://data-bucket/, and the folder's
+    images under images/ with file lists of them; its endpoint."""
     with moto_server() as endpoint:
         upload(endpoint, "data-bucket", local / "pack", "pack")
         upload(endpoint, "data-bucket", local / "shards", "shards")
+        for name, kind in _LISTS:  # beside the images (paths relative to its prefix), and apart
+            _write_list(local / name, local / "folder", kind)
+        for klass in sorted((local / "folder").iterdir()):
+            upload(endpoint, "data-bucket", klass, f"images/{klass.name}")
+        upload(endpoint, "data-bucket", local / "lists", "lists")
         yield endpoint
+
+
+_LISTS = (("lists/train.csv", "header"), ("lists/train.txt", "plain"))
+
+
+def _write_list(path: Path, folder: Path, kind: str) -> None:
+    """A list of the folder's images, relative to it, with class-name labels (a header line)
+    or integer labels separated by whitespace."""
+    path.parent.mkdir(exist_ok=True)
+    images = sorted(p.relative_to(folder).as_posix() for p in folder.glob("*/*"))
+    if kind == "header":
+        lines = ["path,label", *(f"{image},{image.split('/')[0]}" for image in images)]
+    else:
+        lines = [f"{image} {int(image[1:3])}" for image in images]
+    path.write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture
@@ -120,6 +141,32 @@ def test_tar_shards_by_url_from_s3_and_from_http(
         assert _same(_epoch(Packed(f"{base}/pack"), 1, shuffle=True), packed)
 
 
+def test_file_lists_in_s3_name_objects_and_give_the_local_lists_batches(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _use(monkeypatch, s3)
+    for name, _ in _LISTS:
+        expected = _epoch(FileList(str(local / name), root=str(local / "folder")), 1, shuffle=True)
+        remote = FileList(f"s3://data-bucket/{name}", root="s3://data-bucket/images")
+        assert _same(_epoch(remote, 2, shuffle=True), expected), name
+    index = FileList("s3://data-bucket/lists/train.csv", root="s3://data-bucket/images").open()
+    assert index.classes == ("n00", "n01", "n02") and len(index) == 24  # the header line skipped
+    assert index.name(0) == "n00/img_000.JPEG" and index.remote
+    # A list beside its images takes its prefix as root; a URL is a file list by its suffix.
+    (local / "beside").mkdir()
+    (local / "beside" / "train.csv").write_text((local / "lists" / "train.csv").read_text())
+    upload(s3, "data-bucket", local / "beside", "images")
+    assert _same(_epoch("s3://data-bucket/images/train.csv", 1, shuffle=True), expected)
+    # An image that is not there is named with its line; a local root for a remote list refused.
+    (local / "broken").mkdir()
+    (local / "broken" / "bad.csv").write_text("n00/img_000.JPEG,0\nn00/nope.jpg,1\n")
+    upload(s3, "data-bucket", local / "broken", "images")
+    with pytest.raises(DatasetError, match=r"bad\.csv line 2: image n00/nope\.jpg cannot be read.*404"):
+        FileList("s3://data-bucket/images/bad.csv").open()
+    with pytest.raises(ConfigError, match="root must be a URL prefix"):
+        FileList("s3://data-bucket/lists/train.csv", root=str(local / "folder")).open()
+
+
 def test_missing_and_denied_fail_at_once_naming_the_url(
     local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,8 +180,8 @@ def test_missing_and_denied_fail_at_once_naming_the_url(
     with range_http_server(local) as base, pytest.raises(DatasetError, match=denied):
         FastLoader(f"{base}/denied/x.tar", **KW)
     assert time.monotonic() - started < 20  # no retries for what retrying cannot mend
-    with pytest.raises(DatasetError, match="read from local disk only"):
-        FastLoader("s3://data-bucket/list.csv", **KW)
+    with pytest.raises(DatasetError, match="HDF5 files are read from local disk only"):
+        FastLoader("s3://data-bucket/train.h5", **KW)
 
 
 def test_resets_503s_and_stalls_are_retried_and_lose_nothing(

@@ -117,11 +117,13 @@ def as_source(dataset: str | os.PathLike[str] | Source) -> Source:
     path = absolute(os.fspath(dataset))
     lower = path.lower()
     if is_url(path):  # a pack's prefix, a shard (or a brace pattern of shards), a file list
-        if lower.endswith((".csv", ".tsv", ".txt", ".h5", ".hdf5")):
+        if lower.endswith((".h5", ".hdf5")):
             raise DatasetError(
-                f"{path}: file lists and HDF5 files are read from local disk only; from object storage, "
-                "read a pack (`fastload pack SRC s3://bucket/prefix`) or tar shards"
+                f"{path}: HDF5 files are read from local disk only; from object storage, read a pack "
+                "(`fastload pack SRC s3://bucket/prefix`), tar shards or a file list"
             )
+        if lower.endswith((".csv", ".tsv", ".txt")):
+            return _REGISTRY["file_list"](path)  # type: ignore[call-arg]
         return _REGISTRY["tar" if lower.endswith(".tar") else "packed"](path)  # type: ignore[call-arg]
     if os.path.isdir(path):
         packed = _REGISTRY.get("packed")

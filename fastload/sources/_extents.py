@@ -224,8 +224,10 @@ class ExtentIndex:
         return self.key_blob[start:end].tobytes().decode("utf-8", "surrogateescape")
 
     def name(self, index: int) -> str:
-        """`FILE:KEY`, FILE the container's base name (`train-000003.tar:n01440764_10026`)."""
-        return f"{self._basenames[int(self.file_ids[index])]}:{self.key(index)}"
+        """`FILE:KEY`, FILE the container's base name (`train-000003.tar:n01440764_10026`); KEY
+        alone where it names its container already (a file list's object: `n00/img_000.JPEG`)."""
+        key, base = self.key(index), self._basenames[int(self.file_ids[index])]
+        return key if key == base or key.endswith("/" + base) else f"{base}:{key}"
 
     def _fd(self, file_id: int) -> int:
         handles = self._handles

@@ -27,9 +27,11 @@ from fastload.sources._bounds import (
     parse_label,
     quoted,
 )
+from fastload.sources._extents import ExtentIndex
 from fastload.sources._folder import scan_image_folder
 from fastload.sources._index import PathIndex
 from fastload.sources._list_rows import ListRows, delimiter_name, describe, read_rows
+from fastload.sources._remote import is_url
 
 _MULTI_SEPARATORS = re.compile(r"[\s;|]+")
 
@@ -74,6 +76,9 @@ class FileList(Source):
       separated lists: every column after the path), and targets are float32 multi-hot rows of
       `num_classes` (default: len(classes), or the largest integer label + 1), when they fit
       `MAX_TARGET_BYTES` (NOTE [source bounds]).
+    - At a URL (`s3://bucket/lists/train.csv`): its images are objects under `root` (default:
+      the list's prefix; a URL prefix) or full URLs, each read whole through the node cache
+      (`cache_dir`, `cache_limit` as for a remote pack; `_remote_list.py`).
 
     The list must be a regular file of at most `MAX_LIST_BYTES`; integer labels are ASCII
     decimal, in [0, 2^63).
@@ -81,7 +86,7 @@ class FileList(Source):
 
     kind: ClassVar[str] = "file_list"
     path_fields: ClassVar[tuple[str, ...]] = ("path", "root")
-    quiet_defaults: ClassVar[tuple[str, ...]] = ("delimiter", "header")
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("delimiter", "header", "cache_dir", "cache_limit")
     path: str
     root: str | None = None
     classes: tuple[str, ...] | None = None
@@ -89,6 +94,8 @@ class FileList(Source):
     num_classes: int | None = None
     delimiter: str | None = None
     header: bool | None = None
+    cache_dir: str | None = None
+    cache_limit: int | None = None
 
     def __post_init__(self) -> None:
         k = self.num_classes
@@ -105,10 +112,14 @@ class FileList(Source):
 
     @property
     def where(self) -> str:
-        return os.path.abspath(self.path)
+        return self.path if is_url(self.path) else os.path.abspath(self.path)
 
-    def open(self) -> PathIndex:
+    def open(self) -> PathIndex | ExtentIndex:
         list_path = self.where
+        if is_url(list_path):  # its images are objects (`_remote_list.py`)
+            from fastload.sources._remote_list import open_remote_list
+
+            return open_remote_list(self)
         root = os.path.abspath(self.root) if self.root is not None else os.path.dirname(list_path)
         try:
             read = read_rows(list_path, root, self.delimiter, self.header)

@@ -20,7 +20,7 @@ import csv
 import io
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fastload.sources._bounds import MAX_LIST_BYTES, clip, is_int_text, open_regular, read_bounded
@@ -64,15 +64,24 @@ def describe(row: Row) -> str:
     return clip(f"line {number}: path={path!r}, label={labels}")
 
 
-def read_rows(list_path: str, root: str, delimiter: str | None, header: bool | None) -> ListRows:
+def read_rows(
+    list_path: str,
+    root: str,
+    delimiter: str | None,
+    header: bool | None,
+    data: bytes | None = None,
+    names_file: Callable[[str], bool] | None = None,
+) -> ListRows:
     """The list's rows (paths relative to `root`); OSError when it cannot be read, csv.Error
-    when it is not valid CSV."""
-    # A regular file, bounded (never /dev/zero or a FIFO: NOTE [source bounds]), read whole.
-    fd, _ = open_regular(list_path, MAX_LIST_BYTES, "file list")
-    try:
-        data = read_bounded(fd, MAX_LIST_BYTES, list_path, "file list")
-    finally:
-        os.close(fd)
+    when it is not valid CSV. `data`: the list's bytes, already read (a list at a URL);
+    `names_file`: whether a path of the list names a file (default: one under `root` exists)."""
+    if data is None:
+        # A regular file, bounded (never /dev/zero or a FIFO: NOTE [source bounds]), read whole.
+        fd, _ = open_regular(list_path, MAX_LIST_BYTES, "file list")
+        try:
+            data = read_bounded(fd, MAX_LIST_BYTES, list_path, "file list")
+        finally:
+            os.close(fd)
     # utf-8-sig: a byte-order mark (a spreadsheet's CSV) is skipped.
     text = data.decode("utf-8-sig", errors="surrogateescape")
     sniffed = False
@@ -80,7 +89,12 @@ def read_rows(list_path: str, root: str, delimiter: str | None, header: bool | N
         delimiter, sniffed = _sniff(text, _BY_SUFFIX.get(os.path.splitext(list_path)[1].lower()))
     rows = _split(text, delimiter)
     first: Row | None = None
-    if rows and (header or (header is None and _looks_like_header(rows, root))):
+    if names_file is None:
+
+        def names_file(path: str) -> bool:
+            return os.path.exists(os.path.join(root, path))
+
+    if rows and (header or (header is None and _looks_like_header(rows, names_file))):
         first, rows = rows[0], rows[1:]
     return ListRows(rows, delimiter, sniffed, first)
 
@@ -119,7 +133,7 @@ def _sniff(text: str, default: str | None) -> tuple[str | None, bool]:
     return default, False
 
 
-def _looks_like_header(rows: Sequence[Row], root: str) -> bool:
+def _looks_like_header(rows: Sequence[Row], names_file: Callable[[str], bool]) -> bool:
     """Whether the first row is clearly column names (see the module docstring)."""
     _, path, fields = rows[0]
     if _HEADER_WORD.fullmatch(path.strip().lower()):
@@ -129,4 +143,4 @@ def _looks_like_header(rows: Sequence[Row], root: str) -> bool:
         return False
     if not all(f and is_int_text(f) for _, _, others in rest[:1000] for f in others):
         return False
-    return not os.path.exists(os.path.join(root, path))
+    return not names_file(path)

@@ -73,7 +73,9 @@ def _make_filesystem(protocol: str, url: str) -> Any:
     try:
         import fsspec
 
-        options: dict[str, Any] = {"skip_instance_cache": True}
+        # No listings cache: a listing (a file list's root) would answer later lookups of objects
+        # made since, in a process (a daemon) that lives for weeks.
+        options: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
         if protocol == "s3":
             options["config_kwargs"] = {
                 "connect_timeout": CONNECT_TIMEOUT_S,
@@ -156,8 +158,28 @@ def size_of(url: str) -> tuple[int, str]:
         raise
     if info.get("type") == "directory":
         raise DatasetError(f"{url} is a prefix (a directory), not an object")
+    return int(info["size"]), _version(info)
+
+
+def _version(info: dict[str, Any]) -> str:
     version = info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime") or ""
-    return int(info["size"]), str(version).strip('"')
+    return str(version).strip('"')
+
+
+def listing(prefix: str) -> dict[str, tuple[int, str]]:
+    """Every object under the prefix (a "directory"): URL -> (size, version), from the store's
+    listing (a request per thousand objects on S3), not a request per object. Empty for
+    http(s)://, which has no listing."""
+    protocol = _protocol(prefix)
+    if protocol in ("http", "https"):
+        return {}
+    base = prefix.rstrip("/") + "/"
+    found: dict[str, dict[str, Any]] = _retried(prefix, lambda fs: fs.find(base, detail=True))
+    objects = {}
+    for key, info in found.items():
+        if info.get("type") != "directory":
+            objects[key if is_url(key) else f"{protocol}://{key}"] = (int(info["size"]), _version(info))
+    return objects
 
 
 def read_range(url: str, start: int, end: int) -> bytes:

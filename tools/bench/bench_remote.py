@@ -60,7 +60,9 @@ def _cpu_seconds(processes: list[Any]) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in processes)
 
 
-def _two_epochs(path: str, workers: int, cache_limit: int, store: list[Any]) -> tuple[float, float, float]:
+def _two_epochs(
+    path: str, workers: int, cache_limit: int, store: list[Any], block: int | None
+) -> tuple[float, float, float]:
     """Images/s of a loader's first and second epochs (for a URL: cold, then from the cache), and
     the share of the machine's CPU the `store` processes (the S3 server, the proxy) took in the
     first: on this benchmark's one machine they compete with the loader's workers, as a real
@@ -73,7 +75,7 @@ def _two_epochs(path: str, workers: int, cache_limit: int, store: list[Any]) -> 
     source = Packed(path, cache_limit=cache_limit)
     rates = []
     with FastLoader(source, batch_size=64, num_workers=workers, transform=recipe, device="cpu", shuffle=True,
-                    seed=0) as loader:
+                    shuffle_block=block, seed=0) as loader:
         for epoch in range(2):
             loader.set_epoch(epoch)
             started, images, store_cpu = time.perf_counter(), 0, _cpu_seconds(store)
@@ -93,6 +95,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--shuffle-block", type=int, default=None,
+        help="a block shuffle's run length (default: a full shuffle); the same for both copies",
+    )
     parser.add_argument(
         "--shard-mib", type=int, default=1024,
         help="the pack's data files, MiB (pack's default 1024; moto copies the whole object for each "
@@ -120,10 +126,11 @@ def main() -> None:
         ]
         for round_ in range(args.rounds):
             os.environ["FASTLOAD_CACHE_DIR"] = str(work / f"cache-{round_}")  # cold
-            first, second, _ = _two_epochs(str(work / "pack"), args.workers, limit, store)
+            both_ways = (args.workers, limit, store, args.shuffle_block)
+            first, second, _ = _two_epochs(str(work / "pack"), *both_ways)
             rates["local 1st"].append(first)
             rates["local 2nd"].append(second)
-            cold, warm, share = _two_epochs("s3://bench-bucket/pack", args.workers, limit, store)
+            cold, warm, share = _two_epochs("s3://bench-bucket/pack", *both_ways)
             shares.append(share)
             rates["s3 cold"].append(cold)
             rates["s3 warm"].append(warm)

@@ -123,6 +123,9 @@ def main() -> None:
     parser.add_argument("--systems", default="fastload,streaming,webdataset")
     parser.add_argument("--pack-shard-mib", type=int,
                         help="the pack's largest data file (fastload's default: 1 GiB; Streaming's: 64)")
+    parser.add_argument("--shuffle-block", type=int,
+                        help="fastload's block shuffle run (default: a full shuffle); the peers' own "
+                        "shuffles are block-wise (Streaming's py1e, WebDataset's shard order + buffer)")
     args = parser.parse_args()
     systems = args.systems.split(",")
     if not (args.data and args.streaming_python and args.webdataset_python):
@@ -156,7 +159,8 @@ def main() -> None:
         last = f"{len(shards) - 1:06d}"
         command = {
             "fastload": [sys.executable, WORKER, "run", "fastload", "--url", f"s3://{BUCKET}/pack",
-                         "--cache-limit", str(limit)],
+                         "--cache-limit", str(limit),
+                         *(["--shuffle-block", str(args.shuffle_block)] if args.shuffle_block else [])],
             "streaming": [args.streaming_python, WORKER, "run", "streaming", "--url", f"s3://{BUCKET}/mds"],
             "webdataset": [args.webdataset_python, WORKER, "run", "webdataset", "--url",
                            f"pipe:curl -s -f {proxied}/{BUCKET}/wds/shard-{{000000..{last}}}.tar"],

@@ -179,7 +179,8 @@ def fastload_epochs(args: argparse.Namespace) -> tuple[Any, Any]:
 
     recipe = [T.RandomResizedCrop(SIZE), T.RandomHorizontalFlip()]
     loader = FastLoader(Packed(args.url, cache_limit=args.cache_limit), batch_size=args.batch_size,
-                        num_workers=args.workers, transform=recipe, device="cpu", shuffle=True, seed=0)
+                        num_workers=args.workers, transform=recipe, device="cpu", shuffle=True, seed=0,
+                        shuffle_block=args.shuffle_block)
 
     def epoch(number: int) -> Any:
         loader.set_epoch(number)
@@ -280,6 +281,7 @@ def main() -> None:
     timed.add_argument("--url", required=True, help="the pack, the MDS folder, or the shards' URLs")
     timed.add_argument("--local", help="streaming: its local cache folder (fresh for a cold run)")
     timed.add_argument("--cache-limit", type=int, help="fastload: the node cache's limit in bytes")
+    timed.add_argument("--shuffle-block", type=int, help="fastload: a block shuffle's run (default: full)")
     timed.add_argument("--images", type=int, required=True, help="the dataset's size (checked per epoch)")
     timed.add_argument("--classes", type=int, required=True)
     timed.add_argument("--workers", type=int, default=2)
