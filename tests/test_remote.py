@@ -167,6 +167,21 @@ def test_file_lists_in_s3_name_objects_and_give_the_local_lists_batches(
         FileList("s3://data-bucket/lists/train.csv", root=str(local / "folder")).open()
 
 
+def test_a_state_dict_resumes_a_remote_epoch_where_the_local_one_would(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _use(monkeypatch, s3)
+    expected = _epoch(str(local / "pack"), 1, shuffle=True)
+    with FastLoader("s3://data-bucket/pack", num_workers=2, shuffle=True, **KW) as saver:
+        it = iter(saver)
+        head = [[t.clone() for t in next(it)] for _ in range(2)]
+        state = saver.state_dict()
+    with FastLoader("s3://data-bucket/pack", num_workers=1, shuffle=True, **KW) as restored:
+        restored.load_state_dict(state)
+        rest = [[t.clone() for t in batch] for batch in restored]
+    assert _same(head + rest, expected)
+
+
 def test_missing_and_denied_fail_at_once_naming_the_url(
     local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,6 +9,8 @@ epoch; medians and [min-max] over rounds, each epoch against the local pack's sa
 cache's size against its limit after each round.
 
     python tools/bench/bench_remote.py --data FOLDER [--workers 2] [--rounds 3] [--latency-ms 20]
+        [--shard-mib 64] [--shuffle-block N]
+    python tools/bench/bench_remote.py --store-only     # the store's bandwidth, no loader
 
 Needs fastload[remote] and moto[server] (the test extra has both).
 """
@@ -88,6 +90,27 @@ def _two_epochs(
     return rates[0], rates[1], store_share
 
 
+def _store_bandwidth(latency_ms: float) -> None:
+    """MiB/s the store and the proxy give alone (no decoders beside them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastload.sources import _remote
+
+    objects = Path(tempfile.mkdtemp(prefix="fl-bench-store-"))
+    for k in range(6):
+        (objects / f"object-{k}").write_bytes(os.urandom(64 << 20))
+    reads = [(f"s3://bench-bucket/probe/object-{k}", c << 23) for k in range(6) for c in range(8)]
+    with moto_server() as endpoint, start_proxy(endpoint, latency_ms) as (proxied, _):
+        upload(endpoint, "bench-bucket", objects, "probe")
+        os.environ.update(s3_environment(proxied))
+        for in_flight in (4, 16):
+            with ThreadPoolExecutor(in_flight) as pool:
+                started = time.perf_counter()
+                list(pool.map(lambda r: _remote.read_range(r[0], r[1], r[1] + (8 << 20)), reads))
+                elapsed = time.perf_counter() - started
+            print(f"{in_flight:2} ranged reads of 8 MiB in flight: {len(reads) * 8 / elapsed:.0f} MiB/s")
+
+
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
@@ -104,7 +127,15 @@ def main() -> None:
         help="the pack's data files, MiB (pack's default 1024; moto copies the whole object for each "
         "ranged GET, a real store does not: smaller files show the loader rather than moto)",
     )
+    parser.add_argument(
+        "--store-only", action="store_true",
+        help="no loader: the store's own bandwidth through the proxy, 4 and 16 ranged reads of 8 MiB "
+        "in flight over six 64 MiB objects",
+    )
     args = parser.parse_args()
+    if args.store_only:
+        _store_bandwidth(args.latency_ms)
+        return
     if not args.data:
         parser.error("--data (or $BENCH_DATA) is required")
     from fastload.sources import pack
