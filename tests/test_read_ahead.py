@@ -94,6 +94,22 @@ def test_the_walk_stops_at_its_byte_budget() -> None:
         reader.stop()
 
 
+def test_a_daemon_session_reads_ahead_of_its_tasks_as_they_arrive() -> None:
+    store = _SlowStore(limit=1 << 30, delay_s=0.0)
+    reader = ra.task_read_ahead(_ChunkedIndex(store, 400))
+    assert reader is not None
+    try:
+        for c in (3, 1, 3, 7):  # tasks in the trainer's order; chunk 3 asked for once
+            reader.ask(np.arange(10 * c, 10 * c + 10))
+        _wait_for(lambda: len(store.asked) == 3)
+        assert store.asked == [3, 1, 7]
+        time.sleep(0.2)  # every fetch's bytes are in: the first event carries them
+        assert reader.delivered() == 3 * CHUNK and reader.delivered() == 0
+    finally:
+        reader.stop()
+    assert not reader._thread.is_alive()
+
+
 def test_local_data_has_no_read_ahead() -> None:
     class Local:
         remote = False

@@ -292,10 +292,22 @@ def test_pack_writes_to_s3_and_reads_back_the_same(
 def test_a_daemon_serves_a_pack_in_s3_as_a_local_loader_reads_it(
     local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch, daemon_pool: Any
 ) -> None:
-    _use(monkeypatch, s3)  # the daemon inherits the endpoint, the credentials and the cache
-    daemon = daemon_pool.start(workers=1)
-    expected = _epoch("s3://data-bucket/pack", 1, shuffle=True)
-    assert _same(_epoch("s3://data-bucket/pack", 0, shuffle=True, daemon=daemon.address), expected)
+    proxy = FaultProxy(("127.0.0.1", int(s3.rsplit(":", 1)[1])))
+    try:
+        _use(monkeypatch, proxy.url)  # the daemon inherits the endpoint, the credentials and the cache
+        daemon = daemon_pool.start(workers=2)
+        expected = _epoch(str(local / "pack"), 1, shuffle=True)
+        with FastLoader("s3://data-bucket/pack", daemon=daemon.address, shuffle=True, **KW) as loader:
+            got = [[t.clone() for t in batch] for batch in loader]
+            stats = loader.stats()
+        assert _same(got, expected)
+        # Its workers and its read-ahead of the session's tasks share the node cache: one download
+        # a chunk; what they fetched reaches the trainer's statistics.
+        repeated = {r: n for r, n in proxy.ranges.items() if n > 1}
+        assert not repeated, f"chunks downloaded twice on one node: {repeated}"
+        assert stats is not None and stats.net_bytes > 0
+    finally:
+        proxy.close()
 
 
 def test_daemon_roots_confine_urls_to_their_prefixes() -> None:

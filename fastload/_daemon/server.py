@@ -30,7 +30,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import zmq
@@ -47,6 +47,7 @@ from fastload._errors import DaemonError, FastloadError, WorkerError
 from fastload._loading.engine import Engine
 from fastload._loading.executor import Done, Event, Failure
 from fastload._loading.jobs import ImageJob
+from fastload._loading.read_ahead import task_read_ahead
 from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
 from fastload._loading.shm import Segment, ensure_fd_room, preflight, reap_orphans
 from fastload._machine import pid_alive
@@ -420,6 +421,7 @@ class Daemon:
             for segment in session.segments.values():
                 segment.close()
             raise
+        session.read_ahead = task_read_ahead(entry.index)
         self._sessions[session_id] = session
         self._by_identity[(id(sock), identity)] = session
         self._indexes.acquire(entry)
@@ -478,6 +480,8 @@ class Daemon:
         if self._stopping:
             raise DaemonError("the daemon is shutting down; resume from the last state_dict() later")
         self._scheduler.accept(session, f, extra)
+        if session.read_ahead is not None:  # NOTE [read-ahead]: the trainer's tasks are its plan
+            session.read_ahead.ask(session.pending[-1].indices)
 
     # -- scheduling and results --------------------------------------------------------------
 
@@ -489,6 +493,10 @@ class Daemon:
         for session, event, client_seq in self._scheduler.trace(events):
             rows = session.task_rows.pop(event.seq, None)
             frames: Any = ()
+            if session.read_ahead is not None:
+                fetched = session.read_ahead.delivered()
+                if fetched and isinstance(event, Done):  # the trainer's iostat counts what was fetched
+                    event = replace(event, net_bytes=event.net_bytes + fetched)
             session.record(event)
             self._count(event)
             if isinstance(event, Done) and rows is not None:  # over TCP: the batch's bytes go with it
@@ -529,6 +537,8 @@ class Daemon:
         )
         self._by_identity.pop((id(session.sock), session.identity), None)
         self._scheduler.forget(session)
+        if session.read_ahead is not None:
+            session.read_ahead.stop()
         if notify_engine:
             self.engine.drop_job(session.id)
         for segment in session.segments.values():

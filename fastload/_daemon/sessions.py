@@ -20,6 +20,7 @@ from fastload._errors import ConfigError, DaemonError
 from fastload._loading.bad_samples import ON_ERROR
 from fastload._loading.executor import Done, Failure, Task
 from fastload._loading.layout import BatchLayout
+from fastload._loading.read_ahead import TaskReadAhead
 from fastload._loading.ring import MAX_PREFETCH
 from fastload._loading.shm import Segment
 from fastload.sources import DAEMON_SOURCE_KINDS, ImageFolder, Source, source_from_config
@@ -64,6 +65,7 @@ class Session:
     batch: int = -1
     layout: BatchLayout | None = None
     task_rows: dict[int, tuple[str, int]] = field(default_factory=dict)  # TCP: daemon seq -> (slot, row)
+    read_ahead: TaskReadAhead | None = None  # of its tasks' chunks, when its data is remote
 
     @property
     def memory(self) -> int:

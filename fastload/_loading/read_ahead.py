@@ -13,13 +13,15 @@ under a full shuffle of a dataset much larger than a chunk, every sample of a ba
 another chunk, and 32 batches would be thousands of chunks. A chunk is claimed like any
 download, so a worker that needs it waits for it instead of fetching it again. Only for indexes
 of remote objects; a failed read-ahead is no error (the worker that needs the chunk fetches it,
-and says why if it cannot).
+and says why if it cannot). A daemon reads ahead the same way, from each session's tasks as they
+arrive (`TaskReadAhead`): what a trainer asks for is its plan, as far ahead as its ring.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +34,7 @@ from fastload._errors import ConfigError
 AHEAD_BATCHES = 32
 AHEAD_BYTES = 2 << 30
 DEFAULT_REQUESTS = 16
+REMEMBERED_CHUNKS = 4096  # chunks asked for, not asked again (then forgotten: `fetch` skips cached ones)
 
 
 def max_requests() -> int:
@@ -96,6 +99,8 @@ class ReadAhead:
                     key = (url, version, chunk_bytes, chunk)
                     if key in seen:
                         continue
+                    if len(seen) >= REMEMBERED_CHUNKS:  # a daemon session's many epochs: bounded
+                        seen.clear()  # (asking again for a cached chunk costs a stat)
                     seen.add(key)
                     if not self._request(url, size, version, chunk_bytes, chunk):
                         return
@@ -121,6 +126,51 @@ class ReadAhead:
         if not job.cancelled() and job.exception() is None:
             with self._wake:
                 self._downloaded += job.result()
+
+
+class _Arriving:
+    """Batches handed over as they arrive (a daemon session's tasks), iterated by a read-ahead's
+    thread until `close`; past `MAX_WAITING` not yet walked, more are dropped (best effort)."""
+
+    MAX_WAITING = 1024
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[np.ndarray] = queue.Queue(self.MAX_WAITING)
+        self._closed = threading.Event()
+
+    def put(self, batch: np.ndarray) -> None:
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(batch)
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        while not self._closed.is_set():
+            with contextlib.suppress(queue.Empty):
+                yield self._queue.get(timeout=0.1)
+
+
+class TaskReadAhead(ReadAhead):
+    """A daemon session's read-ahead: its trainer's tasks are the plan, in the order they arrive
+    (`ask`, never blocking the daemon's loop); `delivered` as each task's event goes back. The
+    trainer sends tasks as far ahead as its ring's slots, so that is how far this reads ahead."""
+
+    def __init__(self, index: Any) -> None:
+        self._arriving = _Arriving()
+        super().__init__(index, iter(self._arriving))
+
+    def ask(self, batch: np.ndarray) -> None:
+        self._arriving.put(batch)
+
+    def stop(self) -> None:
+        self._arriving.close()
+        super().stop()
+
+
+def task_read_ahead(index: Any) -> TaskReadAhead | None:
+    """A daemon session's read-ahead over `index`, or None when its data is local."""
+    return TaskReadAhead(index) if getattr(index, "remote", False) else None
 
 
 def read_ahead(index: Any, batches: Iterator[np.ndarray]) -> ReadAhead | None:
