@@ -5,16 +5,17 @@ NOTE [read-ahead]: the order of an epoch is known from (seed, epoch), so nothing
 guessed. A thread walks the plan's batches in order and hands each chunk they touch (once per
 epoch) to a pool of download threads (`FASTLOAD_REMOTE_REQUESTS`, 16 by default), without
 waiting for one batch's chunks before asking for the next's: the requests stay in flight back to
-back, which is what hides a store's latency (a batch of a block shuffle touches one or two
-chunks; fetched a batch at a time, every batch would wait out a round trip). The walk stops
-`AHEAD_BATCHES` batches past the last one delivered, and sooner where the chunks it asked for
-past that one add up to `budget` bytes (a quarter of the cache's limit, at most `AHEAD_BYTES`):
-under a full shuffle of a dataset much larger than a chunk, every sample of a batch lies in
-another chunk, and 32 batches would be thousands of chunks. A chunk is claimed like any
-download, so a worker that needs it waits for it instead of fetching it again. Only for indexes
-of remote objects; a failed read-ahead is no error (the worker that needs the chunk fetches it,
-and says why if it cannot). A daemon reads ahead the same way, from each session's tasks as they
-arrive (`TaskReadAhead`): what a trainer asks for is its plan, as far ahead as its ring.
+back, which is what hides a store's latency (a block shuffle's window of batches lies in a few
+chunks, the next window in others; fetched a batch at a time, every window would wait out a
+round trip). The walk stops `AHEAD_BATCHES` batches past the last one delivered, and sooner
+where the chunks it asked for past that one add up to `budget` bytes (a quarter of the cache's
+limit, at most `AHEAD_BYTES`): under a full shuffle of a dataset much larger than a chunk, every
+sample of a batch lies in another chunk, and 32 batches would be thousands of chunks. A chunk is
+claimed like any download, so a worker that needs it waits for it instead of fetching it again.
+Only for indexes of remote objects; a failed read-ahead is no error (the worker that needs the
+chunk fetches it, and says why if it cannot). A daemon reads ahead the same way, from each
+session's tasks as they arrive (`TaskReadAhead`): what a trainer asks for is its plan, as far
+ahead as its ring.
 """
 
 from __future__ import annotations
