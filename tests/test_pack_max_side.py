@@ -25,7 +25,7 @@ from test_sources_packed import Interrupted, _interrupt_at
 from fastload import ConfigError, DatasetError, FastLoader, sources
 from fastload import transforms as T
 from fastload.__main__ import main
-from fastload.sources import _packed, _reencode
+from fastload.sources import _pack_writer, _reencode
 
 Image = pytest.importorskip("PIL.Image")
 jpeg = pytest.importorskip("fastload._jpeg")
@@ -158,7 +158,7 @@ def test_an_interrupted_pack_finishes_identical(
 ) -> None:
     # 2 samples a task, a checkpoint every 3: interrupts land between checkpoints too.
     monkeypatch.setattr(_reencode, "TASK_SAMPLES", 2)
-    monkeypatch.setattr(_packed, "CHECKPOINT_SAMPLES", 3)
+    monkeypatch.setattr(_pack_writer, "CHECKPOINT_SAMPLES", 3)
     dst = tmp_path / "train"
     with monkeypatch.context() as patch:
         _interrupt_at(patch, "read", at)  # a forked pool worker counts its own reads
@@ -167,7 +167,7 @@ def test_an_interrupted_pack_finishes_identical(
     with pytest.raises(DatasetError, match="incomplete pack"):
         sources.Packed(str(dst)).open()
     if workers == 1 and at == 4:
-        assert np.load(dst / _packed.CHECKPOINT).shape[0] >= 6  # some samples were checkpointed
+        assert np.load(dst / _pack_writer.CHECKPOINT).shape[0] >= 6  # some samples were checkpointed
     # Other options than the pack was started with are refused, and leave it as it was.
     for other in ({}, {"max_side": N + 1}, {"max_side": N, "quality": 80}):
         with pytest.raises(ConfigError, match=r"is a pack with --max-side 100 --quality 90.*finish it"):

@@ -31,7 +31,7 @@ from remote_helpers import list_objects, moto_server, s3_environment
 from test_sources_packed import Interrupted, _interrupt_at
 
 from fastload import ConfigError, DatasetError, sources
-from fastload.sources import _packed, _ray_pack
+from fastload.sources import _pack_writer, _ray_pack
 
 ray = pytest.importorskip("ray", reason="pack --ray needs fastload[ray]")
 pytestmark = pytest.mark.timeout(180)
@@ -166,8 +166,8 @@ def test_a_failed_range_ends_the_run_and_the_rerun_makes_only_what_is_missing(
     assert failing in _ranges_made(log)
     # What the first run finished: the samples written (checkpointed at the error) and the ranges
     # staged; the rerun must make exactly the others, the failed one among them.
-    written = len(np.load(dst / _packed.CHECKPOINT))
-    staged = {int(p.name.split("-")[1]) for p in (dst / _packed.STAGING).glob("range-*.bin")}
+    written = len(np.load(dst / _pack_writer.CHECKPOINT))
+    staged = {int(p.name.split("-")[1]) for p in (dst / _pack_writer.STAGING).glob("range-*.bin")}
     missing = [first for first in range(0, 40, RANGES) if first + RANGES > written and first not in staged]
     assert failing in missing and len(missing) < 10
     log.unlink()
@@ -181,14 +181,14 @@ def test_a_plain_pack_interrupted_mid_range_finishes_on_ray(
     cluster: None, folder: Path, plain: dict[int, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_ray_pack, "RANGE_SAMPLES", 5)
-    monkeypatch.setattr(_packed, "BATCH_SAMPLES", 3)
-    monkeypatch.setattr(_packed, "CHECKPOINT_SAMPLES", 4)
+    monkeypatch.setattr(_pack_writer, "BATCH_SAMPLES", 3)
+    monkeypatch.setattr(_pack_writer, "CHECKPOINT_SAMPLES", 4)
     dst = tmp_path / "mixed"
     with monkeypatch.context() as patch:
         _interrupt_at(patch, "read", 4)
         with pytest.raises(Interrupted):
             sources.pack(folder, dst, shard_bytes=SHARD, progress=False)
-    written = len(np.load(dst / _packed.CHECKPOINT))
+    written = len(np.load(dst / _pack_writer.CHECKPOINT))
     assert written % 5 != 0  # the Ray run starts inside a range
     sources.pack(folder, dst, shard_bytes=SHARD, progress=False, ray=True)
     assert _files(dst) == _files(plain[0])

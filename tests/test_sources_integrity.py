@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fastload import DatasetError, sources
-from fastload.sources import _packed
+from fastload.sources import _pack_writer
 from fastload.sources._index import PathIndex
 
 SHARD = 40 << 10
@@ -94,7 +94,7 @@ def test_a_pack_resumed_after_its_source_changed_is_refused(
     listing = tmp_path / "list.csv"
     paths = sorted(p for p in image_folder.rglob("*") if p.is_file())
     listing.write_text("".join(f"{p},{i % 3}\n" for i, p in enumerate(paths)))
-    monkeypatch.setattr(_packed, "BATCH_SAMPLES", 3)
+    monkeypatch.setattr(_pack_writer, "BATCH_SAMPLES", 3)
     real = PathIndex.read
     calls = [0]
 

@@ -24,7 +24,7 @@ from helpers import epoch_with_ids, write_tar_shards
 import fastload
 from fastload import DatasetError, FastLoader, sources
 from fastload import transforms as T
-from fastload.sources import _packed
+from fastload.sources import _pack_writer
 from fastload.sources._index import PathIndex
 
 AUGMENT = [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]
@@ -49,7 +49,7 @@ def test_layout(image_folder: Path, packed: Path) -> None:
     assert manifest["target"] == {"dtype": "int64", "shape": []}
     assert manifest["source"] == {"kind": "folder", "root": str(image_folder)}
     assert len(manifest["files"]) > 2
-    assert not (packed / _packed.CHECKPOINT).exists()
+    assert not (packed / _pack_writer.CHECKPOINT).exists()
     offsets = np.load(packed / "offsets.npy")
     sizes = np.load(packed / "sizes.npy")
     file_ids = np.load(packed / "file_ids.npy")
@@ -111,7 +111,7 @@ class Interrupted(Exception):
 def _interrupt_at(monkeypatch: pytest.MonkeyPatch, what: str, at: int) -> None:
     """Make the `at`-th source read (what="read") or index file save (what="save") raise."""
     count = [0]
-    target, name = (PathIndex, "read") if what == "read" else (_packed, "_save_durably")
+    target, name = (PathIndex, "read") if what == "read" else (_pack_writer, "_save_durably")
     real = getattr(target, name)
 
     def hooked(*args: Any) -> Any:
@@ -128,8 +128,8 @@ def test_an_interrupted_pack_finishes_identical(
     image_folder: Path, packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, at: int
 ) -> None:
     # 3 samples a read, a checkpoint every 4 samples: interrupts land between checkpoints too.
-    monkeypatch.setattr(_packed, "BATCH_SAMPLES", 3)
-    monkeypatch.setattr(_packed, "CHECKPOINT_SAMPLES", 4)
+    monkeypatch.setattr(_pack_writer, "BATCH_SAMPLES", 3)
+    monkeypatch.setattr(_pack_writer, "CHECKPOINT_SAMPLES", 4)
     dst = tmp_path / "train"
     with monkeypatch.context() as patch:
         _interrupt_at(patch, what, at)
@@ -138,7 +138,7 @@ def test_an_interrupted_pack_finishes_identical(
     with pytest.raises(DatasetError, match=r"incomplete pack.*fastload pack"):
         sources.Packed(str(dst)).open()
     if what == "read" and at == 5:  # some samples were checkpointed, more written after
-        assert np.load(dst / _packed.CHECKPOINT).shape[0] >= 8
+        assert np.load(dst / _pack_writer.CHECKPOINT).shape[0] >= 8
     # A torn write past the checkpoint: junk at the end of the last data file, cut when resumed.
     last = max(dst.glob("data-*.bin"), default=None)
     if last is not None:
@@ -171,7 +171,7 @@ def test_a_complete_pack_is_left_alone_and_others_are_refused(
 def test_a_pack_resumed_with_another_shard_size_is_refused(
     image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_packed, "BATCH_SAMPLES", 3)
+    monkeypatch.setattr(_pack_writer, "BATCH_SAMPLES", 3)
     with monkeypatch.context() as patch:
         _interrupt_at(patch, "read", 3)
         with pytest.raises(Interrupted):
@@ -237,8 +237,8 @@ def test_a_pack_in_shuffled_order(
     assert sorted(position) == list(range(len(folder))) and position != sorted(position)
     assert index.labels.tolist() == folder.labels[position].tolist()
     assert [bytes(b) for b in index.read(np.arange(len(index)))] == [folder.read_sample(p) for p in position]
-    monkeypatch.setattr(_packed, "BATCH_SAMPLES", 3)
-    monkeypatch.setattr(_packed, "CHECKPOINT_SAMPLES", 4)
+    monkeypatch.setattr(_pack_writer, "BATCH_SAMPLES", 3)
+    monkeypatch.setattr(_pack_writer, "CHECKPOINT_SAMPLES", 4)
     dst = tmp_path / "resumed"
     with monkeypatch.context() as patch:
         _interrupt_at(patch, "read", 4)

@@ -1,7 +1,7 @@
 """`pack(..., ray=...)` (`fastload pack --ray [ADDRESS]`): a pack's samples read, and re-encoded
 when `max_side` asks, by Ray tasks spread over a cluster, and handed to `pack`'s writer in order.
 
-Its one responsibility is that stage; everything else is `pack`'s own (`_packed.py`): the checks,
+Its one responsibility is that stage; everything else is `pack`'s own (`_pack_writer.py`): the checks,
 the layout of samples into aligned data files (it depends on the samples' sizes alone), the
 checkpoints, the index and the manifest. So the pack is byte-identical to `pack` without Ray.
 

@@ -85,7 +85,8 @@ def pack_to_url(source: Any, dst: str, *, shard_bytes: int, progress: bool, **op
     yet at their size, the manifest last, so that a reader never sees a manifest before its data.
     Returns the pack at `dst` as a source."""
     from fastload.sources._node_cache import NodeCache
-    from fastload.sources._packed import MANIFEST, Packed, pack
+    from fastload.sources._pack_writer import pack
+    from fastload.sources._packed import MANIFEST, Packed
 
     cache = NodeCache()
     staging = os.path.join(cache.directory, "pack-staging", hashlib.sha256(dst.encode()).hexdigest()[:24])
