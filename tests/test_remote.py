@@ -199,6 +199,18 @@ def test_missing_and_denied_fail_at_once_naming_the_url(
         FastLoader("s3://data-bucket/train.h5", **KW)
 
 
+def test_gs_without_gcsfs_says_what_to_install(remote_env: Path) -> None:
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("gcsfs is installed here: gs:// would reach for Google Cloud Storage")
+    said = r"gs://bucket/pack.*needs gcsfs.*pip install 'fastload\[remote\] gcsfs'"
+    with pytest.raises(DatasetError, match=said):
+        FastLoader("gs://bucket/pack", **KW)
+
+
 def test_resets_503s_and_stalls_are_retried_and_lose_nothing(
     local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
