@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from helpers import build_folder
 from remote_helpers import list_objects, moto_server, s3_environment
-from test_sources_packed import Interrupted, _interrupt_at
+from test_sources_packed import interrupted_pack
 
 from fastload import ConfigError, DatasetError, sources
 from fastload.sources import _pack_writer, _ray_pack
@@ -181,13 +181,8 @@ def test_a_plain_pack_interrupted_mid_range_finishes_on_ray(
     cluster: None, folder: Path, plain: dict[int, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_ray_pack, "RANGE_SAMPLES", 5)
-    monkeypatch.setattr(_pack_writer, "BATCH_SAMPLES", 3)
-    monkeypatch.setattr(_pack_writer, "CHECKPOINT_SAMPLES", 4)
     dst = tmp_path / "mixed"
-    with monkeypatch.context() as patch:
-        _interrupt_at(patch, "read", 4)
-        with pytest.raises(Interrupted):
-            sources.pack(folder, dst, shard_bytes=SHARD, progress=False)
+    interrupted_pack(monkeypatch, folder, dst, shard_bytes=SHARD)
     written = len(np.load(dst / _pack_writer.CHECKPOINT))
     assert written % 5 != 0  # the Ray run starts inside a range
     sources.pack(folder, dst, shard_bytes=SHARD, progress=False, ray=True)

@@ -123,18 +123,25 @@ def _interrupt_at(monkeypatch: pytest.MonkeyPatch, what: str, at: int) -> None:
     monkeypatch.setattr(target, name, hooked)
 
 
+def interrupted_pack(
+    monkeypatch: pytest.MonkeyPatch, src: Any, dst: Path, what: str = "read", at: int = 4, **options: Any
+) -> None:
+    """Pack `src` into `dst` 3 samples a read, a checkpoint every 4 (so that interrupts land
+    between checkpoints too), stopped by `Interrupted` at the `at`-th read (or index save)."""
+    monkeypatch.setattr(_pack_writer, "BATCH_SAMPLES", 3)
+    monkeypatch.setattr(_pack_writer, "CHECKPOINT_SAMPLES", 4)
+    with monkeypatch.context() as patch:
+        _interrupt_at(patch, what, at)
+        with pytest.raises(Interrupted):
+            sources.pack(src, dst, progress=False, **options)
+
+
 @pytest.mark.parametrize(("what", "at"), [("read", 1), ("read", 2), ("read", 5), ("save", 3), ("save", 9)])
 def test_an_interrupted_pack_finishes_identical(
     image_folder: Path, packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, at: int
 ) -> None:
-    # 3 samples a read, a checkpoint every 4 samples: interrupts land between checkpoints too.
-    monkeypatch.setattr(_pack_writer, "BATCH_SAMPLES", 3)
-    monkeypatch.setattr(_pack_writer, "CHECKPOINT_SAMPLES", 4)
     dst = tmp_path / "train"
-    with monkeypatch.context() as patch:
-        _interrupt_at(patch, what, at)
-        with pytest.raises(Interrupted):
-            sources.pack(image_folder, dst, shard_bytes=SHARD, progress=False)
+    interrupted_pack(monkeypatch, image_folder, dst, what, at, shard_bytes=SHARD)
     with pytest.raises(DatasetError, match=r"incomplete pack.*fastload pack"):
         sources.Packed(str(dst)).open()
     if what == "read" and at == 5:  # some samples were checkpointed, more written after
@@ -237,13 +244,8 @@ def test_a_pack_in_shuffled_order(
     assert sorted(position) == list(range(len(folder))) and position != sorted(position)
     assert index.labels.tolist() == folder.labels[position].tolist()
     assert [bytes(b) for b in index.read(np.arange(len(index)))] == [folder.read_sample(p) for p in position]
-    monkeypatch.setattr(_pack_writer, "BATCH_SAMPLES", 3)
-    monkeypatch.setattr(_pack_writer, "CHECKPOINT_SAMPLES", 4)
     dst = tmp_path / "resumed"
-    with monkeypatch.context() as patch:
-        _interrupt_at(patch, "read", 4)
-        with pytest.raises(Interrupted):
-            sources.pack(image_folder, dst, shard_bytes=SHARD, progress=False, shuffle_seed=7)
+    interrupted_pack(monkeypatch, image_folder, dst, shard_bytes=SHARD, shuffle_seed=7)
     with pytest.raises(DatasetError, match="shuffle seed 7"):
         sources.pack(image_folder, dst, shard_bytes=SHARD, progress=False, shuffle_seed=8)
     sources.pack(image_folder, dst, shard_bytes=SHARD, progress=False, shuffle_seed=7)
