@@ -125,9 +125,7 @@ _REMOTE_READS = ("net_bytes", "net_wait_ns", "cache_hits", "cache_misses")  # Do
 # op -> fields of its schema that may be absent (added later; an older peer does not send them).
 _OPTIONAL: dict[str, frozenset[str]] = {
     "failed": frozenset({"exc_class"}),
-    "done": frozenset(
-        {"read_runq_ns", "augment_ns", "skipped", "net_bytes", "net_wait_ns", "cache_hits", "cache_misses"}
-    ),
+    "done": frozenset({"read_runq_ns", "augment_ns", "skipped", *_REMOTE_READS}),
     "hello": frozenset({"source", "on_error"}),  # absent: an image folder; on_error="raise"
     "status_reply": frozenset({"metrics", "totals"}),
 }

@@ -250,8 +250,8 @@ def _remote_advice(r: LoaderRates) -> str:
         )
     return (
         f"{said}; keep more requests in flight (FASTLOAD_REMOTE_REQUESTS, {read_ahead.DEFAULT_REQUESTS} by "
-        "default), "
-        "use a block shuffle (shuffle_block=) so that a batch's samples share chunks, or pack the data "
+        "default), use a block shuffle (shuffle_block=) so that a window of batches shares chunks, or "
+        "pack the data "
         "(`fastload pack SRC s3://...`: packs are read by byte ranges, tar shards whole)"
     )
 

@@ -136,10 +136,8 @@ class NodeCache:
         try:
             return self._download(url, size, chunk_bytes, chunk, path, counted=False)
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path + ".claim")
-            if self._written > self.limit // 10:
-                self.evict()
+            _release(path)
+            self._evict_if_due()
 
     def path_of_whole(self, url: str, version: str, size: int) -> str:
         """A local file holding the whole object (one chunk of its size), downloaded if needed."""
@@ -191,8 +189,11 @@ class NodeCache:
                 job.result()
         finally:
             for path in claimed.values():
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path + ".claim")
+                _release(path)
+        self._evict_if_due()
+
+    def _evict_if_due(self) -> None:
+        """Look at the cache's size once this process has written a tenth of the limit since."""
         if self._written > self.limit // 10:
             self.evict()
 
@@ -245,14 +246,12 @@ class NodeCache:
         deadline = time.monotonic() + CLAIM_WAIT_S
         while not os.path.exists(path):
             if not _claimant_alive(path + ".claim") or time.monotonic() > deadline:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path + ".claim")
+                _release(path)  # its claimant's: dead, or past the wait
                 if self._claim(path):
                     try:
                         self._download(url, size, chunk_bytes, chunk, path)
                     finally:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(path + ".claim")
+                        _release(path)
                     return
             time.sleep(_POLL_S)
 
@@ -282,6 +281,12 @@ def _count(downloaded: int = 0, waited_ns: int = 0, hits: int = 0, misses: int =
         READS.waited_ns += waited_ns
         READS.hits += hits
         READS.misses += misses
+
+
+def _release(path: str) -> None:
+    """Give up the claim on a chunk (downloaded, or failed)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path + ".claim")
 
 
 def _touch(path: str) -> None:
