@@ -3,6 +3,7 @@
     python tests/dist_trainer.py spawn DATA OUT PORT
     python -m torch.distributed.run --nproc_per_node=2 ... tests/dist_trainer.py torchrun DATA OUT
     python -m torch.distributed.run --nproc_per_node=2 ... tests/dist_trainer.py skip DATA OUT
+    python -m torch.distributed.run --nproc_per_node=2 ... tests/dist_trainer.py unseeded DATA OUT
 
 spawn: `torch.multiprocessing.spawn` starts 2 processes with the environment Lightning's launcher
 gives (WORLD_SIZE, NODE_RANK, LOCAL_RANK; no RANK). Each makes a folder loader before joining a
@@ -14,6 +15,10 @@ Dataset loader over a DistributedSampler whose epoch it sets to 3 itself.
 skip: each process trains two epochs over a folder with a broken file, on_error="skip", an
 all-reduce per step, and records its steps, the files each batch held, and what was skipped.
 
+unseeded: each process seeds torch per rank, as timm's `random_seed(seed, rank)` does, then
+shuffles a folder with no seed= (the README's distributed snippet) for two epochs, and records the
+files each epoch held and the warnings the loader gave.
+
 The folder loaders read unshuffled with batch size 2; an image is recorded by its pixels' digest.
 """
 
@@ -23,6 +28,7 @@ import hashlib
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +129,29 @@ def skipping(data: str, out: str) -> None:
     write(out, rank, record)
 
 
+def unseeded(data: str, out: str) -> None:
+    """Two shuffled epochs with no seed=, after a per-rank `torch.manual_seed` (timm's recipe)."""
+    dist.init_process_group("gloo")
+    try:
+        rank = dist.get_rank()
+        torch.manual_seed(42 + rank)
+        record: dict[str, Any] = {"rank": rank, "epochs": []}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with FastLoader(
+                data, batch_size=BATCH_SIZE, shuffle=True, num_workers=1, transform=RESIZE, device="cpu",
+                sample_ids=True,
+            ) as loader:
+                for epoch in range(2):
+                    loader.set_epoch(epoch)
+                    record["epochs"].append([name for _, _, ids in loader for name in ids.names])
+        record["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    write(out, rank, record)
+
+
 def main(argv: list[str]) -> int:
     mode, data, out = argv[:3]
     if mode == "spawn":
@@ -131,8 +160,10 @@ def main(argv: list[str]) -> int:
         torchrun(data, out)
     elif mode == "skip":
         skipping(data, out)
+    elif mode == "unseeded":
+        unseeded(data, out)
     else:
-        raise SystemExit(f"unknown mode {mode!r}: spawn, torchrun or skip")
+        raise SystemExit(f"unknown mode {mode!r}: spawn, torchrun, skip or unseeded")
     return 0
 
 

@@ -354,7 +354,7 @@ def test_status_lists_the_sessions(
 ) -> None:
     with FastLoader(
         image_folder, batch_size=4, transform=RESIZE, device="cpu", num_workers=1,
-        daemon=shared_daemon.address, rank=1, world_size=2,
+        daemon=shared_daemon.address, rank=1, world_size=2, seed=0,
     ) as loader:
         next(iter(loader))
         assert main(["status", "--address", shared_daemon.address]) == 0

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, RandomSampler
 
-from fastload import ConfigError, FastLoader
+from fastload import ConfigError, FastLoader, SettingsWarning
 from fastload import transforms as T
 from fastload._loading.plan import ShuffledPlan
 from fastload._loading.ranks import process_position as _distributed
@@ -289,6 +290,72 @@ def test_torchrun_ranks_stay_in_step_past_a_broken_file_with_on_error_skip(tmp_p
         assert len(held) == 10 and set(held) >= good and str(broken) not in held
     assert {n for r in records for n in r["skipped"]} == {str(broken)}
     assert sum(r["skipped_count"] for r in records) >= 2  # met once an epoch
+
+
+def test_ranks_given_no_seed_take_the_shared_default_and_a_given_seed_or_generator_wins(
+    image_folder: Path,
+) -> None:
+    kw: dict[str, Any] = {
+        "batch_size": 4, "num_workers": 0, "device": "cpu", "world_size": 2, "transform": [T.Resize((8, 8))]
+    }
+    for rank in range(2):
+        torch.manual_seed(rank)  # per-rank RNG state, as timm's random_seed(seed, rank) leaves it
+        said = r"world_size=2 and no seed=.*seed=0"
+        with pytest.warns(SettingsWarning, match=said), FastLoader(image_folder, rank=rank, **kw) as loader:
+            assert loader.seed == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with FastLoader(image_folder, rank=0, seed=9, **kw) as loader:
+            assert loader.seed == 9
+        # A generator is the user's choice of order: drawn from (and seeded alike on every rank).
+        seeds = []
+        for rank in range(2):
+            generator = torch.Generator().manual_seed(5)
+            with FastLoader(image_folder, rank=rank, generator=generator, **kw) as loader:
+                seeds.append(loader.seed)
+        assert seeds[0] == seeds[1] != 0
+        # One process keeps DataLoader's draw from torch's RNG.
+        torch.manual_seed(3)
+        alone = {k: v for k, v in kw.items() if k != "world_size"}
+        with FastLoader(image_folder, **alone) as one:
+            assert one.seed != 0
+
+
+def test_a_dataset_without_a_sampler_in_a_distributed_run_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank would load the whole Dataset (as under DataLoader, which Lightning mends by
+    injecting a DistributedSampler: it leaves FastLoader alone). Said once, with the sampler to use."""
+    _setenv(monkeypatch, WORLD_SIZE="2", RANK="1")
+    said = r"run of 2 processes: every rank loads all 11 samples"
+    with pytest.warns(SettingsWarning, match=said), FastLoader(Indices(11), batch_size=2, shuffle=True) as it:
+        assert sum(len(b) for b in it) == 11
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sampler = DistributedSampler(Indices(11), num_replicas=2, rank=1)
+        with FastLoader(Indices(11), batch_size=2, sampler=sampler) as loader:
+            assert sum(len(b) for b in loader) == 6
+
+
+@pytest.mark.timeout(150)
+def test_torchrun_ranks_given_no_seed_share_one_order_and_are_told_once(tmp_path: Path) -> None:
+    """Issue 28: ranks that seed torch per rank (timm's recipe) and give no seed= once drew
+    different orders and read overlapping shards (26 of 100 samples on both ranks, 26 on neither).
+    With no seed= they share DistributedSampler's default: each epoch, every image on exactly one
+    rank; a new order each epoch; and each rank is told once."""
+    from helpers import build_folder
+
+    data = build_folder(tmp_path / "data", classes=4, per_class=5)  # 20 images: 10 a rank, no padding
+    out = tmp_path / "out"
+    out.mkdir()
+    _run(_torchrun(str(REPO / "tests" / "dist_trainer.py"), "unseeded", str(data), str(out)), 120)
+    records = _records(out)
+    every = sorted(str(p) for p in data.rglob("*.*"))
+    for epoch in range(2):
+        held = [name for r in records for name in r["epochs"][epoch]]
+        assert sorted(held) == every, f"epoch {epoch}: shards overlap or miss samples"
+    assert records[0]["epochs"][0] != records[0]["epochs"][1]  # set_epoch still reorders
+    for r in records:
+        told = [w for w in r["warnings"] if w.startswith("SettingsWarning") and "no seed=" in w]
+        assert len(told) == 1 and "seed=0" in told[0], r["warnings"]
 
 
 @pytest.mark.timeout(150)

@@ -109,7 +109,7 @@ def test_daemon_metrics_equal_status_and_never_fall(
 
     with FastLoader(
         image_folder, batch_size=4, transform=RESIZE, device="cpu", num_workers=2,
-        daemon=daemon.address, rank=1, world_size=2,
+        daemon=daemon.address, rank=1, world_size=2, seed=0,
     ) as loader:
         images = sum(len(labels) for _, labels in loader)
         # The loader is idle now (its epoch is done) and its session open: the scrape and status
@@ -258,7 +258,7 @@ def build_dataset() -> Any:
 def test_a_local_loader_exports_its_stages_per_rank(image_folder: Path) -> None:
     with FastLoader(
         image_folder, batch_size=4, transform=RESIZE, device="cpu", num_workers=2, metrics=0, rank=1,
-        world_size=2,
+        world_size=2, seed=0,
     ) as loader, FastLoader(
         build_dataset(), batch_size=8, num_workers=1, metrics=port_of(servers()[0])
     ) as second:

@@ -97,8 +97,6 @@ def test_a_finished_epoch_resumes_at_the_next_under_any_batch_size(image_folder:
         ("shuffle", {"shuffle": False}),
         ("shuffle_block", {"shuffle_block": 2}),
         ("drop_last", {"drop_last": True}),
-        ("transforms", {"transform": [T.RandomResizedCrop(20), T.RandomHorizontalFlip()]}),
-        ("transforms", {"transform": [T.RandomResizedCrop(16, scale=(0.5, 1.0)), T.RandomHorizontalFlip()]}),
     ],
 )
 def test_a_changed_setting_is_refused_naming_it(
@@ -108,6 +106,53 @@ def test_a_changed_setting_is_refused_naming_it(
     with _loader(image_folder, **changed) as restored, pytest.raises(ConfigError, match=f"{field}: ") as err:
         restored.load_state_dict(state)
     assert "->" in str(err.value) and "to resume" in str(err.value)
+
+
+# Progressive resizing (FFCV's, fastai's) and a stronger augmentation for the next stage: the
+# transforms change, the order does not.
+NEXT_STAGES = [
+    [T.RandomResizedCrop(20), T.RandomHorizontalFlip()],
+    [T.RandomResizedCrop(16, scale=(0.5, 1.0)), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4)],
+]
+
+
+@pytest.mark.parametrize("stage", NEXT_STAGES)
+@pytest.mark.parametrize("batches", [1, 3])  # mid-epoch, and the epoch over (3 batches of 8)
+def test_new_transforms_resume_at_the_same_sample(image_folder: Path, stage: list[Any], batches: int) -> None:
+    """Issue 28: a state was refused when only the transforms changed ("its position names other
+    samples here"): they move no sample. The rest comes as a fresh loader of the new transforms
+    gives it, from the state's position."""
+    state = _state_after(image_folder, batches)
+    with _loader(image_folder, transform=stage) as restored:
+        restored.load_state_dict(state)
+        rest = _rest(restored)
+    with _loader(image_folder, transform=stage) as fresh:
+        if batches == 3:
+            fresh.set_epoch(1)
+        _assert_same(rest, _rest(fresh)[batches % 3 :])
+
+
+@pytest.mark.parametrize("changed", [{"shuffle": False}, {"drop_last": True}, {"shuffle_block": 2}])
+def test_an_epoch_over_resumes_at_the_next_under_new_order_settings(
+    image_folder: Path, changed: dict[str, Any]
+) -> None:
+    """At an epoch's end the next epoch starts afresh: its order settings are the new loader's."""
+    state = _state_after(image_folder, 3)
+    with _loader(image_folder, **changed) as restored:
+        restored.load_state_dict(state)
+        rest = _rest(restored)
+    with _loader(image_folder, **changed) as fresh:
+        fresh.set_epoch(1)
+        _assert_same(rest, _rest(fresh))
+
+
+def test_another_dataset_is_refused_even_at_an_epochs_end(
+    image_folder: Path, make_folder: Callable[..., Path]
+) -> None:
+    other = make_folder(classes=4, per_class=6)
+    state = _state_after(image_folder, 3)
+    with _loader(other) as restored, pytest.raises(ConfigError, match="source: 24 samples"):
+        restored.load_state_dict(state)
 
 
 def test_another_dataset_is_refused(image_folder: Path, make_folder: Callable[..., Path]) -> None:

@@ -474,8 +474,10 @@ class FastLoader:
         """Make the next iteration resume exactly after the batch `state` was taken at.
 
         A state is checked against this loader (NOTE [elastic resume] in `_loading.resume`): a
-        changed shuffle, shuffle_block, shuffle_window, drop_last, source or transform chain is a
-        ConfigError naming it; a mid-epoch position under another batch size or world size is
+        changed shuffle, shuffle_block, shuffle_window, drop_last or source is a ConfigError naming
+        it (at an epoch's end only another source is: the next epoch starts afresh); the transform
+        chain may change (it moves no sample: progressive resizing resumes); a mid-epoch position
+        under another batch size or world size is
         converted where it falls on a batch boundary of the new layout (an unblocked order), and
         refused otherwise. The state's seed wins over this loader's: the seed given to a loader is
         where a fresh run starts, and a resumed run goes on with the run it came from (its order and
@@ -487,8 +489,10 @@ class FastLoader:
         version = state.get("version")
         if version != _STATE_VERSION and version not in _OLD_VERSIONS:
             raise ConfigError(f"unknown FastLoader state version {version!r}")
+        epoch_batches = state.get("epoch_batches")
+        epoch_over = epoch_batches is not None and int(state["batches_yielded"]) >= epoch_batches
         if version == _STATE_VERSION:
-            check_settings(state, self._settings())
+            check_settings(state, self._settings(), epoch_over=epoch_over)
         seed = int(state["seed"])
         if seed != self.seed:
             # Workers (or a daemon session) were started with the old seed: start afresh.
@@ -507,7 +511,7 @@ class FastLoader:
                     f"batches: build the loader with batch_size={saved_b} to resume"
                 )
             self._plan.resume_from(epoch, list(state.get("stream_batches", [])))
-        elif state.get("epoch_batches") is not None and yielded >= state["epoch_batches"]:
+        elif epoch_over:
             epoch, yielded = epoch + 1, 0  # the saved epoch was over: the next starts afresh in any layout
         else:
             if version == _STATE_VERSION:

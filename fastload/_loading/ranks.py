@@ -11,7 +11,7 @@ import torch
 
 from fastload._errors import ConfigError
 
-__all__ = ["process_position"]
+__all__ = ["process_position", "processes_around"]
 
 
 def process_position(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -55,6 +55,15 @@ def process_position(rank: int | None, world_size: int | None) -> tuple[int, int
             "pass rank= and world_size="
         )
     return _checked_position(0 if found_rank is None else found_rank, found_world, f" ({source})")
+
+
+def processes_around() -> int:
+    """How many processes this one trains beside (1 when alone): from torch.distributed's process
+    group when it is initialized, else the launcher's WORLD_SIZE (1 when that is unreadable)."""
+    try:
+        return _found_position()[1] or 1
+    except ConfigError:
+        return 1
 
 
 def _checked_position(rank: int, world_size: int, hint: str) -> tuple[int, int]:

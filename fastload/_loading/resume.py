@@ -3,7 +3,7 @@
 A position (epoch, batches yielded) means something only under the settings it was taken with:
 the same batch count is another sample under another batch size, another order under another
 shuffle, another sample under another dataset. A state (version 2) therefore records what the
-position depends on (`settings`) and the position counted in samples, and `resume_position`
+position depends on (`settings`) and the position counted in samples, and `convert`
 either converts it (another batch size or world size, where the plan's order does not depend on
 them: NOTE [elastic resume]) or refuses with a `ConfigError` naming what changed, old → new.
 The seed is not checked here: the state's seed wins (`FastLoader.load_state_dict`).
@@ -19,9 +19,14 @@ import numpy as np
 
 from fastload._errors import ConfigError
 
-# Settings that must match: the order and the samples a position points at depend on them.
-# (batch_size, rank and world_size are recorded too, but converted or accepted: see below.)
-MATCHED = ("shuffle", "shuffle_block", "shuffle_window", "drop_last", "source", "transforms", "excluded")
+# Settings that must match to resume mid-epoch: the order and the samples a position points at
+# depend on them. (batch_size, rank and world_size are recorded too, but converted or accepted: see
+# below.) The transform chain is recorded but never matched: transforms change what a sample looks
+# like, not which samples come next, and a run changes them between stages on purpose (progressive
+# resizing, a new augmentation strength). At an epoch's end the next epoch starts afresh under any
+# order settings, so only the source is matched there (`AT_EPOCH_END`): another dataset is a mistake.
+MATCHED = ("shuffle", "shuffle_block", "shuffle_window", "drop_last", "source", "excluded")
+AT_EPOCH_END = ("source",)
 
 
 def fingerprint(num_samples: int, labels: np.ndarray | None, classes: tuple[str, ...]) -> dict[str, Any]:
@@ -61,10 +66,11 @@ def _show(name: str, value: Any) -> str:
     return repr(value)
 
 
-def check_settings(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """ConfigError naming each setting in `MATCHED` that differs between the state and the loader."""
+def check_settings(saved: dict[str, Any], current: dict[str, Any], *, epoch_over: bool = False) -> None:
+    """ConfigError naming each setting in `MATCHED` (`AT_EPOCH_END` for a state taken when its epoch
+    was over) that differs between the state and the loader."""
     changed = []
-    for name in MATCHED:
+    for name in AT_EPOCH_END if epoch_over else MATCHED:
         if name not in saved:
             continue
         if name == "shuffle_window" and saved.get("shuffle_block") is current.get("shuffle_block") is None:

@@ -10,6 +10,10 @@ holds, refuse what cannot train right and warn about what probably is not meant:
   batches; DataLoader gives that empty epoch too, so a drop-in does, and says so).
 - `num_workers` above the CPU cores this process may use: a `SettingsWarning` with both numbers
   (the workers share the cores; more of them only add memory and switching).
+- Several ranks and no `seed=`: a `SettingsWarning`, once, that every rank takes the shared
+  default seed 0 (NOTE [one order for every rank] in `spec`; the order used to differ per rank).
+- A map-style Dataset without a sampler in a run of several processes: a `SettingsWarning` that
+  every rank loads all of it (as under DataLoader), with the DistributedSampler that shards it.
 - A full shuffle of remote data larger than its node cache: a `SettingsWarning` naming the block
   shuffle that fits (every sample of a batch lies in another chunk, and a chunk is evicted before
   its other samples come up: each epoch downloads the data many times over).
@@ -24,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError, SettingsWarning
+from fastload._loading.ranks import processes_around
 from fastload._loading.spec import LoaderSpec
 from fastload.transforms import CutMix, MixUp, RandomChoice
 
@@ -37,6 +42,38 @@ def check_settings_sense(spec: LoaderSpec, classes: tuple[str, ...], index: Any,
     _check_batches(spec, num_samples)
     _check_workers(spec)
     _check_remote_shuffle(spec, index)
+    _check_ranks(spec)
+
+
+def _check_ranks(spec: LoaderSpec) -> None:
+    if spec.seed_defaulted:
+        warnings.warn(
+            f"world_size={spec.world_size} and no seed=: every rank orders its epochs with seed="
+            f"{spec.seed}, as DistributedSampler does by default, so that the ranks' shards do not "
+            "overlap (each rank used to draw its own from torch's RNG); pass the same seed= on every rank "
+            "to choose another",
+            SettingsWarning,
+            stacklevel=4,
+        )
+    if spec.dataset is None or spec.iterable or spec.sampler is not None or spec.batch_sampler is not None:
+        return
+    processes = processes_around()
+    if processes > 1:
+        warnings.warn(
+            f"a Dataset without a sampler in a run of {processes} processes: every rank loads "
+            f"{_all_samples(spec.dataset)}, as under DataLoader (a DistributedSampler shards them): "
+            "pass sampler=torch.utils.data.DistributedSampler(dataset) (and call set_epoch), or give "
+            "FastLoader a folder or another source, which it shards by rank itself",
+            SettingsWarning,
+            stacklevel=4,
+        )
+
+
+def _all_samples(dataset: Any) -> str:
+    try:
+        return f"all {len(dataset)} samples"
+    except TypeError:
+        return "all its samples"
 
 
 def _mixing(spec: LoaderSpec) -> tuple[str, int] | None:

@@ -89,6 +89,9 @@ class LoaderSpec:
     max_skipped: float | int = DEFAULT_MAX_SKIPPED
     # Where this loader serves Prometheus metrics (`_diagnostics.metrics`): None, not at all.
     metrics: tuple[str, int] | None = None
+    # Whether `seed` is the shared default of several ranks given no seed (NOTE [one order for
+    # every rank]): `sanity` says so once.
+    seed_defaulted: bool = False
 
     @property
     def iterable(self) -> bool:
@@ -322,7 +325,8 @@ def build_spec(
         drop_last=drop_last,
         sampler=sampler,
         batch_sampler=batch_sampler,
-        seed=_seed_from(generator) if seed is None else int(seed),
+        seed=base_seed(seed, generator, world_size or 1),
+        seed_defaulted=seed is None and generator is None and (world_size or 1) > 1,
         rank=rank or 0,
         world_size=world_size or 1,
         num_workers=num_workers,
@@ -410,8 +414,26 @@ def _image_output(
     return ImageOutput(mean, std, dtype, memory_format)
 
 
-def _seed_from(generator: torch.Generator | None) -> int:
-    """A base seed drawn as DataLoader draws its own (from `generator` or torch's global RNG)."""
+# NOTE [one order for every rank]: the ranks of a run shard one epoch's order (`order[rank::world]`),
+# so they must draw it from one seed: ranks with different seeds shard different orders, and the
+# shards overlap (in a 100-image run, 26 samples on both ranks and 26 on neither, without a word).
+# One process draws its seed as DataLoader does, from torch's RNG; but training scripts seed that
+# RNG per rank (timm's `random_seed(seed, rank)`), so several ranks given no seed take
+# DistributedSampler's default, 0, on every rank, and `sanity` says so once. A `generator` given
+# with several ranks is the user's choice of order: it is drawn from, and must be seeded alike on
+# every rank (the README says so); no collective checks it (a constructor that all-gathers would
+# hang a loader made on one rank only, such as rank 0's validation loader).
+SHARED_DEFAULT_SEED = 0
+
+
+def base_seed(seed: int | None, generator: torch.Generator | None, world_size: int) -> int:
+    """The base seed of a loader's orders and augmentations: `seed` when given; else, with several
+    ranks, the one all ranks share (NOTE [one order for every rank]); else one drawn as DataLoader
+    draws its own, from `generator` or torch's global RNG."""
+    if seed is not None:
+        return int(seed)
+    if world_size > 1 and generator is None:
+        return SHARED_DEFAULT_SEED
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()) & (2**63 - 1)
 
 
