@@ -349,6 +349,30 @@ def test_status_of_a_daemon_without_sessions_exits_0(
     assert "0 session(s)" in capfd.readouterr().out
 
 
+def test_the_next_epoch_is_decoded_ahead_as_by_a_local_loader(
+    shared_daemon: DaemonProcess, image_folder: Path
+) -> None:
+    """Issue 28: a daemon session started every epoch cold (14-80 ms for its first batch against
+    ~1 ms locally). Once an epoch's batches are all submitted, the session's free slots decode the
+    next epoch's first batches (NOTE [no drain]); the next iteration takes them over, and they are
+    the batches a local loader gives."""
+    kwargs: dict[str, Any] = {
+        "batch_size": 4, "shuffle": True, "seed": 3, "transform": RESIZE, "device": "cpu"
+    }
+    with FastLoader(image_folder, num_workers=1, daemon=shared_daemon.address, **kwargs) as loader:
+        first = take(loader)
+
+        def decoding_ahead() -> bool:
+            mine = [s for s in shared_daemon.sessions() if s["pid"] == os.getpid()]
+            return len(mine) == 1 and mine[0]["epoch"] == 1 and mine[0]["images"] > 24
+
+        assert wait_until(decoding_ahead, HANG_S), shared_daemon.sessions()
+        second = take(loader)
+    with FastLoader(image_folder, num_workers=0, **kwargs) as local:
+        assert_same_batches(first, take(local))
+        assert_same_batches(second, take(local))
+
+
 def test_status_lists_the_sessions(
     shared_daemon: DaemonProcess, image_folder: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

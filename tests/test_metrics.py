@@ -112,12 +112,19 @@ def test_daemon_metrics_equal_status_and_never_fall(
         daemon=daemon.address, rank=1, world_size=2, seed=0,
     ) as loader:
         images = sum(len(labels) for _, labels in loader)
-        # The loader is idle now (its epoch is done) and its session open: the scrape and status
-        # describe the same moment once the loop has published (every 0.1 s).
+        # The session decodes the next epoch's first batches ahead (NOTE [no drain]) until its
+        # window is full; then it is idle and its session open: the scrape and status describe the
+        # same moment once the loop has published (every 0.1 s).
+        def idle() -> bool:
+            rows = daemon.status()["sessions"]
+            return len(rows) == 1 and rows[0]["epoch"] == 1 and rows[0]["queued"] == rows[0]["running"] == 0
+
+        assert wait_until(idle, 30.0), daemon.status()
         status = daemon.status()
         session = status["sessions"][0]
-        assert session["images"] == images
-        wait_until(lambda: value(scrape(url)[1], "fastload_daemon_samples_total") == images, 10.0)
+        decoded = session["images"]
+        assert decoded >= images
+        wait_until(lambda: value(scrape(url)[1], "fastload_daemon_samples_total") == decoded, 10.0)
         kinds, during = scrape(url)
         assert set(kinds) >= (DAEMON_FAMILIES | SESSION_FAMILIES | LOADER_FAMILIES), (
             (DAEMON_FAMILIES | SESSION_FAMILIES | LOADER_FAMILIES) - set(kinds)
@@ -125,7 +132,7 @@ def test_daemon_metrics_equal_status_and_never_fall(
         labels = {"session": str(session["session"]), "rank": "1"}
         assert value(during, "fastload_session_info", **labels, pid=str(session["pid"]), world_size="2",
                      dataset=str(image_folder)) == 1
-        assert value(during, "fastload_session_samples_total", **labels) == images
+        assert value(during, "fastload_session_samples_total", **labels) == decoded
         assert value(during, "fastload_session_tasks_total", **labels) == session["tasks"]
         assert value(during, "fastload_session_read_bytes_total", **labels) == session["bytes_read"] > 0
         for stage in ("read", "decode", "augment"):
@@ -141,7 +148,9 @@ def test_daemon_metrics_equal_status_and_never_fall(
         # The trainer's own figures, from its statistics block: the same counters loader.stats() has.
         stats = loader.stats()
         assert stats is not None
-        assert value(during, "fastload_samples_total", **labels) == stats.samples == images
+        # What the trainer has heard of: every batch it took, and what finished ahead of it since.
+        assert value(during, "fastload_samples_total", **labels) == stats.samples
+        assert images <= stats.samples <= decoded
         waited = value(during, "fastload_trainer_wait_seconds_total", **labels)
         assert waited == pytest.approx(stats.trainer_wait_s)
         verdicts = {v: value(during, "fastload_verdict", **labels, verdict=v) for v in VERDICTS}
@@ -151,7 +160,7 @@ def test_daemon_metrics_equal_status_and_never_fall(
     wait_until(lambda: value(scrape(url)[1], "fastload_daemon_sessions") == 0, 10.0)
     kinds, after = scrape(url)
     assert not [k for k in after if k[0].startswith("fastload_session_")]
-    assert value(after, "fastload_daemon_samples_total") == images
+    assert value(after, "fastload_daemon_samples_total") == decoded
     assert value(after, "fastload_daemon_sessions_started_total") == 1
     assert_monotonic(during, after)
     assert counters(kinds, after)
@@ -184,7 +193,8 @@ def test_a_scrape_is_answered_while_the_daemon_serves(daemon_pool: DaemonPool, i
     finally:
         stop.set()
         thread.join(60)
-    assert len(seen) >= 3 and seen == sorted(seen) and seen[-1] == 72, seen[-5:]
+    # 3 epochs of 24, and the next epoch's first batches, decoded ahead (NOTE [no drain]).
+    assert len(seen) >= 3 and seen == sorted(seen) and seen[-1] >= 72, seen[-5:]
     assert slowest[0] < 5.0, slowest
 
 

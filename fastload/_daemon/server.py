@@ -478,7 +478,16 @@ class Daemon:
 
     def _task(self, session: Session, f: dict[str, Any], extra: list[bytes]) -> None:
         if self._stopping:
-            raise DaemonError("the daemon is shutting down; resume from the last state_dict() later")
+            # That task alone fails, not the session: a trainer decoding its next epoch ahead
+            # (NOTE [no drain]) still gets the batches already in flight of the epoch it is in.
+            refused = Failure(
+                -1, "the daemon is shutting down and refused this batch: start one again (`fastload "
+                "serve`) and resume from the last state_dict()", "", -1,
+                DaemonError.__name__, "", f"{DaemonError.__module__}:{DaemonError.__qualname__}",
+            )
+            op, fields = wire.event_message(refused, f["seq"])
+            self._reply(session.sock, session.identity, op, **fields)
+            return
         self._scheduler.accept(session, f, extra)
         if session.read_ahead is not None:  # NOTE [read-ahead]: the trainer's tasks are its plan
             session.read_ahead.ask(session.pending[-1].indices)

@@ -130,6 +130,7 @@ def status_row(s: Session, now: float) -> dict[str, Any]:
         "memory_bytes": s.memory,
         "images_per_s": s.images / max(now - s.started, 1e-9),
         "queued": len(s.pending),
+        "running": len(s.client_seq) - len(s.pending),  # in the pool, not yet done
         "epoch": s.epoch,
         "batch": s.batch,
     }

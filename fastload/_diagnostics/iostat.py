@@ -140,12 +140,17 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
             *advice,
         ]
     if r.epochs and r.epoch_start_wait_percent > EPOCH_START_SHARE * r.trainer_wait_percent:
+        # A loader decodes its next epoch's first batches while the trainer eats this epoch's tail
+        # (NOTE [no drain]), locally and with a daemon; these are the cases it cannot.
         advice.append(
             f"{r.epoch_start_wait_percent:.0f}% of the time goes to waiting for the first batch of "
-            f"{r.epochs} epoch(s): the pipeline restarts cold at epoch ends; keep one loader per phase "
-            "(train, validation) alive across epochs and name the next epoch with set_epoch(e + 1), "
-            "so that it is decoded ahead"
+            f"{r.epochs} epoch(s): those epochs started cold. A loader decodes the next epoch ahead "
+            "only when it outlives the epoch (one loader per phase, made once, not per epoch), the "
+            "epoch it runs next is the one after (set_epoch skips none), its order is fastload's "
+            "own (not a sampler= or batch_sampler= of yours) and persistent_workers is not False"
         )
+        if r.trainer_wait_percent - r.epoch_start_wait_percent < WAIT_BOUND_PERCENT:
+            return "epoch-start-bound", advice  # between epoch starts the trainer hardly waits
     ms = r.ms_per_sample
     h2d_busy = ms["h2d"] * r.samples_per_s / 10.0  # percent of wall time spent copying
     if r.device == "cuda" and h2d_busy > H2D_BOUND_PERCENT:

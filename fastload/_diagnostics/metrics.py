@@ -45,6 +45,7 @@ VERDICTS = (
     "augment-bound",
     "transport-bound",
     "host-to-device-bound",
+    "epoch-start-bound",
 )
 STAGES = ("read", "decode", "augment", "slot_wait", "h2d")
 _RATE_WINDOW_S = 1.0  # per-second figures and the verdict cover at least this much time

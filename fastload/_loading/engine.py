@@ -34,7 +34,7 @@ from typing import Any, NoReturn, cast
 
 import zmq
 
-from fastload._errors import WorkerError, sample_error
+from fastload._errors import DaemonError, WorkerError, sample_error
 from fastload._loading import worker_link as proto
 from fastload._loading.executor import Event, Failure, Task
 from fastload._loading.jobs import Job
@@ -78,6 +78,8 @@ def raise_failure(failure: Failure) -> NoReturn:
         raise WorkerError(f"a worker could not start: {failure.message}\n{failure.traceback}")
     if failure.exc_type == WorkerError.__name__:  # the task kept killing workers (see Engine)
         raise WorkerError(failure.message)
+    if failure.exc_type == DaemonError.__name__:  # a draining daemon refused the task
+        raise DaemonError(failure.message)
     raise sample_error(
         failure.message,
         path=failure.path,

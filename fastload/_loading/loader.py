@@ -387,9 +387,10 @@ class FastLoader:
     def _following(self, epoch: int) -> tuple[int, Callable[[], Iterator[np.ndarray]]] | None:
         """The epoch the iteration after this one will most likely run, and its batches: decoded
         ahead while this epoch's tail is consumed. Only a plan of fastload's own (a user's sampler
-        may not be iterated ahead of time) with workers that outlive the epoch, in this process's
-        own pool: a daemon's pool is shared, and it refuses new tasks once it drains."""
-        if not isinstance(self._plan, ShuffledPlan) or not self.persistent_workers or self._spec.daemon:
+        may not be iterated ahead of time) with workers that outlive the epoch: this process's
+        pool, or a daemon session's window of slots (a draining daemon fails only the tasks it
+        refuses, so the epoch under way still ends whole)."""
+        if not isinstance(self._plan, ShuffledPlan) or not self.persistent_workers:
             return None
         return epoch + 1, functools.partial(self._plan.iter_batches, epoch + 1, 0)
 
