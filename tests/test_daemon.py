@@ -388,7 +388,9 @@ def test_status_lists_the_sessions(
     rows = [line.split() for line in out.splitlines() if line.strip().endswith(str(image_folder))]
     assert len(rows) == 1, out
     assert rows[0][1:3] == [str(os.getpid()), "1/2"], out
-    assert rows[0][3].startswith("0."), out  # position: epoch 0, the newest batch asked for
+    # Position: the newest batch asked for: epoch 0's, or, with its 3 batches all asked for, the
+    # next epoch's first ones, decoded ahead (NOTE [no drain]).
+    assert rows[0][3].split(".")[0] in ("0", "1"), out
     assert int(rows[0][4]) >= 4  # images loaded so far
 
 

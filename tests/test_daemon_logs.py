@@ -45,7 +45,8 @@ def test_json_log_has_one_line_per_session_start_end_replacement_and_refusal(
     (start,) = by_name["session_start"]
     assert start["session"] == session and start["dataset"] == str(image_folder) and start["rank"] == 0
     (end,) = by_name["session_end"]
-    assert end["session"] == session and end["images"] == 24 and end["reason"] == "bye"
+    # 24 delivered, and the next epoch's first batches decoded ahead (NOTE [no drain]).
+    assert end["session"] == session and end["images"] >= 24 and end["reason"] == "bye"
     (refusal,) = by_name["refusal"]
     assert refusal["request"] == "hello" and refusal["reason"] == reply["message"]
     replaced = by_name["worker_replaced"]

@@ -302,7 +302,7 @@ def test_waits_at_epoch_starts_are_named_in_the_advice() -> None:
             next_calls=10, epochs=2, epoch_start_wait_s=start_wait_s,
         )
 
-    verdict, advice = classify(two_epochs(0.4), IDLE, cores=2)
+    verdict, advice = classify(two_epochs(0.45), IDLE, cores=2)
     # Issue 28: mostly epoch starts is not "transport-bound, raise prefetch"; and the advice names
     # what makes an epoch start cold, not set_epoch(e + 1), which a training loop already calls.
     assert verdict == "epoch-start-bound", verdict
