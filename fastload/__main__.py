@@ -69,7 +69,12 @@ def _build_parser() -> argparse.ArgumentParser:
     pack = sub.add_parser(
         "pack", help="copy a dataset's encoded images into large aligned files with an index (resumable)"
     )
-    pack.add_argument("src", help="a folder, a file list, or tar shards (a path, glob or {000..099} pattern)")
+    pack.add_argument(
+        "src",
+        help="a source of encoded images: a folder, a file list (.csv/.tsv/.txt), tar shards (a path, glob "
+        "or {000..099} pattern), an HDF5 file of encoded images (.h5/.hdf5), or a pack; a local path or "
+        "a URL (s3://, gs://, https://)",
+    )
     pack.add_argument("dst", help="the pack's directory (new or empty; or a pack of SRC to finish)")
     pack.add_argument("--shard-size", default="1GiB", help="largest data file, e.g. 1GiB (default), 512MiB")
     pack.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -107,6 +112,20 @@ def _build_parser() -> argparse.ArgumentParser:
         "at ADDRESS (ray://HOST:10001, HOST:6379, auto), else RAY_ADDRESS's, else a local Ray of --workers "
         "CPUs; the same bytes as without. Every node reads SRC at its own path (shared storage). Put "
         "it after SRC DST, or write --ray=ADDRESS",
+    )
+    pack.add_argument(
+        "--exclude",
+        metavar="LIST",
+        help="leave out the samples this list names (what `fastload verify SRC -o LIST` writes); the "
+        "manifest records them",
+    )
+    pack.add_argument(
+        "--on-error",
+        choices=("raise", "skip"),
+        default="raise",
+        help="a sample that cannot be read or is not a whole image (empty, cut short, not an image): "
+        "raise (default: stop, naming it; the samples packed so far are kept, and the same command "
+        "goes on from them) or skip (leave it out, list it in the manifest, and say so at the end)",
     )
     pack.add_argument(
         "--root", help="with a file list: the folder its paths are relative to (default: the list's folder)"
@@ -186,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 quality=args.quality,
                 workers=args.workers,
                 ray=args.ray,
+                exclude=args.exclude,
+                on_error=args.on_error,
             )
             return 0
 

@@ -185,8 +185,13 @@ def test_bad_images_and_missing_pillow_are_named(
     (broken / "a").mkdir(parents=True)
     data = (folder / "b/3.jpg").read_bytes()
     (broken / "a/0.jpg").write_bytes(data[: len(data) // 2])  # a truncated JPEG, over N
-    with pytest.raises(DatasetError, match=r"cannot re-encode .*0\.jpg: ValueError: corrupt JPEG"):
+    cut_short = r"0\.jpg is not a whole image \(a JPEG cut short.*--on-error skip.*--exclude bad\.txt"
+    with pytest.raises(DatasetError, match=cut_short):
         sources.pack(broken, tmp_path / "p1", progress=False, max_side=N, workers=2)
+    start = data.find(b"\xff\xc0") + 4  # whole, but its frame header says 7-bit samples
+    (broken / "a/0.jpg").write_bytes(data[:start] + b"\x07" + data[start + 1 :])
+    with pytest.raises(DatasetError, match=r"cannot re-encode .*0\.jpg: ValueError: .*precision 7"):
+        sources.pack(broken, tmp_path / "p3", progress=False, max_side=N, workers=2)
     png = tmp_path / "png"
     (png / "a").mkdir(parents=True)
     (png / "a/0.png").write_bytes((folder / "b/0.png").read_bytes())

@@ -193,8 +193,31 @@ def test_a_sample_that_cannot_be_reencoded_is_named(cluster: None, tmp_path: Pat
     broken = build_folder(tmp_path / "broken", classes=1, per_class=6)
     bad = sorted((broken / "n00").iterdir())[4]
     bad.write_bytes(b"\xff\xd8\xff not a JPEG")
-    with pytest.raises(DatasetError, match=rf"cannot re-encode .*{bad.name}"):
+    with pytest.raises(DatasetError, match=rf"{bad.name} is not a whole image \(a JPEG cut short"):
         sources.pack(broken, tmp_path / "out", progress=False, ray=True, max_side=MAX_SIDE)
+
+
+def test_samples_skipped_on_ray_are_the_plain_packs_staged_or_not(
+    cluster: None, tmp_path: Path, ranges_log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """on_error="skip" on Ray leaves out what the plain pack leaves out, with the same reasons,
+    also for ranges staged by a run that failed and read back by the next."""
+    dirty = build_folder(tmp_path / "dirty", classes=2, per_class=8)
+    images = sorted(dirty.glob("*/*.jpg"))
+    images[2].write_bytes(b"")
+    images[9].write_bytes(images[9].read_bytes()[:300])
+    plain, dst = tmp_path / "plain", tmp_path / "ray"
+    options: dict[str, Any] = {"shard_bytes": SHARD, "progress": False, "on_error": "skip", **OPTIONS[1]}
+    with pytest.warns(UserWarning, match="left out 2 samples"):
+        sources.pack(dirty, plain, **options)
+    with monkeypatch.context() as patch:
+        patch.setenv(_ray_pack._FAIL_ENV, "0")  # the first range fails; the others are staged
+        with pytest.raises(DatasetError, match="run the same"):
+            sources.pack(dirty, dst, ray=True, **options)
+    assert list((dst / _pack_writer.STAGING).glob("range-*.bin"))
+    with pytest.warns(UserWarning, match="left out 2 samples"):
+        sources.pack(dirty, dst, ray=True, **options)
+    assert _files(dst) == _files(plain)
 
 
 def test_ray_missing_or_a_bad_address_is_a_config_error(
@@ -205,3 +228,4 @@ def test_ray_missing_or_a_bad_address_is_a_config_error(
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails
     with pytest.raises(ConfigError, match=r"needs Ray.*pip install 'fastload\[ray\]'"):
         sources.pack(folder, tmp_path / "b", progress=False, ray=True)
+    assert not (tmp_path / "b").exists()  # said before any work

@@ -335,3 +335,60 @@ def test_daemon_roots_confine_urls_to_their_prefixes() -> None:
     assert not in_bucket.allows("s3://bucket/datasets-private/pack")
     assert not in_bucket.allows("s3://bucket/datasets/../secret/pack")
     assert not in_bucket.allows("s3://other/datasets/pack") and not in_bucket.allows("/data/x")
+
+
+def test_pack_to_s3_without_s3fs_fails_before_any_work(local: Path, tmp_path: Path) -> None:
+    """The command says what to install at once, and neither reads a sample nor stages a pack."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['s3fs'] = None; from fastload.__main__ import main; sys.exit(main())"
+    env = {**os.environ, "FASTLOAD_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-c", code, "pack", str(local / "folder"), "s3://data-bucket/nowhere", "--quiet"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert done.returncode == 1
+    assert "s3://data-bucket/nowhere/manifest.json: reading s3:// needs s3fs (s3fs is missing)" in done.stderr
+    assert "pip install 'fastload[remote]'" in done.stderr
+    assert not list(tmp_path.glob("cache/*/pack-staging/*"))
+
+
+def test_pack_to_an_unreachable_store_fails_before_any_work(
+    local: Path, remote_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from remote_helpers import free_port
+
+    monkeypatch.setattr(_remote, "RETRY_DEADLINE_S", 1.0)
+    _use(monkeypatch, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    said = r"cannot pack to s3://data-bucket/p: .*unreachable.*nothing was packed"
+    with pytest.raises(DatasetError, match=said):
+        pack(str(local / "folder"), "s3://data-bucket/p", progress=False)
+    assert not list(remote_env.glob("*/pack-staging/*"))
+
+
+def test_a_failed_upload_says_where_the_pack_is_and_the_rerun_uploads_it(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from remote_helpers import list_objects
+
+    _use(monkeypatch, s3)
+    real = _remote.upload
+
+    def refused(path: str, url: str) -> None:
+        if url.endswith("manifest.json"):
+            raise OSError(f"{url}: the store refused the request (500)")
+        real(path, url)
+
+    dst = "s3://data-bucket/upload-fails"
+    with monkeypatch.context() as patch:
+        patch.setattr(_remote, "upload", refused)
+        said = r"uploading the pack to .* failed .*kept in (\S+): run the same command again"
+        with pytest.raises(DatasetError, match=said) as e:
+            pack(str(local / "folder"), dst, shard_bytes=40_000, progress=False)
+    staging = Path(str(e.value).split("kept in ")[1].split(":")[0])
+    assert staging.is_relative_to(remote_env) and (staging / "manifest.json").exists()
+    pack(str(local / "folder"), dst, shard_bytes=40_000, progress=False)  # uploads; packs nothing again
+    stored = list_objects(s3, "data-bucket", "upload-fails/")
+    assert stored == {p.name: p.read_bytes() for p in (local / "pack").iterdir()}
+    assert not staging.exists()

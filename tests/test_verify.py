@@ -197,3 +197,21 @@ def test_a_list_round_trips_awkward_names(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert path.read_text().startswith("# a header\n# on two lines\n")
+
+
+def test_an_output_that_cannot_be_written_fails_before_any_sample_is_decoded(
+    damaged: tuple[Path, set[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from fastload.__main__ import main
+    from fastload._diagnostics import verify as verify_module
+
+    root, _ = damaged
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(verify_module, "verify", None)  # decoding anything would fail otherwise
+    assert main(["verify", str(root), "-o", str(blocker / "bad.txt")]) == 1
+    assert f"{blocker} is not a directory: create it" in capsys.readouterr().err
+    assert main(["verify", str(root), "-o", str(tmp_path)]) == 1
+    assert "is a directory: give a file's path" in capsys.readouterr().err
+

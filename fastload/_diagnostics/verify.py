@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from fastload._errors import SampleError
+from fastload._errors import ConfigError, SampleError
 from fastload._loading.exclusion import write_list
 
 # Small batches: a broken sample makes its batch load again with a stand-in (NOTE [bad samples]).
@@ -99,6 +99,8 @@ def progress_line(stream: TextIO = sys.stderr) -> Callable[[int, int, int, float
 
 def run(path: str, output: str | None, workers: int | None, quiet: bool) -> int:
     """The command: the list to `output` (or stdout), a summary on stderr; exit 1 if any is broken."""
+    if output is not None:
+        _check_writable(output)  # before the whole source is decoded, not after
     result = verify(path, workers=workers, progress=None if quiet else progress_line())
     found = f"{len(result.broken)} of {result.samples} samples broken"
     header = f"fastload verify {os.path.abspath(path)}: {found}"
@@ -111,3 +113,19 @@ def run(path: str, output: str | None, workers: int | None, quiet: bool) -> int:
     where = f"; the list is in {output} (FastLoader(..., exclude={output!r}))" if listed else ""
     print(f"{header}, {result.seconds:.1f} s{where}", file=sys.stderr)
     return 1 if result.broken else 0
+
+
+def _check_writable(path: str) -> None:
+    """ConfigError when a list cannot be written at `path` (its folder missing, not a folder, or
+    not writable; `path` a folder)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(f"--output {path} is a directory: give a file's path for the list")
+    if not os.path.isdir(folder):
+        raise ConfigError(
+            f"--output {path}: {folder} is not a directory: create it, or write the list elsewhere"
+        )
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        raise ConfigError(
+            f"--output {path}: cannot write there (permission denied): write the list elsewhere"
+        )

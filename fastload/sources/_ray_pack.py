@@ -12,7 +12,8 @@ tasks per CPU in flight and writes in order: the range the writer waits for goes
 one that finishes out of order is written to `ray-staging/range-FIRST-STOP.bin` in the pack
 (a temporary synced, then renamed: present means whole) and read back, then removed, when its
 turn comes. Ray retries a task whose node or worker died (`max_retries`); a task that fails
-(a sample that cannot be read or decoded, retries spent) ends the run, after the tasks in flight
+(a sample that cannot be read or decoded, unless `on_error="skip"` left it out: NOTE [skipped in
+a range]; retries spent) ends the run, after the tasks in flight
 have finished and been staged, with `pack`'s writer checkpointed. The same command run again
 goes on from the checkpoint and runs only the ranges that are neither written nor staged.
 Ranges, not one task per sample: a task's overhead (~1 ms of scheduling and a result object) is
@@ -38,7 +39,7 @@ import numpy as np
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources._bounds import clip
 from fastload.sources._index import SampleIndex
-from fastload.sources._reencode import Blob, Reencoding, _checked, _Failure, _Job, _run_task
+from fastload.sources._reencode import Made, Reencoding, Skipped, _checked, _Failure, _Job, _run_task
 
 RANGE_SAMPLES = 256  # positions of the pack's order one task makes (tests make it small)
 MAX_RETRIES = 3  # of a task whose worker or node died (Ray's own retry)
@@ -60,25 +61,27 @@ def ray_batches(
     workers: int | None,
     staging: str,
     say: Callable[[str], object] | None,
-) -> Generator[Sequence[Blob], None, None]:
+    skip: bool = False,
+) -> Generator[Sequence[Made], None, None]:
     """The samples `order[start:]` as the pack stores them, a range at a time, in order, made by
     Ray tasks (NOTE [ray ranges]). The cluster: the one this process is connected to, else the
     one at `address`, else `RAY_ADDRESS`'s, else a new local Ray of `workers` CPUs (disconnected
-    after, when this connected). `say`: where a line on the ranges goes. Errors: ConfigError when
-    Ray is missing or the cluster cannot be reached, DatasetError (or ConfigError) naming what
-    failed."""
-    ray = _import_ray()
+    after, when this connected). `say`: where a line on the ranges goes. `skip`: a sample that
+    cannot be made is `Skipped` (`_reencode.made_batches`). Errors: ConfigError when Ray is
+    missing or the cluster cannot be reached, DatasetError (or ConfigError) naming what failed."""
+    ray = import_ray()
     connected = _connect(ray, address, workers)
     try:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         window = 2 * max(1, workers if workers is not None else cpus)
-        yield from _Ranges(ray, index, order, setting, staging, window).batches(start, cpus, say)
+        yield from _Ranges(ray, index, order, setting, staging, window, skip).batches(start, cpus, say)
     finally:
         if connected:
             ray.shutdown()
 
 
-def _import_ray() -> ModuleType:
+def import_ray() -> ModuleType:
+    """The `ray` module; ConfigError saying what to install when it is missing."""
     try:
         return importlib.import_module("ray")
     except ImportError as e:
@@ -116,21 +119,47 @@ class _TestHook:
 
 
 def _range_task(
-    index: SampleIndex, indices: np.ndarray, setting: Reencoding | None, hook: _TestHook | None
+    index: SampleIndex, indices: np.ndarray, setting: Reencoding | None, hook: _TestHook | None, skip: bool
 ) -> _Result | _Failure:
-    """In a Ray worker: read samples `indices` of `index` and re-encode them (`setting`); their
-    sizes and bytes, or the `_Failure` of the first that could not be read or re-encoded."""
+    """In a Ray worker: read samples `indices` of `index`, check them and re-encode them
+    (`setting`); their sizes and bytes (NOTE [skipped in a range]), or the `_Failure` of the first
+    that could not be made."""
     if hook is not None:
         if hook.log is not None:
             with open(hook.log, "a", encoding="utf-8") as f:
                 f.write(f"{hook.first}\n")
         if hook.fail:
             raise RuntimeError("a failure injected by a test")
-    blobs = _run_task(_Job(index, indices, setting, 0), 0, len(indices), keep_views=True)
-    if isinstance(blobs, _Failure):
-        return blobs
-    sizes = np.fromiter((len(b) for b in blobs), np.int64, len(blobs))
+    made = _run_task(_Job(index, indices, setting, 0, skip), 0, len(indices), keep_views=True)
+    if isinstance(made, _Failure):
+        return made
+    blobs = [m.reason.encode() if isinstance(m, Skipped) else m for m in made]
+    sizes = np.fromiter(
+        (-1 - len(b) if isinstance(m, Skipped) else len(b) for m, b in zip(made, blobs, strict=True)),
+        np.int64,
+        len(blobs),
+    )
     return sizes, np.frombuffer(b"".join(blobs), np.uint8)
+
+
+# NOTE [skipped in a range]: a range's result (and its staged file) is its samples' sizes, then
+# their bytes end to end; a sample `on_error="skip"` left out is there as its reason's UTF-8
+# bytes, its size -1 - their length (so the range stays one self-describing blob).
+
+
+def _lengths(sizes: np.ndarray) -> np.ndarray:
+    """The bytes each entry of a range's `sizes` takes (NOTE [skipped in a range])."""
+    return np.where(sizes >= 0, sizes, -1 - sizes)
+
+
+def _samples(sizes: np.ndarray, data: np.ndarray) -> list[Made]:
+    """A range's samples from its (sizes, bytes): views, and `Skipped` for those left out."""
+    ends = np.cumsum(_lengths(sizes)).tolist()
+    view = memoryview(data.data)
+    made: list[Made] = []
+    for size, a, b in zip(sizes.tolist(), [0, *ends[:-1]], ends, strict=True):
+        made.append(view[a:b] if size >= 0 else Skipped(bytes(view[a:b]).decode()))
+    return made
 
 
 class _Ranges:
@@ -144,9 +173,10 @@ class _Ranges:
         setting: Reencoding | None,
         staging: str,
         window: int,
+        skip: bool,
     ) -> None:
         self.ray, self.index, self.order, self.setting = ray, index, order, setting
-        self.staging, self.window = staging, window
+        self.staging, self.window, self.skip = staging, window, skip
         self.task = ray.remote(max_retries=MAX_RETRIES)(_range_task)
         self.running: dict[Any, _Range] = {}  # Ray ObjectRef -> its range
         self.index_ref: Any = None  # the index in Ray's object store, put there once
@@ -154,7 +184,7 @@ class _Ranges:
 
     def batches(
         self, start: int, cpus: int, say: Callable[[str], object] | None
-    ) -> Generator[Sequence[Blob], None, None]:
+    ) -> Generator[Sequence[Made], None, None]:
         count, step = len(self.order), RANGE_SAMPLES
         ranges = [(first, min(first + step, count)) for first in range(start - start % step, count, step)]
         os.makedirs(self.staging, exist_ok=True)
@@ -182,11 +212,7 @@ class _Ranges:
                         result = None
                 if result is None:
                     result = self._read_staged(wanted)
-                sizes, data = result
-                ends = np.cumsum(sizes).tolist()
-                view = memoryview(data.data)
-                blobs = [view[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-                yield blobs[max(0, start - wanted[0]) :]
+                yield _samples(*result)[max(0, start - wanted[0]) :]
                 if wanted in staged:
                     os.unlink(self._path(wanted))  # written (a kill before its checkpoint: made again)
         finally:
@@ -200,7 +226,7 @@ class _Ranges:
             hook = None
             if self.fail is not None or self.log is not None:
                 hook = _TestHook(first, self.fail == str(first), self.log)
-            ref = self.task.remote(self.index_ref, self.order[first:stop], self.setting, hook)
+            ref = self.task.remote(self.index_ref, self.order[first:stop], self.setting, hook, self.skip)
             self.running[ref] = (first, stop)
 
     def _next_result(self) -> tuple[_Range, _Result]:
@@ -256,7 +282,7 @@ class _Ranges:
                 length = os.fstat(f.fileno()).st_size
         except FileNotFoundError:
             return False
-        return len(sizes) == count and bool((sizes >= 0).all()) and length == 8 * count + int(sizes.sum())
+        return len(sizes) == count and length == 8 * count + int(_lengths(sizes).sum())
 
     def _read_staged(self, rng: _Range) -> _Result:
         with open(self._path(rng), "rb") as f:

@@ -1,7 +1,10 @@
 """Smaller stored images for `pack(max_side=...)` (`fastload pack --max-side N`): what FFCV's
 `max_resolution` does, as a stage between the source's reads and the pack's writer.
 
-Its one responsibility is turning a source's samples into the pack's, in order:
+Its one responsibility is turning a source's samples into the pack's, in order (with or without
+`max_side`): each is checked to be a whole image first (`_image_bytes`: a pack never holds broken
+bytes as if good; `on_error="skip"` leaves such a sample out, as `Skipped`, else it is an error
+naming it), then, with `max_side`:
 
 - an image whose longer side is at most `max_side` is stored as it is, byte for byte;
 - a larger JPEG is decoded at the coarsest DCT scale that keeps it at least the target size
@@ -46,6 +49,7 @@ import numpy as np
 from fastload._errors import ConfigError, DatasetError
 from fastload._loading.backends import JPEG_MAGIC
 from fastload._loading.native import built_native_jpeg
+from fastload.sources._image_bytes import damage
 from fastload.sources._index import ReadFailure, SampleIndex
 
 DEFAULT_QUALITY = 90  # FFCV's default: visually lossless on photos at ~1/3 of quality 100's size
@@ -168,41 +172,87 @@ def _pillow() -> Any:
 
 
 @dataclass(frozen=True)
+class Skipped:
+    """A sample `pack(on_error="skip")` leaves out, in its place among the samples made: why."""
+
+    reason: str
+
+
+Made = Blob | Skipped  # a sample as this stage hands it to the pack's writer
+_HOW_TO_LEAVE_OUT = (
+    "run the same command again with --on-error skip (on_error='skip'): it goes on from the samples "
+    "packed so far and lists those it leaves out in the manifest; or list every broken sample with "
+    "`fastload verify SRC -o bad.txt` and pack into a new directory with --exclude bad.txt"
+)
+
+
+@dataclass(frozen=True)
 class _Failure:
-    """Sample `position` of a task could not be read (`read`) or re-encoded; `config`: the
-    message is a ConfigError's (what to install)."""
+    """Sample `position` of a task could not be made: `kind` is "read" (unreadable), "broken"
+    (not a whole image: `_image_bytes`), "reencode" (the decoder refused it) or "config" (the
+    message is a ConfigError's: what to install)."""
 
     position: int
     message: str
-    read: bool = False
-    config: bool = False
+    kind: str
 
 
 @dataclass(frozen=True)
 class _Job:
     index: SampleIndex
     order: np.ndarray
-    setting: Reencoding | None  # None: the samples as the source stores them (`pack(ray=...)`'s tasks)
+    setting: Reencoding | None  # None: the samples as the source stores them
     parent: int
+    skip: bool = False  # on_error="skip": a sample that cannot be made is `Skipped`, not a failure
 
 
-def _run_task(job: _Job, first: int, stop: int, keep_views: bool) -> list[Blob] | _Failure:
-    """Read samples `order[first:stop]` and re-encode them; bytes (not views) unless `keep_views`
-    (a result that crosses a pipe must be picklable)."""
+def _run_task(job: _Job, first: int, stop: int, keep_views: bool) -> list[Made] | _Failure:
+    """Read samples `order[first:stop]`, check them and re-encode them; bytes (not views) unless
+    `keep_views` (a result that crosses a pipe must be picklable)."""
+    indices = job.order[first:stop]
+    unread: dict[int, str] = {}
     try:
-        blobs = job.index.read(job.order[first:stop])
+        blobs: Sequence[Blob | None] = job.index.read(indices)
     except ReadFailure as e:
-        return _Failure(e.position, str(e.cause), read=True)
-    out: list[Blob] = []
+        if not job.skip:
+            return _Failure(e.position, str(e.cause), "read")
+        blobs, unread = _read_each(job.index, indices)
+    out: list[Made] = []
     for position, blob in enumerate(blobs):
+        if blob is None:
+            out.append(Skipped(f"cannot read it: {unread[position]}"))
+            continue
+        broken = damage(blob)
+        if broken is not None:
+            if not job.skip:
+                return _Failure(position, broken, "broken")
+            out.append(Skipped(f"not a whole image: {broken}"))
+            continue
         try:
             done = blob if job.setting is None else reencode(blob, job.setting)
         except ConfigError as e:
-            return _Failure(position, str(e), config=True)
+            return _Failure(position, str(e), "config")
         except Exception as e:  # any decoder's error (ValueError, OSError, Pillow's own): named below
-            return _Failure(position, f"{type(e).__name__}: {e}")
+            if not job.skip:
+                return _Failure(position, f"{type(e).__name__}: {e}", "reencode")
+            out.append(Skipped(f"cannot re-encode it: {type(e).__name__}: {e}"))
+            continue
         out.append(done if keep_views or isinstance(done, bytes) else bytes(done))
     return out
+
+
+def _read_each(index: SampleIndex, indices: np.ndarray) -> tuple[list[Blob | None], dict[int, str]]:
+    """The samples read one at a time (after a batch's read failed): None for each unreadable
+    one, and why, by position."""
+    blobs: list[Blob | None] = []
+    unread: dict[int, str] = {}
+    for position in range(len(indices)):
+        try:
+            blobs.append(index.read(indices[position : position + 1])[0])
+        except ReadFailure as e:
+            blobs.append(None)
+            unread[position] = str(e.cause)
+    return blobs, unread
 
 
 # NOTE [re-encoding pool]: the pool's processes are forked (fastload's start method), so each one
@@ -228,22 +278,30 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _worker_task(first: int, stop: int) -> list[Blob] | _Failure:
+def _worker_task(first: int, stop: int) -> list[Made] | _Failure:
     if _job is None:
         raise RuntimeError("a re-encoding task ran outside the pool it was made for")
     return _run_task(_job, first, stop, keep_views=False)
 
 
-def reencoded_batches(
-    index: SampleIndex, order: np.ndarray, start: int, setting: Reencoding, workers: int
-) -> Generator[Sequence[Blob], None, None]:
-    """The samples `order[start:]` as the pack stores them, a task's worth at a time, in order.
-    `workers` processes re-encode (1: this process). Errors: DatasetError naming the sample that
-    could not be read or decoded, ConfigError when Pillow is needed and missing."""
-    job = _Job(index, order, setting, os.getpid())
-    step = max(1, TASK_SAMPLES)
+def made_batches(
+    index: SampleIndex,
+    order: np.ndarray,
+    start: int,
+    setting: Reencoding | None,
+    workers: int,
+    skip: bool,
+    step: int | None = None,
+) -> Generator[Sequence[Made], None, None]:
+    """The samples `order[start:]` as the pack stores them, a task's worth at a time, in order:
+    checked (`_image_bytes`), and re-encoded when `setting` asks. `workers` processes re-encode
+    (1, or no `setting`: this process). `skip`: a sample that cannot be read, is broken or cannot
+    be re-encoded is `Skipped`; else it is a DatasetError naming it and how to go on. ConfigError
+    when Pillow is needed and missing. `step`: samples a task (default `TASK_SAMPLES`)."""
+    job = _Job(index, order, setting, os.getpid(), skip)
+    step = max(1, TASK_SAMPLES if step is None else step)
     tasks = [(first, min(first + step, len(order))) for first in range(start, len(order), step)]
-    workers = min(workers, len(tasks))
+    workers = min(workers, len(tasks)) if setting is not None else 1  # copying bytes: this process
     if workers <= 1:
         for first, stop in tasks:
             yield _checked(index, order, first, _run_task(job, first, stop, keep_views=True))
@@ -251,7 +309,7 @@ def reencoded_batches(
     pool = ProcessPoolExecutor(
         workers, mp_context=mp.get_context("fork"), initializer=_worker_init, initargs=(job,)
     )
-    pending: deque[tuple[int, Future[list[Blob] | _Failure]]] = deque()
+    pending: deque[tuple[int, Future[list[Made] | _Failure]]] = deque()
     try:
         for first, stop in tasks:
             pending.append((first, pool.submit(_worker_task, first, stop)))
@@ -263,7 +321,7 @@ def reencoded_batches(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _result(item: tuple[int, Future[list[Blob] | _Failure]]) -> tuple[int, list[Blob] | _Failure]:
+def _result(item: tuple[int, Future[list[Made] | _Failure]]) -> tuple[int, list[Made] | _Failure]:
     first, future = item
     try:
         return first, future.result()
@@ -274,16 +332,20 @@ def _result(item: tuple[int, Future[list[Blob] | _Failure]]) -> tuple[int, list[
         ) from e
 
 
-def _checked(index: SampleIndex, order: np.ndarray, first: int, result: list[Blob] | _Failure) -> list[Blob]:
+def _checked(index: SampleIndex, order: np.ndarray, first: int, result: list[Made] | _Failure) -> list[Made]:
+    """`result`, or the error naming the sample that failed (task starting at position `first`)."""
     if not isinstance(result, _Failure):
         return result
     name = index.name(int(order[first + result.position]))
-    if result.config:
+    if result.kind == "config":
         raise ConfigError(f"{name}: {result.message}")
-    if result.read:
-        raise DatasetError(f"cannot read {name}: {result.message} (run the same command again to go on)")
-    raise DatasetError(
-        f"cannot re-encode {name}: {result.message} (fix or remove it from the source, or pack without "
-        "max_side, which copies samples as they are)"
-    )
-
+    if result.kind == "read":
+        raise DatasetError(
+            f"cannot read {name}: {result.message}. Run the same command again to go on (the samples "
+            "packed so far are kept); if it stays unreadable, leave it out: --on-error skip "
+            "(on_error='skip')"
+        )
+    if result.kind == "broken":
+        raise DatasetError(f"{name} is not a whole image ({result.message}): a pack must not hold it; "
+                           f"{_HOW_TO_LEAVE_OUT}")
+    raise DatasetError(f"cannot re-encode {name}: {result.message}; {_HOW_TO_LEAVE_OUT}")

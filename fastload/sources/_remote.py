@@ -19,6 +19,7 @@ exponential backoff and jitter until `RETRY_DEADLINE_S`; then the read fails nam
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -92,7 +93,8 @@ def _make_filesystem(protocol: str, url: str) -> Any:
         package = _PACKAGES.get(protocol, "fsspec")
         extra = "fastload[remote] gcsfs" if package == "gcsfs" else "fastload[remote]"
         raise DatasetError(
-            f"{url}: reading {protocol}:// needs {package} ({e.name} is missing): pip install '{extra}'"
+            f"{url}: reading {protocol}:// needs {package} ({e.name or package} is missing): pip install "
+            f"'{extra}'"
         ) from None
     except ValueError as e:  # a protocol fsspec does not know
         raise DatasetError(f"{url}: {e}") from None
@@ -210,6 +212,14 @@ def read_whole(url: str, limit: int) -> bytes:
 
 def exists(url: str) -> bool:
     return bool(_retried(url, lambda fs: fs.exists(url)))
+
+
+def check_reachable(url: str) -> None:
+    """Fail now rather than after long work: the protocol's package is importable, and the store
+    answers a request for `url` with these credentials (a 404 is an answer). DatasetError or
+    OSError saying what is wrong."""
+    with contextlib.suppress(FileNotFoundError):
+        size_of(url)
 
 
 def upload(path: str, url: str) -> None:

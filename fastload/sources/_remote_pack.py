@@ -79,15 +79,29 @@ def open_remote_pack(root: str, cache_dir: str | None = None, cache_limit: int |
     return pack_index(root, classes, files, arrays, cache_dir=cache_dir, cache_limit=cache_limit)
 
 
+# NOTE [staging]: a pack for a URL is made whole on this machine first, in
+# `<node cache>/pack-staging/<hash of the URL>` (`~/.cache/fastload/remote-UID/...`, under
+# FASTLOAD_CACHE_DIR when set; it needs room for the whole pack), then uploaded. The store is asked
+# once before any work (its package importable, the credentials and endpoint answering), so that
+# a missing s3fs or a wrong endpoint is said at once, not after hours of packing; an upload that
+# fails says where the staging copy is, and the same command run again uploads only what the
+# store does not hold yet (the pack in staging is complete: nothing is packed again). The staging
+# copy is removed once uploaded.
+
+
 def pack_to_url(source: Any, dst: str, *, shard_bytes: int, progress: bool, **options: Any) -> Packed:
-    """Pack `source` into a staging directory on this machine (under the node cache's root, named
-    by `dst`: run again, it resumes there), then upload its files that the store does not hold
-    yet at their size, the manifest last, so that a reader never sees a manifest before its data.
-    Returns the pack at `dst` as a source."""
+    """Pack `source` into a staging directory on this machine (NOTE [staging]: run again, it
+    resumes there), then upload its files that the store does not hold yet at their size, the
+    manifest last, so that a reader never sees a manifest before its data. Returns the pack at
+    `dst` as a source."""
     from fastload.sources._node_cache import NodeCache
     from fastload.sources._pack_writer import pack
     from fastload.sources._packed import MANIFEST, Packed
 
+    try:  # before any work: what to install, or that the store does not answer (NOTE [staging])
+        _remote.check_reachable(_remote.join(dst, MANIFEST))
+    except OSError as e:
+        raise DatasetError(f"cannot pack to {dst}: {clip(str(e))} (nothing was packed)") from None
     cache = NodeCache()
     staging = os.path.join(cache.directory, "pack-staging", hashlib.sha256(dst.encode()).hexdigest()[:24])
     os.makedirs(staging, mode=0o700, exist_ok=True)
@@ -100,8 +114,15 @@ def pack_to_url(source: Any, dst: str, *, shard_bytes: int, progress: bool, **op
             there = _remote.size_of(url)[0] if name != MANIFEST else -1
         except FileNotFoundError:
             there = -1
-        if there != size:
-            _remote.upload(local, url)
+        try:
+            if there != size:
+                _remote.upload(local, url)
+        except OSError as e:
+            raise DatasetError(
+                f"uploading the pack to {dst} failed ({clip(str(e))}); the whole pack is kept in {staging}: "
+                "run the same command again to upload what is missing (nothing is packed again), or remove "
+                f"{staging} to give up"
+            ) from None
         if progress:
             print(f"\rupload {number}/{len(names)} files to {dst}", end="", file=sys.stderr, flush=True)
     if progress:
