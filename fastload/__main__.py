@@ -174,13 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from fastload._cli_sources import pack_source
             from fastload.sources import pack
 
-            shard_bytes = _control.parse_size(args.shard_size)
-            progress = not args.quiet
             pack(
                 pack_source(args.src, args.root, args.delimiter, args.header),
                 args.dst,
-                shard_bytes=shard_bytes,
-                progress=progress,
+                shard_bytes=args.shard_size,
+                progress=not args.quiet,
                 shuffle_seed=args.shuffle,
                 max_side=args.max_side,
                 quality=args.quality,

@@ -21,6 +21,7 @@ from fastload._diagnostics import sysinfo
 from fastload._loading import read_ahead
 from fastload._loading.stats import LoaderStats, find_loaders
 from fastload._machine import usable_cores
+from fastload._sizes import format_size
 
 # The trainer waiting less than this share of the time means the loader keeps up.
 WAIT_BOUND_PERCENT = 10.0
@@ -328,8 +329,8 @@ def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: b
     )
     gpu = f" gpu {', '.join(f'{g:.0f}%' for g in machine.gpu_percent)}" if machine.gpu_percent else ""
     lines.append(
-        f"{cpu} | {machine.device}: {io} | page cache {machine.page_cache_bytes / 2**30:.1f} GiB | "
-        f"shm {machine.shm_used_bytes / 2**20:.0f}/{machine.shm_total_bytes / 2**20:.0f} MiB{gpu}"
+        f"{cpu} | {machine.device}: {io} | page cache {format_size(machine.page_cache_bytes)} | "
+        f"shm {format_size(machine.shm_used_bytes)} of {format_size(machine.shm_total_bytes)}{gpu}"
     )
     if not loaders:
         lines.append("no running fastload loaders of this user")

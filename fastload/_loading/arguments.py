@@ -12,16 +12,23 @@ from multiprocessing.context import BaseContext
 import torch
 
 from fastload._errors import ConfigError
+from fastload._sizes import shown
 
 
 def check_workers(
-    num_workers: int,
+    num_workers: object,  # as given to FastLoader: checked here to be an int
     timeout: float,
     hang_timeout: float | None,
     prefetch_factor: int | None,
     persistent_workers: bool,
 ) -> None:
     """Worker counts, timeouts and DataLoader's worker-only options."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
+        said = "is not supported yet" if num_workers == "auto" else "is not a number of processes"
+        raise ConfigError(
+            f"num_workers={shown(num_workers)} {said}: pass an int (0 loads in this process), or None "
+            "for the default (the cores this process may use, shared among this machine's ranks)"
+        )
     if num_workers < 0:
         raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
     if timeout < 0:

@@ -28,6 +28,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from fastload._errors import ConfigError, DatasetError, FastloadError
+from fastload._sizes import parse_size
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._base import Source, as_source
 from fastload.sources._index import ReadFailure, SampleIndex, pack_strings
@@ -59,7 +60,7 @@ def pack(
     source: str | os.PathLike[str] | Source,
     dst: str | os.PathLike[str],
     *,
-    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    shard_bytes: int | str = DEFAULT_SHARD_BYTES,
     progress: bool = True,
     shuffle_seed: int | None = None,
     max_side: int | None = None,
@@ -70,7 +71,8 @@ def pack(
     """Copy `source`'s samples (anything `as_source` takes) into a pack at `dst` (see the module
     docstring) and return it as a source. Run again on the same `dst`, it finishes an interrupted
     pack, or says the pack is complete and does nothing; a `dst` holding anything else (another
-    source's pack, other files) is refused. `progress`: report on stderr. `shuffle_seed`: store
+    source's pack, other files) is refused. `shard_bytes`: the largest data file (an int, or
+    "512MiB", "1GiB": `_sizes.parse_size`). `progress`: report on stderr. `shuffle_seed`: store
     the samples in an order shuffled once from this seed instead of the source's (a folder's is
     sorted by class), so that a block shuffle's runs hold mixed labels and it mixes batches as a
     full shuffle does (docs/BENCHMARKS.md); names keep saying where each sample came from.
@@ -82,6 +84,7 @@ def pack(
     or the one this process is connected to), or a cluster's address; the same bytes again.
     A `dst` at a URL (`s3://bucket/prefix`) is packed in a local staging directory first (resumed
     there when run again), then uploaded, its manifest last (`_remote_pack.pack_to_url`)."""
+    shard_bytes = parse_size(shard_bytes, "shard_bytes (--shard-size)", minimum=ALIGN)
     if is_url(os.fspath(dst)):  # packed on local disk next to the cache, then uploaded
         from fastload.sources._remote_pack import pack_to_url
 
@@ -91,8 +94,6 @@ def pack(
     src = as_source(source)
     setting = _reencoding(max_side, quality, workers)
     root = os.path.abspath(os.fspath(dst))
-    if shard_bytes < ALIGN:
-        raise ConfigError(f"shard_bytes must be at least {ALIGN}, got {shard_bytes}")
     if not isinstance(ray, bool | str) or ray == "":
         raise ConfigError(f"ray must be True or a Ray cluster's address, got {ray!r}")
     where = src.where
