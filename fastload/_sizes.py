@@ -107,4 +107,5 @@ def shown(value: object) -> str:
         return f'"{value[:_SHOWN_CHARS]}"' + ("..." if len(value) > _SHOWN_CHARS else "")
     if isinstance(value, int | float):
         return str(value)
-    return f"a {type(value).__name__}"
+    kind = type(value).__name__
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"

@@ -125,3 +125,16 @@ def test_num_workers_not_an_int_says_what_is_accepted(image_folder: Path, worker
     said = "is not supported yet" if workers == "auto" else "is not a number of processes"
     with pytest.raises(ConfigError, match=rf"num_workers=.* {said}: pass an int .* or None for the default"):
         FastLoader(image_folder, batch_size=4, num_workers=workers)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kw", "said"),
+    [
+        ({"shuffle_block": object(), "shuffle": True}, "shuffle_block must be an integer >= 1, got an obj"),
+        ({"num_workers": 1, "multiprocessing_context": object()}, "got an object"),
+    ],
+)
+def test_a_bad_argument_is_named_without_a_repr(image_folder: Path, kw: dict[str, object], said: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        FastLoader(image_folder, batch_size=4, **kw)  # type: ignore[arg-type]
+    assert said in str(info.value) and " at 0x" not in str(info.value), str(info.value)

@@ -82,7 +82,7 @@ def check_block_shuffle(block: int | None, window: int, shuffle: bool | None) ->
     """Block shuffle's sizes, and the shuffle it needs."""
     for name, value in (("shuffle_block", block), ("shuffle_window", window)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+            raise ConfigError(f"{name} must be an integer >= 1, got {shown(value)}")
     if block is not None and not shuffle:
         raise ConfigError(
             "shuffle_block orders a shuffled epoch by runs of consecutive samples: it needs shuffle=True"
@@ -121,7 +121,9 @@ def check_mp_context(context: str | BaseContext | None, num_workers: int) -> Non
         return
     methods = mp.get_all_start_methods()
     if not isinstance(context, str) or context not in methods:
-        raise ConfigError(f"multiprocessing_context must be one of {methods} (or a context), got {context!r}")
+        raise ConfigError(
+            f"multiprocessing_context must be one of {methods} (or a context), got {shown(context)}"
+        )
 
 
 def normalize_values(normalize: tuple[Sequence[float], Sequence[float]]) -> tuple[tuple[float, ...], ...]:
