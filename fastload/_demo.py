@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -21,6 +21,7 @@ import torch
 
 from fastload._errors import ConfigError
 from fastload._loading.loader import FastLoader
+from fastload._progress import ProgressLine
 from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, Transform
 
 if TYPE_CHECKING:
@@ -119,39 +120,36 @@ class _BaselineDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return (x - self.mean) / self.std, int(self.index.labels[i])
 
 
-def _progress(batches: Iterable[Any], total: int, label: str, out: TextIO) -> Iterator[Any]:
-    """Yield from `batches`, drawing a one-line progress bar with images/s on `out`."""
+def _timed_epoch(loader: Iterable[Any], total: int, label: str, out: TextIO) -> tuple[float, int, float]:
+    """(images per second, batches, seconds) of one whole epoch, start of the epoch included (as
+    a training loop waits for it), with a progress bar on `out` (NOTE [progress lines])."""
+    line = ProgressLine(out)
+    images, batches = 0, 0
     start = time.perf_counter()
-    images = 0
-    for done, batch in enumerate(batches, 1):
+    for batches, batch in enumerate(loader, 1):
         images += len(batch[1])
-        elapsed = max(time.perf_counter() - start, 1e-9)
-        filled = int(30 * done / max(total, 1))
-        bar = "#" * filled + "." * (30 - filled)
-        out.write(f"\r{label:<22} [{bar}] {done}/{total} {images / elapsed:8.0f} img/s")
-        out.flush()
-        yield batch
-    out.write("\n")
+        if line.due():
+            filled = int(30 * batches / max(total, 1))
+            elapsed = max(time.perf_counter() - start, 1e-9)
+            bar = "#" * filled + "." * (30 - filled)
+            line.update(f"{label:<26} [{bar}] {batches}/{total} {images / elapsed:8.0f} img/s")
+    seconds = max(time.perf_counter() - start, 1e-9)
+    line.done(f"{label:<26} {batches} batches in {seconds:5.2f} s {images / seconds:8.0f} img/s")
+    return images / seconds, batches, seconds
 
 
-# A rate timed over fewer batches, or less time, than this is noise: three demo runs on a
-# 512-image folder (7 timed batches an epoch) gave ratios of 0.53x, 0.98x and 4.62x.
+# NOTE [demo timing]: the figure is the median rate of `epochs` whole epochs, timed after one
+# untimed warm-up epoch (worker start, page cache, the allocator's first touches). The earlier
+# demo timed the batches after the first of each of 2 epochs of 8: a first batch that arrived with
+# the pipeline already full made the next 7 nearly free, and three runs of it gave 0.53x, 0.98x
+# and 4.62x. Whole epochs count each epoch's refill as a training loop meets it, and the median
+# of 3 drops one disturbed epoch (2 shared cores). The defaults (1536 images, batches of 32:
+# 48 an epoch) took 25 s with the baseline on a shared 2-core VM (fastload ~1 s an epoch, the
+# baseline ~2.4 s), plus 25 s to make the dataset on the first run.
+WARMUP_EPOCHS = 1
+# An epoch timed over fewer batches, or less time, than this is still noise: said with the figure.
 MIN_TIMED_BATCHES = 20
-MIN_TIMED_S = 1.0
-
-
-def _measure(loader: Iterable[Any], total: int, label: str, out: TextIO) -> tuple[float, int, float]:
-    """(images per second, batches timed, seconds timed) over one pass, counted from the first
-    batch (start-up excluded)."""
-    images, batches, first = 0, 0, None
-    for batch in _progress(loader, total, label, out):
-        if first is None:
-            first = time.perf_counter()
-            continue
-        images += len(batch[1])
-        batches += 1
-    seconds = time.perf_counter() - (first or time.perf_counter())
-    return images / max(seconds, 1e-9), batches, seconds
+MIN_TIMED_S = 0.5
 
 
 def too_few(batches: int, seconds: float) -> bool:
@@ -159,9 +157,14 @@ def too_few(batches: int, seconds: float) -> bool:
     return batches < MIN_TIMED_BATCHES or seconds < MIN_TIMED_S
 
 
-def _best(runs: list[tuple[float, int, float]]) -> tuple[float, bool]:
-    """(the best epoch's rate, whether even that epoch was timed too briefly to mean much)."""
-    rate, batches, seconds = max(runs)
+def _median_rate(
+    loader: Iterable[Any], total: int, name: str, epochs: int, out: TextIO
+) -> tuple[float, bool]:
+    """(the median epoch's rate, whether it was timed too briefly to mean much), after the warm-up."""
+    for e in range(WARMUP_EPOCHS):
+        _timed_epoch(loader, total, f"{name} warm-up {e + 1}", out)
+    runs = sorted(_timed_epoch(loader, total, f"{name} epoch {e + 1}/{epochs}", out) for e in range(epochs))
+    rate, batches, seconds = runs[len(runs) // 2]
     return rate, too_few(batches, seconds)
 
 
@@ -174,7 +177,10 @@ def run_demo(
     baseline: bool,
     out: TextIO = sys.stdout,
 ) -> dict[str, float]:
-    """Run the demo; return the measured images/s per system."""
+    """Run the demo; return the measured images/s per system (NOTE [demo timing]): `epochs`
+    timed epochs after a warm-up one, the median of them."""
+    if epochs < 1:
+        raise ConfigError(f"--epochs must be at least 1, got {epochs}")
     root = data if data is not None else make_demo_dataset(default_demo_dir(), images=images)
     out.write(f"dataset: {root}\n")
     results: dict[str, float] = {}
@@ -192,8 +198,7 @@ def run_demo(
         out.write(
             f"FastLoader: {len(loader)} batches of {batch_size}, {workers} workers, device {loader.device}\n"
         )
-        runs = [_measure(loader, len(loader), f"fastload epoch {e}", out) for e in range(epochs)]
-        results["fastload"], short = _best(runs)
+        results["fastload"], short = _median_rate(loader, len(loader), "fastload", epochs, out)
     if baseline:
         dataset = _BaselineDataset(root, 224)
         loader_dl = torch.utils.data.DataLoader(
@@ -204,14 +209,18 @@ def run_demo(
             num_workers=workers,
             persistent_workers=workers > 0,
         )
-        runs = [_measure(loader_dl, len(loader_dl), f"DataLoader epoch {e}", out) for e in range(epochs)]
-        results["dataloader"], short_dl = _best(runs)
+        results["dataloader"], short_dl = _median_rate(loader_dl, len(loader_dl), "DataLoader", epochs, out)
+        short = short or short_dl
         fast, slow = results["fastload"], results["dataloader"]
-        out.write(f"\nfastload {fast:.0f} img/s vs torch DataLoader {slow:.0f} img/s: {fast / slow:.2f}x\n")
-        if short or short_dl:
-            out.write(
-                f"(timed over too little to mean much: fewer than {MIN_TIMED_BATCHES} batches or "
-                f"{MIN_TIMED_S:g} s an epoch; use more --images, a smaller --batch-size or a larger "
-                "--data folder)\n"
-            )
+        out.write(
+            f"\nfastload {fast:.0f} img/s vs torch DataLoader {slow:.0f} img/s: {fast / slow:.2f}x "
+            f"(the median of {epochs} whole epochs each, after {WARMUP_EPOCHS} of warm-up)\n"
+        )
+    else:
+        out.write(f"\nfastload {results['fastload']:.0f} img/s (the median of {epochs} whole epochs)\n")
+    if short:
+        out.write(
+            f"(an epoch here is under {MIN_TIMED_BATCHES} batches or {MIN_TIMED_S:g} s: too short to "
+            "compare; use more --images, a smaller --batch-size or a larger --data folder)\n"
+        )
     return results

@@ -47,6 +47,7 @@ from fastload import DaemonError, FastLoader
 from fastload import transforms as T
 from fastload.__main__ import main
 from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
+from fastload._sizes import format_size
 from fastload.sources import HDF5, FileList, Source, TarShards, pack
 from fastload.sources._folder import scan_image_folder
 
@@ -275,7 +276,7 @@ def test_two_trainers_are_served_round_robin_with_correct_batches(
 # Memory budget
 
 
-_REFUSED = re.compile(r"needs (\d+) MiB but only (\d+) MiB of the daemon's 64 MiB budget is left")
+_REFUSED = re.compile(r"needs (\S+ [KMG]iB) but only (\S+ [KMG]?i?B) of the daemon's 64 MiB budget is left")
 
 
 def test_session_over_the_budget_is_refused_saying_what_is_needed_and_left(
@@ -288,14 +289,14 @@ def test_session_over_the_budget_is_refused_saying_what_is_needed_and_left(
     # 6 slots of 512 x 64 x 64 x 3 bytes: 36 MiB of the 64
     with FastLoader(image_folder, batch_size=512, daemon=address, **big) as first:
         status = shared_daemon.status()
-        left_mib = round((status["budget_bytes"] - status["used_bytes"]) / 2**20)
+        left = format_size(status["budget_bytes"] - status["used_bytes"])
         segments = shared_daemon.segments()
-        for batch_size, need_mib in ((512, 36), (4096, 288)):
+        for batch_size, need in ((512, "36 MiB"), (4096, "288 MiB")):
             with pytest.raises(DaemonError, match=_REFUSED) as refused:
                 FastLoader(image_folder, batch_size=batch_size, daemon=address, **big)
             match = _REFUSED.search(str(refused.value))
             assert match is not None
-            assert (int(match.group(1)), int(match.group(2))) == (need_mib, left_mib), str(refused.value)
+            assert (match.group(1), match.group(2)) == (need, left), str(refused.value)
             assert "--memory-budget" in str(refused.value)
         assert shared_daemon.segments() == segments, "a refused session left segments"
         assert len(shared_daemon.sessions()) == 1

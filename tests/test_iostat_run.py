@@ -1,10 +1,13 @@
 """`fastload iostat`'s command loop: --plot without matplotlib is refused before anything is
-recorded (the run was lost after it), and --json rows carry wall-clock time."""
+recorded (the run was lost after it), --json rows carry wall-clock time, and SIGTERM or SIGHUP
+ends a recording as Ctrl-C does."""
 
 from __future__ import annotations
 
 import io
 import json
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,3 +58,25 @@ def test_the_plot_names_loaders_by_pid_and_dataset(
     (history,) = drawn
     names = {str(entry["name"]) for record in history for entry in record["loaders"]}  # type: ignore[attr-defined]
     assert f"pid {os.getpid()} {image_folder.name}" in names, names
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_termination_signal_ends_the_recording_and_draws_it(tmp_path: Path, signum: int) -> None:
+    """`timeout`, `kill`, `docker stop` or a scheduler end iostat with SIGTERM (a closed terminal
+    with SIGHUP): the recording ends as with Ctrl-C and the plot is written (it was lost)."""
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "run.png"
+    command = [sys.executable, "-m", "fastload", "iostat", "0.2", "--plot", str(png)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()  # blocks until the first report: an interval recorded
+            assert first, proc.stderr.read() if proc.stderr else ""
+            proc.send_signal(signum)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", err

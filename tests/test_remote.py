@@ -265,6 +265,23 @@ def test_the_cache_stays_under_its_limit(
     assert labels[0] == labels[1]
 
 
+def test_a_cache_limit_with_a_unit_is_bytes_from_the_start(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cache_limit="12KiB" (as "12MiB" in the issue) is 12288 bytes when the source is made: the
+    batches load (it used to fail at the first batch), and the thrash warning writes both sizes
+    in a unit that shows them (it used to say "0.0 GiB")."""
+    _use(monkeypatch, s3)
+    source = Packed("s3://data-bucket/pack", cache_dir=str(remote_env), cache_limit="12KiB")
+    assert source.cache_limit == 12 << 10 and source.to_config()["cache_limit"] == 12 << 10
+    with pytest.warns(SettingsWarning, match=r"KiB\) through a node cache of 12 KiB: "):
+        batches = _epoch(source, 1, shuffle=True)
+    assert _same(batches, _epoch(str(local / "pack"), 1, shuffle=True))
+    said = r'cache_limit of TarShards must be a size, .*"8GiB".*got "12 MiBs"'
+    with pytest.raises(ConfigError, match=said):
+        TarShards(f"s3://data-bucket/shards/{SHARDS}", cache_limit="12 MiBs")
+
+
 def test_urls_are_sources_and_configs_keep_them(
     s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 import time
 import tomllib
@@ -21,33 +20,26 @@ from fastload._daemon import daemon_link as wire
 from fastload._daemon.addresses import default_address, no_daemon_at, resolve_address
 from fastload._errors import ConfigError, DaemonError
 from fastload._machine import SHM_DIR, usable_cores
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gib": 1 << 30,
-}
-
-
-def parse_size(text: str | int) -> int:
-    """'4GiB', '512m', '1073741824' -> bytes."""
-    if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ConfigError(f"{text!r} is not a size like 4GiB, 512MiB or 1073741824")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+from fastload._sizes import format_size, parse_size, shown
 
 
 def default_budget() -> int:
     """Half of /dev/shm: room for the daemon's rings while leaving the rest to others."""
     st = os.statvfs(SHM_DIR)
     return st.f_blocks * st.f_frsize // 2
+
+
+def _number(table: dict[str, Any], key: str, default: Any, kind: type[int] | type[float]) -> Any:
+    """The setting `key` as an int (or a float: a number of seconds); a ConfigError naming it when
+    the file gives something else ("auto", a list, true)."""
+    value = table.get(key, default)
+    if value is None:
+        return None
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if whole or (kind is float and isinstance(value, float)):
+        return kind(value)
+    accepted = "a whole number" if kind is int else "a number of seconds"
+    raise ConfigError(f"daemon setting {key} must be {accepted}, got {shown(value)}")
 
 
 def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[str]]:
@@ -114,25 +106,29 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
 
         metrics = parse_address(metrics)
     config = DaemonConfig(
-        workers=int(table.get("workers", usable_cores())),
-        memory_budget_bytes=parse_size(table.get("memory_budget", default_budget())),
+        workers=_number(table, "workers", usable_cores(), int),
+        memory_budget_bytes=parse_size(
+            table.get("memory_budget", default_budget()), "memory_budget (--memory-budget)", minimum=1
+        ),
         socket_dir=table.get("socket_dir"),
         listen=listen,
         curve_secret_key=table.get("curve_secret_key"),
         curve_public_key=table.get("curve_public_key"),
         curve_clients=tuple(table.get("curve_clients", ())),
-        max_sessions=int(table.get("max_sessions", 64)),
-        max_sessions_per_peer=int(table.get("max_sessions_per_peer", 8)),
-        hang_timeout_s=None if table.get("hang_timeout") is None else float(table["hang_timeout"]),
+        max_sessions=_number(table, "max_sessions", 64, int),
+        max_sessions_per_peer=_number(table, "max_sessions_per_peer", 8, int),
+        hang_timeout_s=_number(table, "hang_timeout", None, float),
         index=IndexLimits(
-            max_files=int(table.get("index_max_files", IndexLimits.max_files)),
-            timeout_s=float(table.get("index_timeout", IndexLimits.timeout_s)),
-            memory_bytes=parse_size(table.get("index_memory", IndexLimits.memory_bytes)),
-            parallel=int(table.get("index_parallel", IndexLimits.parallel)),
+            max_files=_number(table, "index_max_files", IndexLimits.max_files, int),
+            timeout_s=_number(table, "index_timeout", IndexLimits.timeout_s, float),
+            memory_bytes=parse_size(
+                table.get("index_memory", IndexLimits.memory_bytes), "index_memory", minimum=64 << 20
+            ),
+            parallel=_number(table, "index_parallel", IndexLimits.parallel, int),
         ),
         roots=roots,
         ipc_any_path=bool(table.get("ipc_any_path", False)),
-        index_idle_s=float(table.get("index_idle", 60.0)),
+        index_idle_s=_number(table, "index_idle", 60.0, float),
         metrics=metrics,
     )
     if config.workers < 1:
@@ -145,8 +141,8 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         )
     if config.index.max_files < 1 or not 0 < config.index.timeout_s < float("inf") or config.index_idle_s < 0:
         raise ConfigError("index_max_files and index_timeout must be positive, index_idle >= 0")
-    if config.index.memory_bytes < 64 << 20 or config.index.parallel < 1:
-        raise ConfigError("index_memory must be at least 64MiB and index_parallel at least 1")
+    if config.index.parallel < 1:
+        raise ConfigError("index_parallel must be at least 1")
     return config, [str(d) for d in table.get("datasets", ())]
 
 
@@ -221,7 +217,7 @@ def status(address: str | None, out: TextIO | None = None, as_json: bool = False
         return 0 if healthy else 1
     out.write(
         f"fastload daemon pid {s['pid']}: {s['workers']} workers, "
-        f"memory {s['used_bytes'] / 2**20:.0f}/{s['budget_bytes'] / 2**20:.0f} MiB"
+        f"memory {format_size(s['used_bytes'])} of {format_size(s['budget_bytes'])}"
         f"{', draining' if s['draining'] else ''}, {len(s['sessions'])} session(s)\n"
     )
     deaths = s["worker_deaths"]
@@ -232,7 +228,7 @@ def status(address: str | None, out: TextIO | None = None, as_json: bool = False
         )
     for d in s["datasets"]:
         out.write(
-            f"dataset {d['path']}: {d['state']}, {d['images']} images, {d['bytes'] / 2**20:.1f} MiB, "
+            f"dataset {d['path']}: {d['state']}, {d['images']} images, {format_size(d['bytes'])}, "
             f"{d['sessions']} session(s)\n"
         )
     if s["sessions"]:

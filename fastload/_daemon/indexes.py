@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fastload._daemon.opener import Opened, Opener, Opening, OpenLimits
 from fastload._errors import DatasetError
 from fastload._loading.shm import Segment
+from fastload._sizes import format_size
 from fastload.sources import ImageFolder, Source
 from fastload.sources._index import SHARED_INDEX_TYPES, SampleIndex
 
@@ -167,7 +168,7 @@ class DatasetIndexes:
                 break
             if entry.path != keep:
                 chosen.append(entry)
-        return self._drop(chosen, f"; {need / 2**20:.2f} MiB of the memory budget were wanted")
+        return self._drop(chosen, f"; {format_size(need)} of the memory budget were wanted")
 
     @property
     def idle_memory(self) -> int:

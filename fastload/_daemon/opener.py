@@ -41,6 +41,7 @@ from typing import Any
 from fastload._errors import DatasetError, FastloadError
 from fastload._loading.shm import PREFIX, Segment, own_segments, unlink
 from fastload._machine import SHM_DIR
+from fastload._sizes import format_size
 
 log = logging.getLogger("fastload.daemon")
 
@@ -322,8 +323,8 @@ def _open(request: dict[str, Any]) -> dict[str, Any]:
     need = _index_bytes(index)
     if need > max_bytes:
         raise DatasetError(
-            f"the index of {name} needs {need / 2**20:.0f} MiB, more than the "
-            f"{max_bytes / 2**20:.0f} MiB left of the daemon's memory budget"
+            f"the index of {name} needs {format_size(need)}, more than the "
+            f"{format_size(max_bytes)} left of the daemon's memory budget"
         )
     index_type = next(k for k, t in SHARED_INDEX_TYPES.items() if isinstance(index, t))
     segment = index.to_segment()
@@ -345,7 +346,7 @@ def child_main(conn: Any, request_text: str) -> None:
     try:
         reply = _open(request)
     except MemoryError:
-        text = f"opening it needed more than {int(request['memory_bytes']) / 2**20:.0f} MiB (index_memory)"
+        text = f"opening it needed more than {format_size(int(request['memory_bytes']))} (index_memory)"
         reply = {"ok": False, "type": "MemoryError", "message": text, "public": text}
     except FastloadError as e:
         detail = getattr(e, "detail", None)  # a refusal of the allowlist: content-free by design

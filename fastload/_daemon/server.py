@@ -52,6 +52,7 @@ from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
 from fastload._loading.shm import Segment, ensure_fd_room, preflight, reap_orphans
 from fastload._machine import pid_alive
 from fastload._paths import private_dir, reap_engine_dirs, runtime_dir
+from fastload._sizes import format_size
 from fastload.transforms import TransformPlan
 
 log = logging.getLogger("fastload.daemon")
@@ -157,10 +158,10 @@ class Daemon:
     def serve_forever(self) -> None:
         previous = {s: signal.signal(s, self.request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         log.info(
-            "serving on %s (%d workers, budget %d MiB%s)",
+            "serving on %s (%d workers, budget %s%s)",
             self.sock_path,
             self.config.workers,
-            self.config.memory_budget_bytes >> 20,
+            format_size(self.config.memory_budget_bytes),
             f", metrics on {self._metrics.url}" if self._metrics is not None else "",
             extra=log_event(
                 "serving", socket=self.sock_path, workers=self.config.workers,
@@ -386,9 +387,9 @@ class Daemon:
         used = self._used_bytes()
         if used + need > self.config.memory_budget_bytes:
             raise DaemonError(
-                f"this session's ring needs {need / 2**20:.0f} MiB but only "
-                f"{(self.config.memory_budget_bytes - used) / 2**20:.0f} MiB of the daemon's "
-                f"{self.config.memory_budget_bytes / 2**20:.0f} MiB budget is left: lower batch_size or "
+                f"this session's ring needs {format_size(need)} but only "
+                f"{format_size(self.config.memory_budget_bytes - used)} of the daemon's "
+                f"{format_size(self.config.memory_budget_bytes)} budget is left: lower batch_size or "
                 "prefetch, or start the daemon with a larger --memory-budget"
             )
         preflight(need)

@@ -23,6 +23,7 @@ from fastload._loading.layout import BatchLayout
 from fastload._loading.read_ahead import TaskReadAhead
 from fastload._loading.ring import MAX_PREFETCH
 from fastload._loading.shm import Segment
+from fastload._sizes import format_size
 from fastload.sources import DAEMON_SOURCE_KINDS, ImageFolder, Source, source_from_config
 from fastload.sources._remote import is_url
 from fastload.transforms import TransformPlan, compile_transforms, from_config
@@ -158,7 +159,7 @@ def check_hello(f: dict[str, Any], budget_bytes: int) -> tuple[TransformPlan, So
     if plan.out_height * plan.out_width * 3 * batch_size > budget_bytes:
         raise DaemonError(
             f"one batch of {batch_size} images of {plan.out_height}x{plan.out_width} is larger than "
-            f"the daemon's {budget_bytes / 2**20:.0f} MiB budget"
+            f"the daemon's {format_size(budget_bytes)} budget"
         )
     return plan, source
 

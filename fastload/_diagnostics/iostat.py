@@ -10,17 +10,23 @@ bottleneck.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from types import FrameType
 from typing import Any, TextIO
 
 from fastload._diagnostics import sysinfo
 from fastload._loading import read_ahead
 from fastload._loading.stats import LoaderStats, find_loaders
 from fastload._machine import usable_cores
+from fastload._sizes import format_size
 
 # The trainer waiting less than this share of the time means the loader keeps up.
 WAIT_BOUND_PERCENT = 10.0
@@ -333,8 +339,8 @@ def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: b
     )
     gpu = f" gpu {', '.join(f'{g:.0f}%' for g in machine.gpu_percent)}" if machine.gpu_percent else ""
     lines.append(
-        f"{cpu} | {machine.device}: {io} | page cache {machine.page_cache_bytes / 2**30:.1f} GiB | "
-        f"shm {machine.shm_used_bytes / 2**20:.0f}/{machine.shm_total_bytes / 2**20:.0f} MiB{gpu}"
+        f"{cpu} | {machine.device}: {io} | page cache {format_size(machine.page_cache_bytes)} | "
+        f"shm {format_size(machine.shm_used_bytes)} of {format_size(machine.shm_total_bytes)}{gpu}"
     )
     if not loaders:
         lines.append("no running fastload loaders of this user")
@@ -363,6 +369,33 @@ def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: b
     return "\n".join(lines) + "\n"
 
 
+class _Stopped(Exception):
+    """A termination signal arrived while iostat was recording."""
+
+
+@contextlib.contextmanager
+def _stopped_like_ctrl_c() -> Iterator[None]:
+    """NOTE [iostat stop signals]: `timeout`, `kill`, `docker stop` and schedulers end a program
+    with SIGTERM, a closed terminal with SIGHUP; both end the recording as Ctrl-C does (the
+    report loop raises `_Stopped`) so that --plot still draws it. Only while recording: the
+    previous handlers are back for the drawing, so a second signal ends iostat at once. Signal
+    handlers belong to the main thread; `run` called from another thread keeps them as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise _Stopped(signal.Signals(signum).name)
+
+    chosen = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+    previous = {s: signal.signal(s, stop) for s in chosen}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def run(
     interval: float | None,
     count: int | None,
@@ -380,7 +413,7 @@ def run(
     history: list[dict[str, Any]] = []
     started = time.monotonic()
     reports = 0
-    try:
+    with contextlib.suppress(KeyboardInterrupt, _Stopped), _stopped_like_ctrl_c():
         sampler.sample()  # prime: every report covers one interval (1 s when none is given)
         time.sleep(interval if interval is not None else 1.0)
         while True:
@@ -400,8 +433,6 @@ def run(
             if interval is None or (count is not None and reports >= count):
                 break
             time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
     if plot is not None:
         from fastload._diagnostics.plot import plot_history
 

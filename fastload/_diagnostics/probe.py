@@ -21,12 +21,12 @@ import numpy as np
 from fastload._diagnostics.sysinfo import MB, BlockDevice, device_for_path, memory
 from fastload._errors import ConfigError, DatasetError
 from fastload._machine import usable_cores
+from fastload._sizes import format_size
 from fastload.sources import Source, as_source
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._index import SampleIndex
 
 KB = 1 << 10
-GB = 1 << 30
 CROP = 224
 LARGE_IMAGE_BYTES = 400 * KB  # ImageNet's JPEGs average ~110 KB; far above that, pre-resizing pays
 _MAX_FAILURES_KEPT = 3
@@ -330,8 +330,8 @@ def _storage_advice(r: ProbeResult) -> list[str]:
     ]
     if r.fits_in_memory and r.cached_images_per_s > cap:
         lines.append(
-            f"the dataset (~{_size(r.dataset_bytes)}) fits in available memory "
-            f"({_size(r.memory_available_bytes)}): after the first epoch reads come from the page "
+            f"the dataset (~{format_size(r.dataset_bytes)}) fits in available memory "
+            f"({format_size(r.memory_available_bytes)}): after the first epoch reads come from the page "
             f"cache, which feeds ~{r.cached_images_per_s:,.0f} images/s"
         )
     return lines
@@ -373,7 +373,7 @@ def format_probe(r: ProbeResult) -> str:
     """The result as a block of lines for a terminal."""
     lines = [
         f"probe of {r.path}",
-        f"  dataset   {r.images:,} images in {_count(r.classes, 'class')}, ~{_size(r.dataset_bytes)}; "
+        f"  dataset   {r.images:,} images in {_count(r.classes, 'class')}, ~{format_size(r.dataset_bytes)}; "
         f"mean file {r.mean_file_bytes / KB:,.0f} KB ({r.sampled} sampled)",
         f"  storage   {r.device.describe()}",
         f"  reads     cold {r.cold_mb_per_s:,.1f} MB/s, warm {r.warm_mb_per_s:,.1f} MB/s: "
@@ -399,13 +399,6 @@ def format_probe(r: ProbeResult) -> str:
 def _count(n: int, word: str) -> str:
     plural = word + ("es" if word.endswith("s") else "s")
     return f"{n:,} {word if n == 1 else plural}"
-
-
-def _size(n_bytes: float) -> str:
-    for unit, scale in (("GB", GB), ("MB", MB)):
-        if n_bytes >= scale:
-            return f"{n_bytes / scale:,.1f} {unit}"
-    return f"{n_bytes / KB:,.0f} KB"
 
 
 def probe_to_json(r: ProbeResult) -> dict[str, Any]:

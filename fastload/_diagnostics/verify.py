@@ -19,6 +19,7 @@ from typing import TextIO
 
 from fastload._errors import ConfigError, SampleError
 from fastload._loading.exclusion import write_list
+from fastload._progress import ProgressLine
 
 # Small batches: a broken sample makes its batch load again with a stand-in (NOTE [bad samples]).
 VERIFY_BATCH = 16
@@ -82,17 +83,20 @@ def verify(
 
 
 def progress_line(stream: TextIO = sys.stderr) -> Callable[[int, int, int, float], None]:
-    """A progress reporter that rewrites one line: samples, rate, broken, time left."""
+    """A progress reporter: samples, rate, broken, time left (NOTE [progress lines])."""
+    line = ProgressLine(stream)
 
     def report(done: int, total: int, broken: int, seconds: float) -> None:
         rate = done / max(seconds, 1e-9)
         left = (total - done) / rate if rate > 0 else 0.0
-        end = "\n" if done >= total else ""
-        stream.write(
-            f"\rverified {done:,} / {total:,} samples ({rate:,.0f}/s), {broken:,} broken, "
-            f"{left / 60:.1f} min left  {end}"
+        said = (
+            f"verified {done:,} / {total:,} samples ({rate:,.0f}/s), {broken:,} broken, "
+            f"{left / 60:.1f} min left"
         )
-        stream.flush()
+        if done >= total:
+            line.done(said)
+        else:
+            line.update(said)
 
     return report
 

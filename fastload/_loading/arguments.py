@@ -12,16 +12,23 @@ from multiprocessing.context import BaseContext
 import torch
 
 from fastload._errors import ConfigError
+from fastload._sizes import shown
 
 
 def check_workers(
-    num_workers: int,
+    num_workers: object,  # as given to FastLoader: checked here to be an int
     timeout: float,
     hang_timeout: float | None,
     prefetch_factor: int | None,
     persistent_workers: bool,
 ) -> None:
     """Worker counts, timeouts and DataLoader's worker-only options."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
+        said = "is not supported yet" if num_workers == "auto" else "is not a number of processes"
+        raise ConfigError(
+            f"num_workers={shown(num_workers)} {said}: pass an int (0 loads in this process), or None "
+            "for the default (the cores this process may use, shared among this machine's ranks)"
+        )
     if num_workers < 0:
         raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
     if timeout < 0:
@@ -75,7 +82,7 @@ def check_block_shuffle(block: int | None, window: int, shuffle: bool | None) ->
     """Block shuffle's sizes, and the shuffle it needs."""
     for name, value in (("shuffle_block", block), ("shuffle_window", window)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+            raise ConfigError(f"{name} must be an integer >= 1, got {shown(value)}")
     if block is not None and not shuffle:
         raise ConfigError(
             "shuffle_block orders a shuffled epoch by runs of consecutive samples: it needs shuffle=True"
@@ -114,7 +121,9 @@ def check_mp_context(context: str | BaseContext | None, num_workers: int) -> Non
         return
     methods = mp.get_all_start_methods()
     if not isinstance(context, str) or context not in methods:
-        raise ConfigError(f"multiprocessing_context must be one of {methods} (or a context), got {context!r}")
+        raise ConfigError(
+            f"multiprocessing_context must be one of {methods} (or a context), got {shown(context)}"
+        )
 
 
 def normalize_values(normalize: tuple[Sequence[float], Sequence[float]]) -> tuple[tuple[float, ...], ...]:

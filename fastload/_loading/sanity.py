@@ -30,6 +30,7 @@ import numpy as np
 from fastload._errors import ConfigError, SettingsWarning
 from fastload._loading.ranks import processes_around
 from fastload._loading.spec import LoaderSpec
+from fastload._sizes import format_size
 from fastload.transforms import CutMix, MixUp, RandomChoice
 
 __all__ = ["check_settings_sense"]
@@ -143,7 +144,7 @@ def _check_remote_shuffle(spec: LoaderSpec, index: Any) -> None:
     per_chunk = max(1, round(len(index) / max(chunks, 1)))
     warnings.warn(
         f"a full shuffle of {spec.source.where if spec.source else 'remote data'} "
-        f"({remote_bytes / 2**30:.1f} GiB) through a node cache of {limit / 2**30:.1f} GiB: a batch's "
+        f"({format_size(remote_bytes)}) through a node cache of {format_size(limit)}: a batch's "
         "samples lie in as many chunks, evicted before their other samples come up, so every epoch "
         f"downloads the data many times over; pass shuffle_block={per_chunk} (the samples of one of "
         f"its {chunks} chunks) or raise cache_limit above the data",

@@ -13,9 +13,10 @@ import dataclasses
 import json
 import os
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from fastload._errors import ConfigError, DatasetError
+from fastload._sizes import parse_optional_size
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._index import SampleIndex
 from fastload.sources._remote import is_url
@@ -41,11 +42,25 @@ class Source(ABC):
     # Fields added after configs were first recorded (a pack's manifest, a state's fingerprint): left
     # out of `to_config` at their default, so that what identifies a source does not change.
     quiet_defaults: ClassVar[tuple[str, ...]] = ()
+    # Fields holding a size in bytes, given as an int or a string ("12MiB", `_sizes.parse_size`):
+    # made ints by `_parse_sizes`, which a subclass's `__post_init__` calls first.
+    size_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "kind" in cls.__dict__:
             _REGISTRY[cls.kind] = cls
+
+    def _parse_sizes(self) -> None:
+        """Each of `size_fields` as bytes (None stays None: the default), so that a bad one is a
+        ConfigError naming it where the source is made, not at the first batch."""
+        for name in self.size_fields:
+            value = parse_optional_size(getattr(self, name), f"{name} of {type(self).__name__}")
+            object.__setattr__(self, name, value)
+
+    def size(self, name: str) -> int | None:
+        """The size field `name` in bytes, None for its default (`_parse_sizes` made it an int)."""
+        return cast(int | None, getattr(self, name))
 
     @abstractmethod
     def open(self) -> SampleIndex | ArrayIndex:

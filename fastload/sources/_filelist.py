@@ -87,6 +87,7 @@ class FileList(Source):
     kind: ClassVar[str] = "file_list"
     path_fields: ClassVar[tuple[str, ...]] = ("path", "root")
     quiet_defaults: ClassVar[tuple[str, ...]] = ("delimiter", "header", "cache_dir", "cache_limit")
+    size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)
     path: str
     root: str | None = None
     classes: tuple[str, ...] | None = None
@@ -95,9 +96,10 @@ class FileList(Source):
     delimiter: str | None = None
     header: bool | None = None
     cache_dir: str | None = None
-    cache_limit: int | None = None
+    cache_limit: int | str | None = None
 
     def __post_init__(self) -> None:
+        self._parse_sizes()
         k = self.num_classes
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ConfigError(f"num_classes must be a positive integer, got {clip(self.num_classes)}")

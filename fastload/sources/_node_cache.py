@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastload._errors import DatasetError
 from fastload._machine import pid_alive
+from fastload._sizes import parse_size
 from fastload.sources import _remote
 from fastload.sources._scan_cache import cache_root
 
@@ -63,10 +64,11 @@ READS = RemoteReads()
 
 
 def default_limit(directory: str) -> int:
-    """`FASTLOAD_CACHE_LIMIT` bytes, else half the free space of the cache's filesystem now."""
+    """`FASTLOAD_CACHE_LIMIT` (bytes, or "50GiB"), else half the free space of the cache's
+    filesystem now."""
     chosen = os.environ.get("FASTLOAD_CACHE_LIMIT")
     if chosen:
-        return int(chosen)
+        return parse_size(chosen, "FASTLOAD_CACHE_LIMIT (the node cache's limit)")
     return shutil.disk_usage(directory).free // 2
 
 

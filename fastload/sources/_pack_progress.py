@@ -1,42 +1,39 @@
 """`fastload pack`'s progress on stderr: samples done, MB/s and the time left, as one line
-updated in place on a terminal, else a line every few seconds."""
+updated in place on a terminal, else a plain line every few seconds (NOTE [progress lines])."""
 
 from __future__ import annotations
 
 import time
 from typing import TextIO
 
+from fastload._progress import ProgressLine
+
 
 class Progress:
-    """One stderr line updated in place on a terminal, else a line every few seconds."""
+    """The pack's progress line: samples, MB/s and time left."""
 
     def __init__(self, total: int, where: str, stream: TextIO) -> None:
         self.total = total
         self.where = where
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.every = 0.25 if self.tty else 5.0
-        self.started = self.last = time.monotonic()
+        self.line = ProgressLine(stream)
+        self.started = time.monotonic()
         self.first = 0
         self.done = 0
         self.bytes = 0
-        self.width = 0
 
     def begin(self, done: int) -> None:
         self.first = self.done = done
         if done:
-            self._emit(f"fastload pack: resuming {self.where} at sample {done:,} of {self.total:,}", True)
+            self.line.done(f"fastload pack: resuming {self.where} at sample {done:,} of {self.total:,}")
 
     def update(self, done: int, nbytes: int) -> None:
         self.done = done
         self.bytes += nbytes
-        now = time.monotonic()
-        if now - self.last >= self.every:
-            self.last = now
-            self._emit(self._line(now), False)
+        if self.line.due():
+            self.line.update(self._line(time.monotonic()))
 
     def end(self) -> None:
-        self._emit(self._line(time.monotonic()), True)
+        self.line.done(self._line(time.monotonic()))
 
     def _line(self, now: float) -> str:
         elapsed = max(now - self.started, 1e-9)
@@ -47,11 +44,3 @@ class Progress:
             f"fastload pack: {self.done:,}/{self.total:,} samples, {self.bytes / elapsed / 1e6:.1f} MB/s, "
             f"ETA {eta_text}"
         )
-
-    def _emit(self, line: str, final: bool) -> None:
-        if self.tty:
-            self.stream.write("\r" + line.ljust(self.width) + ("\n" if final else ""))
-            self.width = 0 if final else len(line)
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()

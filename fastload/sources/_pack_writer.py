@@ -42,6 +42,7 @@ import numpy as np
 from fastload._errors import ConfigError, DatasetError, FastloadError
 from fastload._loading.bad_samples import ON_ERROR
 from fastload._loading.exclusion import ExcludeArg, kept_indices
+from fastload._sizes import parse_size
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._base import Source, as_source
 from fastload.sources._index import SampleIndex, pack_strings
@@ -75,7 +76,7 @@ def pack(
     source: str | os.PathLike[str] | Source,
     dst: str | os.PathLike[str],
     *,
-    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    shard_bytes: int | str = DEFAULT_SHARD_BYTES,
     progress: bool = True,
     shuffle_seed: int | None = None,
     max_side: int | None = None,
@@ -88,7 +89,8 @@ def pack(
     """Copy `source`'s samples (anything `as_source` takes) into a pack at `dst` (see the module
     docstring) and return it as a source. Run again on the same `dst`, it finishes an interrupted
     pack, or says the pack is complete and does nothing; a `dst` holding anything else (another
-    source's pack, other files) is refused. `progress`: report on stderr. `shuffle_seed`: store
+    source's pack, other files) is refused. `shard_bytes`: the largest data file (an int, or
+    "512MiB", "1GiB": `_sizes.parse_size`). `progress`: report on stderr. `shuffle_seed`: store
     the samples in an order shuffled once from this seed instead of the source's (a folder's is
     sorted by class), so that a block shuffle's runs hold mixed labels and it mixes batches as a
     full shuffle does (docs/BENCHMARKS.md); names keep saying where each sample came from.
@@ -107,6 +109,7 @@ def pack(
     there when run again), then uploaded, its manifest last (`_remote_pack.pack_to_url`)."""
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error={on_error!r}: it takes 'raise' (the default) or 'skip'")
+    shard_bytes = parse_size(shard_bytes, "shard_bytes (--shard-size)", minimum=ALIGN)
     if ray is not False:
         from fastload.sources._ray_pack import import_ray
 
@@ -120,8 +123,6 @@ def pack(
     src = as_source(source)
     setting = _reencoding(max_side, quality, workers)
     root = os.path.abspath(os.fspath(dst))
-    if shard_bytes < ALIGN:
-        raise ConfigError(f"shard_bytes must be at least {ALIGN}, got {shard_bytes}")
     if not isinstance(ray, bool | str) or ray == "":
         raise ConfigError(f"ray must be True or a Ray cluster's address, got {ray!r}")
     where = src.where

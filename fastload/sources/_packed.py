@@ -59,10 +59,14 @@ class Packed(Source):
     kind: ClassVar[str] = "packed"
     path_fields: ClassVar[tuple[str, ...]] = ("path",)
     quiet_defaults: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
+    size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)
     path: str
     # A pack at a URL: the node cache its data is read through (NOTE [node cache]); None: defaults.
     cache_dir: str | None = None
-    cache_limit: int | None = None
+    cache_limit: int | str | None = None  # bytes, or "50GiB"
+
+    def __post_init__(self) -> None:
+        self._parse_sizes()
 
     @property
     def where(self) -> str:
@@ -71,7 +75,7 @@ class Packed(Source):
     def open(self) -> ExtentIndex:
         root = self.where
         if is_url(root):
-            return open_remote_pack(root, self.cache_dir, self.cache_limit)
+            return open_remote_pack(root, self.cache_dir, self.size("cache_limit"))
         manifest = read_manifest(root)
         if manifest is None:
             raise DatasetError(

@@ -77,7 +77,7 @@ def open_remote_list(source: FileList) -> ExtentIndex:
         labels,
         file_identities=np.array([(-1, -1, objects[u][0], -1, -1) for u in unique], np.int64).reshape(-1, 5),
         cache_dir=source.cache_dir,
-        cache_limit=source.cache_limit,
+        cache_limit=source.size("cache_limit"),
     )
 
 

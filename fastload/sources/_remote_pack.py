@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fastload._errors import DatasetError
+from fastload._progress import ProgressLine
 from fastload.sources import _remote
 from fastload.sources._bounds import clip
 from fastload.sources._extents import ExtentIndex, remote_file
@@ -107,6 +108,7 @@ def pack_to_url(source: Any, dst: str, *, shard_bytes: int, progress: bool, **op
     os.makedirs(staging, mode=0o700, exist_ok=True)
     pack(source, staging, shard_bytes=shard_bytes, progress=progress, **options)
     names = [*sorted(n for n in os.listdir(staging) if n != MANIFEST), MANIFEST]
+    line = ProgressLine(sys.stderr) if progress else None
     for number, name in enumerate(names, 1):
         local, url = os.path.join(staging, name), _remote.join(dst, name)
         size = os.path.getsize(local)
@@ -123,9 +125,11 @@ def pack_to_url(source: Any, dst: str, *, shard_bytes: int, progress: bool, **op
                 "run the same command again to upload what is missing (nothing is packed again), or remove "
                 f"{staging} to give up"
             ) from None
-        if progress:
-            print(f"\rupload {number}/{len(names)} files to {dst}", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
+        if line is not None:
+            said = f"upload {number}/{len(names)} files to {dst}"
+            if number == len(names):
+                line.done(said)
+            else:
+                line.update(said)
     shutil.rmtree(staging, ignore_errors=True)  # kept only while an upload is unfinished
     return Packed(dst)

@@ -81,12 +81,14 @@ class TarShards(Source):
     kind: ClassVar[str] = "tar"
     path_fields: ClassVar[tuple[str, ...]] = ("paths",)
     quiet_defaults: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
+    size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)
     paths: str | tuple[str, ...]
     # Shards at URLs: the node cache they are kept in (NOTE [node cache]); None: the defaults.
     cache_dir: str | None = None
-    cache_limit: int | None = None
+    cache_limit: int | str | None = None
 
     def __post_init__(self) -> None:
+        self._parse_sizes()
         if not isinstance(self.paths, str):
             object.__setattr__(self, "paths", tuple(os.fspath(p) for p in self.paths))
 
@@ -135,7 +137,7 @@ class TarShards(Source):
                 if is_url(shard):  # NOTE [node cache]: a shard is one chunk, downloaded whole, scanned there
                     try:
                         size, version = _remote_size(shard)
-                        node = node_cache(self.cache_dir, self.cache_limit)
+                        node = node_cache(self.cache_dir, self.size("cache_limit"))
                         local = node.path_of_whole(shard, version, size)
                     except OSError as e:
                         raise DatasetError(f"cannot read tar shard {clip(str(e))}") from None
@@ -173,7 +175,7 @@ class TarShards(Source):
             np.concatenate(labels),
             file_identities=np.array(identities, np.int64).reshape(len(shards), 5),
             cache_dir=self.cache_dir,
-            cache_limit=self.cache_limit,
+            cache_limit=self.size("cache_limit"),
         )
 
 

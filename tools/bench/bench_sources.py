@@ -42,6 +42,7 @@ import numpy as np
 from fastload import FastLoader, sources
 from fastload import transforms as T
 from fastload._loading.plan import ShuffledPlan
+from fastload._progress import ProgressLine
 from fastload.sources._extents import ExtentIndex
 
 CLASSES = 100
@@ -64,10 +65,11 @@ def _write_images(job: tuple[str, int, int]) -> None:
 def generate(root: Path, images: int) -> None:
     step = 250
     jobs = [(str(root), first, min(step, images - first)) for first in range(0, images, step)]
+    line = ProgressLine(sys.stderr)  # NOTE [progress lines]: no \r redraws in a log
     with multiprocessing.Pool(os.cpu_count()) as pool:
         for done, _ in enumerate(pool.imap_unordered(_write_images, jobs), 1):
-            print(f"\rgenerated {min(done * step, images)}/{images}", end="", file=sys.stderr)
-    print(file=sys.stderr)
+            line.update(f"generated {min(done * step, images)}/{images}")
+    line.done(f"generated {images} images")
 
 
 def evict(paths: Iterable[str]) -> None:
