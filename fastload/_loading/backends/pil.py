@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-from fastload._loading.backends import SampleFailure
+from fastload._loading.backends.undecodable import sample_failure
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
 
 _FILTERS = {
@@ -81,5 +81,5 @@ class PilBackend:
         for i, (blob, rng) in enumerate(zip(blobs, rngs, strict=True)):
             try:
                 decode_into(blob, self.plan, rng, out[i])
-            except Exception as e:  # any decoder failure is reported against its sample
-                raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+            except Exception as e:  # any decoder failure is reported against its sample, in words
+                raise sample_failure(i, blob, e) from e
