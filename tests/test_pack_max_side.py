@@ -185,8 +185,14 @@ def test_bad_images_and_missing_pillow_are_named(
     (broken / "a").mkdir(parents=True)
     data = (folder / "b/3.jpg").read_bytes()
     (broken / "a/0.jpg").write_bytes(data[: len(data) // 2])  # a truncated JPEG, over N
-    with pytest.raises(DatasetError, match=r"cannot re-encode .*0\.jpg: ValueError: corrupt JPEG"):
+    cut = r"cannot re-encode .*0\.jpg: truncated JPEG: no end-of-image marker"
+    with pytest.raises(DatasetError, match=cut):
         sources.pack(broken, tmp_path / "p1", progress=False, max_side=N, workers=2)
+    (broken / "a/0.jpg").write_bytes(b"hello, this is text" * 9)  # what it is, not a decoder's repr
+    text = r"0\.jpg: not an image: starts with b'hello, t' \(text\?\)"
+    with pytest.raises(DatasetError, match=text) as info:
+        sources.pack(broken, tmp_path / "p1b", progress=False, max_side=N, workers=1)
+    assert " object at 0x" not in str(info.value)
     png = tmp_path / "png"
     (png / "a").mkdir(parents=True)
     (png / "a/0.png").write_bytes((folder / "b/0.png").read_bytes())

@@ -45,6 +45,7 @@ import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
 from fastload._loading.backends import JPEG_MAGIC
+from fastload._loading.backends.undecodable import describe
 from fastload._loading.native import built_native_jpeg
 from fastload.sources._index import ReadFailure, SampleIndex
 
@@ -199,8 +200,8 @@ def _run_task(job: _Job, first: int, stop: int, keep_views: bool) -> list[Blob] 
             done = blob if job.setting is None else reencode(blob, job.setting)
         except ConfigError as e:
             return _Failure(position, str(e), config=True)
-        except Exception as e:  # any decoder's error (ValueError, OSError, Pillow's own): named below
-            return _Failure(position, f"{type(e).__name__}: {e}")
+        except Exception as e:  # any decoder's error (ValueError, OSError, Pillow's own): in words
+            return _Failure(position, describe(blob, e))
         out.append(done if keep_views or isinstance(done, bytes) else bytes(done))
     return out
 
