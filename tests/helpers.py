@@ -272,6 +272,14 @@ def write_image(path: Path, height: int, width: int, *, seed: int, mode: str = "
     return path
 
 
+def undefined_huffman_table(jpeg: bytes) -> bytes:
+    """The JPEG with its first scan naming Huffman tables that are never defined: its headers
+    read, it ends in an end-of-image marker, and every decoder refuses it only when decoding
+    ("Huffman table 0x03 was not defined"): damage that no look at the bytes finds first."""
+    sos = jpeg.index(b"\xff\xda")
+    return jpeg[: sos + 6] + b"\x33" + jpeg[sos + 7 :]  # FFDA, length, Ns, Cs1, then Td1|Ta1
+
+
 # (height, width): landscape, portrait, wide, square, tall
 SIZES = ((96, 128), (128, 96), (64, 160), (120, 120), (160, 100), (100, 150))
 

@@ -15,6 +15,7 @@ import math
 import subprocess
 import sys
 import textwrap
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 from daemon_helpers import AUGMENT, DaemonProcess, assert_same_batches, take
-from helpers import epoch_outcomes, split_outcomes, write_tar_shards
+from helpers import epoch_outcomes, split_outcomes, undefined_huffman_table, write_tar_shards
 
 from fastload import ConfigError, FastLoader, SampleError, sources
 from fastload import transforms as T
@@ -197,7 +198,7 @@ def test_corrupt_and_truncated_files_raise_sample_errors_naming_them(
 ) -> None:
     root = make_folder(classes=2, per_class=6)
     truncated = root / "n00" / "img_002.jpg"  # last of batch 0: DALI names it (its sample #2)
-    truncated.write_bytes(truncated.read_bytes()[: len(truncated.read_bytes()) // 2])
+    truncated.write_bytes(undefined_huffman_table(truncated.read_bytes()))  # DALI's decoder refuses it
     corrupt = root / "n01" / "img_004.jpg"  # its header cannot be read: refused before DALI
     corrupt.write_bytes(b"this is not a JPEG at all" * 20)
     with FastLoader(
@@ -211,9 +212,37 @@ def test_corrupt_and_truncated_files_raise_sample_errors_naming_them(
         assert error.path == str(path) and str(path) in str(error)
         assert error.index == index
         assert "Traceback" in error.worker_traceback
-    assert "DALI could not decode" in str(errors[0])
     # Why, as DALI's decoder logged it (to stderr, where the message alone would not say).
-    assert "Premature end of JPEG data" in str(errors[0]), str(errors[0])
+    assert "cannot decode this JPEG" in str(errors[0]), str(errors[0])
+    assert "Huffman table 0x03 was not defined" in str(errors[0]), str(errors[0])
+    assert "not an image: starts with b'this is '" in str(errors[1]), str(errors[1])
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_broken_files_are_skipped_with_reasons_in_words_and_nothing_from_dali_on_stderr(
+    make_folder: Callable[..., Path], capfd: pytest.CaptureFixture[str], num_workers: int
+) -> None:
+    root = make_folder(classes=2, per_class=6)
+    cut, text, empty = (root / name for name in ("n00/img_002.jpg", "n01/img_004.jpg", "n01/img_005.jpg"))
+    cut.write_bytes(cut.read_bytes()[:-300])
+    text.write_bytes(b"hello world, not a picture\n" * 20)
+    empty.write_bytes(b"")
+    with (
+        warnings.catch_warnings(),
+        FastLoader(
+            root, batch_size=3, num_workers=num_workers, transform=[T.Resize((24, 24))], backend="dali",
+            device="cpu", on_error="skip", max_skipped=3,
+        ) as loader,
+    ):
+        warnings.simplefilter("ignore")
+        assert sum(len(y) for _, y in loader) == 12  # every batch full
+        reasons = dict(loader.skipped())
+    assert reasons[str(cut)].startswith("truncated JPEG: no end-of-image marker ("), reasons
+    assert reasons[str(text)] == "not an image: starts with b'hello wo' (text?) (540 bytes)"
+    assert reasons[str(empty)] == "empty file (0 bytes)"
+    # DALI's own log lines ("[ERROR] ... Premature end of JPEG data") stay off the user's stderr.
+    err = capfd.readouterr().err
+    assert "[ERROR]" not in err and "JPEG" not in err, err
 
 
 def test_a_failure_dali_does_not_place_is_found_sample_by_sample(
@@ -221,7 +250,7 @@ def test_a_failure_dali_does_not_place_is_found_sample_by_sample(
 ) -> None:
     originals = [p.read_bytes() for p in sorted(image_folder.glob("n00/*.jpg"))[:4]]
     blobs = list(originals)
-    blobs[2] = blobs[2][: len(blobs[2]) // 2]
+    blobs[2] = undefined_huffman_table(blobs[2])  # refused by DALI's decoder, not before it
     monkeypatch.setattr(dali_backend, "failed_position", lambda message, n: None)
     backend = make_backend("dali", compile_transforms([T.Resize((24, 24))]))
     out = np.zeros((4, 24, 24, 3), np.uint8)

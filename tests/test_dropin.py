@@ -42,6 +42,30 @@ class WhoLoads(Dataset[np.ndarray]):
         return np.array([i, info.id, info.num_workers, info.seed % 2**62, same_class], np.int64)
 
 
+class Indices(Dataset[int]):
+    def __len__(self) -> int:
+        return 23
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_a_generator_gives_dataloaders_order_and_leaves_it_where_dataloader_does(
+    num_workers: int, persistent: bool
+) -> None:
+    """DataLoader(ds, shuffle=True, generator=g) and FastLoader(ds, shuffle=True, generator=g), from
+    the same generator state: the same batches every epoch, and the generator in the same state."""
+    theirs, ours = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "num_workers": num_workers}
+    reference = DataLoader(Indices(), generator=theirs, persistent_workers=persistent, **kw)
+    expected = [[b.tolist() for b in reference] for _ in range(3)]
+    with FastLoader(Indices(), generator=ours, persistent_workers=persistent, **kw) as loader:
+        assert [[b.tolist() for b in loader] for _ in range(3)] == expected
+    assert torch.equal(ours.get_state(), theirs.get_state())
+    assert len({str(epoch) for epoch in expected}) == 3  # a new order each epoch
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_get_worker_info_answers_as_in_a_dataloader(num_workers: int) -> None:
     with FastLoader(WhoLoads(), batch_size=2, num_workers=num_workers, seed=100) as loader:

@@ -46,10 +46,10 @@ def _break(root: Path) -> dict[str, str]:
     png_data = png.read_bytes()
     png.write_bytes(png_data[: len(png_data) // 2])
     return {
-        str(empty): "it is empty",
+        str(empty): "empty file",
         str(text): "not an image",
-        str(cut): "a JPEG cut short",
-        str(png): "a PNG cut short",
+        str(cut): "truncated JPEG",
+        str(png): "truncated PNG",
     }
 
 
@@ -88,13 +88,12 @@ def test_the_byte_checks_find_what_training_fails_on(image_folder: Path) -> None
     jpeg = next(image_folder.glob("*/*.jpg")).read_bytes()
     assert damage(png) is None and damage(jpeg) is None and damage(memoryview(jpeg)) is None
     assert damage(png[:-12]) is None
-    assert damage(png[: len(png) // 2]) == "a PNG cut short (no IEND chunk)"
-    assert damage(jpeg[:-2]) == "a JPEG cut short (no end-of-image marker after its scan)"
-    assert damage(b"RIFF\xff\x00\x00\x00WEBPVP8 ") == "a WebP cut short (16 of 263 bytes)"
+    assert damage(png[: len(png) // 2]) == "truncated PNG: no IEND chunk"
+    assert damage(jpeg[:-2]) == f"truncated JPEG: no end-of-image marker ({len(jpeg) - 2} bytes)"
+    assert damage(b"RIFF\xff\x00\x00\x00WEBPVP8 ") == "truncated WebP: 16 of 263 bytes"
     assert damage(b"GIF89a" + bytes(20)) is None and damage(b"P6 2 2 255\n" + bytes(12)) is None
-    assert damage(b"") == "it is empty (0 bytes)"
-    pdf = "not an image (its first bytes, 25 50 44 46 2d 31 2e 34, are no image format's)"
-    assert damage(b"%PDF-1.4 ...") == pdf
+    assert damage(b"") == "empty file (0 bytes)"  # the words every decoder reports (`_encoded_bytes`)
+    assert damage(b"%PDF-1.4 ...") == "not an image: starts with b'%PDF-1.4' (text?) (12 bytes)"
 
 
 def test_a_broken_sample_stops_the_pack_naming_it_and_skip_goes_on(

@@ -185,12 +185,21 @@ def test_bad_images_and_missing_pillow_are_named(
     (broken / "a").mkdir(parents=True)
     data = (folder / "b/3.jpg").read_bytes()
     (broken / "a/0.jpg").write_bytes(data[: len(data) // 2])  # a truncated JPEG, over N
-    cut_short = r"0\.jpg is not a whole image \(a JPEG cut short.*--on-error skip.*--exclude bad\.txt"
+    cut_short = (
+        r"0\.jpg is not a whole image \(truncated JPEG: no end-of-image marker.*--on-error skip.*"
+        r"--exclude bad\.txt"
+    )
     with pytest.raises(DatasetError, match=cut_short):
         sources.pack(broken, tmp_path / "p1", progress=False, max_side=N, workers=2)
+    (broken / "a/0.jpg").write_bytes(b"hello, this is text" * 9)  # what it is, not a decoder's repr
+    text = r"0\.jpg is not a whole image \(not an image: starts with b'hello, t' \(text\?\)"
+    with pytest.raises(DatasetError, match=text) as info:
+        sources.pack(broken, tmp_path / "p1b", progress=False, max_side=N, workers=1)
+    assert " object at 0x" not in str(info.value)
     start = data.find(b"\xff\xc0") + 4  # whole, but its frame header says 7-bit samples
     (broken / "a/0.jpg").write_bytes(data[:start] + b"\x07" + data[start + 1 :])
-    with pytest.raises(DatasetError, match=r"cannot re-encode .*0\.jpg: ValueError: .*precision 7"):
+    refused = r"cannot re-encode .*0\.jpg: cannot decode this JPEG .*precision 7"
+    with pytest.raises(DatasetError, match=refused):
         sources.pack(broken, tmp_path / "p3", progress=False, max_side=N, workers=2)
     png = tmp_path / "png"
     (png / "a").mkdir(parents=True)

@@ -193,7 +193,7 @@ def test_a_sample_that_cannot_be_reencoded_is_named(cluster: None, tmp_path: Pat
     broken = build_folder(tmp_path / "broken", classes=1, per_class=6)
     bad = sorted((broken / "n00").iterdir())[4]
     bad.write_bytes(b"\xff\xd8\xff not a JPEG")
-    with pytest.raises(DatasetError, match=rf"{bad.name} is not a whole image \(a JPEG cut short"):
+    with pytest.raises(DatasetError, match=rf"{bad.name} is not a whole image \(truncated JPEG"):
         sources.pack(broken, tmp_path / "out", progress=False, ray=True, max_side=MAX_SIDE)
 
 

@@ -293,6 +293,26 @@ def test_compressed_and_foreign_files_are_refused(tmp_path: Path) -> None:
     assert sources.TarShards(str(plain)).open().labels.tolist() == [0]
 
 
+COMPRESSED_NAMES = [("train.tar.gz", "gzip"), ("train.tgz", "gzip"), ("t.tar.zst", "zstd")]
+
+
+@pytest.mark.parametrize(("name", "compressor"), COMPRESSED_NAMES)
+def test_a_compressed_tar_path_says_what_it_is_and_what_to_do(
+    tmp_path: Path, name: str, compressor: str
+) -> None:
+    """Given as a path (as a folder or a .tar is), a compressed tar is named as one, with the
+    command that makes it readable, never called "not a directory"; an object's, before any read."""
+    plain = _tar(tmp_path / "plain.tar", [("a.jpg", JPEG), ("a.cls", b"0")])
+    shard = tmp_path / name
+    shard.write_bytes(gzip.compress(plain.read_bytes()))
+    for given in (str(shard), f"s3://bucket/{name}"):
+        with pytest.raises(DatasetError) as info:
+            FastLoader(given, batch_size=1, num_workers=0, device="cpu")
+        message = str(info.value)
+        assert f"{given} is a {compressor}-compressed tar" in message, message
+        assert f"`{compressor} -d`" in message and "not a directory" not in message
+
+
 def _same_index(a: ExtentIndex, b: ExtentIndex) -> bool:
     fields = ("file_ids", "offsets", "sizes", "labels", "key_blob", "key_offsets")
     return all(np.array_equal(getattr(a, name), getattr(b, name)) for name in fields)

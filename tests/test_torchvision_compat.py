@@ -462,3 +462,49 @@ def test_fastloader_takes_a_torchvision_pipeline(version: str, image_folder: Any
         FastLoader(image_folder, transform=pipeline, normalize=((0.5,) * 3, (0.5,) * 3), **common)
     with pytest.raises(ConfigError, match=r"RandomRotation.*Dataset"):
         FastLoader(image_folder, transform=t.Compose([t.RandomRotation(10), t.CenterCrop(8)]), **common)
+
+
+# backend="pil" gives a Pillow pipeline's pixels (NOTE [Pillow's pixels]): torchvision's transforms
+# on PIL images, with the same crops and flips. (name, fastload chain, torchvision's output for a
+# sample's geometry, the largest difference allowed in levels.)
+PIXEL_CASES = [
+    ("rrc-bilinear-flip", [T.RandomResizedCrop(40), T.RandomHorizontalFlip()], "bilinear", 0),
+    ("rrc-bicubic", [T.RandomResizedCrop(40, interpolation="bicubic")], "bicubic", 0),
+    ("resize-centercrop", [T.Resize(56), T.CenterCrop(48)], "bilinear", 1),  # the centre box, rounded
+]
+
+
+@pytest.mark.parametrize("case", PIXEL_CASES, ids=[c[0] for c in PIXEL_CASES])
+def test_the_pil_backend_gives_torchvisions_pixels_on_pil_images(case: Any, image_folder: Any) -> None:
+    import numpy as np
+    from PIL import Image
+
+    from fastload._loading.backends import make_backend
+    from fastload._loading.sample_random import sample_randoms
+    from fastload.transforms import compile_transforms
+
+    torchvision_or_skip()
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as F
+
+    _, chain, filter_name, bound = case
+    plan = compile_transforms(chain)
+    backend = make_backend("pil", plan)
+    filter_ = InterpolationMode(filter_name)
+    files = sorted(p for p in image_folder.rglob("*") if p.is_file())
+    for k, path in enumerate(files):
+        out = np.zeros((1, plan.out_height, plan.out_width, 3), np.uint8)
+        backend.decode_batch([path.read_bytes()], sample_randoms(5, 0, np.array([k])), out)
+        with Image.open(path) as img:
+            image = img.convert("RGB")  # as torchvision's ImageFolder loads it
+        g = plan.sample(image.height, image.width, sample_randoms(5, 0, np.array([k]))[0])
+        if isinstance(chain[0], T.RandomResizedCrop):
+            left, top, right, bottom = (int(v) for v in g.box)
+            size = [plan.out_height, plan.out_width]
+            ref = F.resized_crop(image, top, left, bottom - top, right - left, size, filter_, antialias=True)
+        else:
+            ref = F.center_crop(F.resize(image, 56, filter_, antialias=True), 48)
+        if g.flip:
+            ref = F.hflip(ref)
+        diff = np.abs(out[0].astype(int) - np.asarray(ref).astype(int))
+        assert diff.max() <= bound, (path.name, int(diff.max()), float(diff.mean()))

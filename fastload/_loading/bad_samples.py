@@ -62,9 +62,10 @@ class SkippedSample:
         return cls(index, name[:4096], reason[:_MAX_REASON_CHARS], row, replacement)
 
 
-def reason_of(exc: BaseException) -> str:
-    """What went wrong, in a line: the exception's type and message, bounded."""
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+def reason_of(exc: BaseException, words: str = "") -> str:
+    """What went wrong, in a line, bounded: `words` where a backend said it (`undecodable`: "empty
+    file (0 bytes)", ...), else the exception's type and message."""
+    text = (words or f"{type(exc).__name__}: {exc}").replace("\n", " ")
     return text[:_MAX_REASON_CHARS]
 
 

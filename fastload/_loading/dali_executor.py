@@ -373,7 +373,8 @@ class DaliExecutor:
         rows = range(n) if position is None else range(position, position + 1)
         failure = self._cpu_failure(request, rows)
         if failure is None or (position is not None and failure.position != position):
-            failure = dali.decode_failure(error, 0 if position is None else position)
+            at = 0 if position is None else position
+            failure = dali.decode_failure(error, at, request.blobs[at])
         return self._failure_at(task, failure)
 
     def _cpu_failure(self, request: _Request, rows: range) -> SampleFailure | None:
@@ -394,7 +395,8 @@ class DaliExecutor:
     def _failure_at(self, task: Task, failure: SampleFailure) -> Failure:
         cause = failure.__cause__ or failure
         position = failure.position
-        return failure_of(task.seq, cause, int(task.indices[position]), self._name(task, position), "image")
+        index, name = int(task.indices[position]), self._name(task, position)
+        return failure_of(task.seq, cause, index, name, "image", str(failure))  # why, in words
 
     def _name(self, task: Task, position: int) -> str:
         """The file of the task's sample at `position`, for an error message."""

@@ -46,11 +46,12 @@ T = TypeVar("T")
 
 
 class _Broken(Exception):
-    """Sample `position` of an attempt could not be read or decoded (`cause`)."""
+    """Sample `position` of an attempt could not be read or decoded (`cause`); `reason`: why, in
+    words, where the decoder's backend said (`undecodable`), else "" (the cause says)."""
 
-    def __init__(self, position: int, cause: BaseException, what: str) -> None:
-        super().__init__(str(cause))
-        self.position, self.cause, self.what = position, cause, what
+    def __init__(self, position: int, cause: BaseException, what: str, reason: str = "") -> None:
+        super().__init__(reason or str(cause))
+        self.position, self.cause, self.what, self.reason = position, cause, what, reason
 
 
 class JobFailed(Exception):
@@ -73,13 +74,15 @@ def _clip(text: str, limit: int) -> str:
     return f"{text[:half]}\n[... {len(text) - limit} characters left out ...]\n{text[-half:]}"
 
 
-def failure_of(seq: int, exc: BaseException, index: int, path: str, what: str) -> Failure:
+def failure_of(seq: int, exc: BaseException, index: int, path: str, what: str, reason: str = "") -> Failure:
     """The `Failure` event of task `seq` for `exc`, naming the sample (its index, its file's `path`
-    if any) and `what` was being loaded, with the traceback; every text bounded in size."""
+    if any) and `what` was being loaded, and why (`reason`, else the exception's type and text),
+    with the traceback; every text bounded in size."""
     where = f"{what} {path}" if path else f"{what} at index {index}"
+    why = reason or f"{type(exc).__name__}: {exc}"
     return Failure(
         seq=seq,
-        message=_clip(f"failed to load {where}: {type(exc).__name__}: {exc}", _MAX_MESSAGE_CHARS),
+        message=_clip(f"failed to load {where}: {why}", _MAX_MESSAGE_CHARS),
         path=_clip(path, _MAX_MESSAGE_CHARS),
         index=index,
         exc_type=_clip(type(exc).__name__, 256),
@@ -269,7 +272,7 @@ class ImageJob(SourceJob):
         try:
             self._backend.decode_batch(blobs, rngs, pixels)
         except SampleFailure as e:
-            raise _Broken(e.position, e.__cause__ or e, "image") from e
+            raise _Broken(e.position, e.__cause__ or e, "image", str(e)) from e
         t2 = time.perf_counter_ns()
         self._run_stage(self._pixels, "pixel", pixels, task, indices)
         if self.normalize is not None:
@@ -293,7 +296,7 @@ class ImageJob(SourceJob):
         """The indices with a stand-in for the broken sample (on_error="skip"), else its Failure."""
         i = int(indices[broken.position])
         name = self.index.name(i)
-        failure = failure_of(task.seq, broken.cause, i, name, broken.what)
+        failure = failure_of(task.seq, broken.cause, i, name, broken.what, broken.reason)
         if self.on_error != "skip":
             raise JobFailed(failure) from broken.cause
         attempt, original = drawn.get(broken.position, 0), int(task.indices[broken.position])
@@ -303,7 +306,8 @@ class ImageJob(SourceJob):
             raise JobFailed(failure) from broken.cause
         drawn[broken.position] = attempt + 1
         stand_in = replacement(self.seed, task.epoch, original, attempt, len(self.index), self.keep)
-        skipped.append(SkippedSample(i, name, reason_of(broken.cause), task.row + broken.position, stand_in))
+        reason = reason_of(broken.cause, broken.reason)
+        skipped.append(SkippedSample(i, name, reason, task.row + broken.position, stand_in))
         indices = indices.copy()
         indices[broken.position] = stand_in
         return indices

@@ -27,8 +27,9 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from fastload._encoded_bytes import JPEG_MAGIC
 from fastload._errors import ConfigError
-from fastload._loading.backends import JPEG_MAGIC, SampleFailure
+from fastload._loading.backends import SampleFailure
 from fastload._loading.crop_resize import crop_resize
 from fastload.transforms import TransformPlan
 

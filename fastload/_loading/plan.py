@@ -18,6 +18,8 @@ from numbers import Integral
 from typing import Any
 
 import numpy as np
+import torch
+import torch.utils.data
 
 from fastload._errors import ConfigError
 
@@ -235,6 +237,41 @@ class SamplerPlan:
         for b, indices in enumerate(self.batch_sampler):
             if b >= start:
                 yield np.asarray(list(indices), dtype=np.int64)
+
+
+class GeneratorShuffle:
+    """A map-style Dataset's shuffled order drawn from the user's `generator` exactly as
+    `DataLoader(dataset, shuffle=True, generator=generator)` draws it (NOTE [DataLoader's order
+    from a generator]): each epoch's iteration first takes the int64 DataLoader draws for its
+    workers' base seed when it makes an iterator (every epoch; only the first with persistent
+    workers, whose iterator DataLoader keeps), then torch's own `RandomSampler` on the generator."""
+
+    def __init__(self, dataset: Sized, generator: torch.Generator, persistent: bool) -> None:
+        self.dataset = dataset
+        self.generator = generator
+        self.persistent = persistent
+        self._iterated = False
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[int]:
+        if not (self.persistent and self._iterated):
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # DataLoader's base seed
+        self._iterated = True
+        return iter(torch.utils.data.RandomSampler(self.dataset, generator=self.generator))
+
+
+# NOTE [DataLoader's order from a generator]: a user moving `DataLoader(ds, shuffle=True,
+# generator=g)` to FastLoader expects the same order for the same `g` (a seeded run compared with
+# its DataLoader twin). DataLoader shuffles with `RandomSampler(ds, generator=g)` (one
+# `torch.randperm(n, generator=g)` per epoch, in every torch since `generator=` exists), and draws
+# one int64 from `g` for its workers' base seed when it makes an iterator: before the sampler's
+# first draw, as the sampler is lazy; every epoch, or once with persistent workers and
+# num_workers > 0. `GeneratorShuffle` draws the same, in the same order, from torch's own
+# RandomSampler, so the order is the installed torch's; and the loader's own seed (its batches'
+# global random state) is then taken from a copy of `g`, leaving `g` where DataLoader leaves it.
+# The epoch's order then follows the generator's state, as a sampler's does, not (seed, epoch).
 
 
 class BatchSampler:

@@ -30,6 +30,7 @@ from fastload._loading.arguments import (
 from fastload._loading.backends import BACKENDS
 from fastload._loading.bad_samples import DEFAULT_MAX_SKIPPED, check_policy
 from fastload._loading.delivery import ImageOutput
+from fastload._loading.plan import GeneratorShuffle
 from fastload._loading.ranks import process_position
 from fastload._loading.ring import MAX_PREFETCH, default_prefetch
 from fastload._machine import usable_cores
@@ -311,6 +312,11 @@ def build_spec(
         from fastload._diagnostics.metrics import metrics_setting
 
         metrics_address = metrics_setting(metrics)
+    if generator is not None and shuffle and not is_source and sampler is None and batch_sampler is None:
+        # DataLoader's order from `generator` (NOTE [DataLoader's order from a generator]).
+        if seed is None:
+            seed = base_seed(None, _copy_of(generator), 1)  # DataLoader draws nothing from it at construction
+        sampler = GeneratorShuffle(dataset, generator, persistent_workers and num_workers > 0)
     spec = LoaderSpec(
         source=source,
         dataset=None if is_source else dataset,
@@ -435,6 +441,13 @@ def base_seed(seed: int | None, generator: torch.Generator | None, world_size: i
     if world_size > 1 and generator is None:
         return SHARED_DEFAULT_SEED
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()) & (2**63 - 1)
+
+
+def _copy_of(generator: torch.Generator) -> torch.Generator:
+    """A generator in `generator`'s state, on its device: drawing from it leaves `generator` as it was."""
+    copy = torch.Generator(device=generator.device)
+    copy.set_state(generator.get_state())
+    return copy
 
 
 def _max_batch(batch_sampler: Any) -> int:

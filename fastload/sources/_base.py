@@ -25,6 +25,13 @@ _REGISTRY: dict[str, type[Source]] = {}
 
 # What a daemon serves: sources of encoded images whose index its workers attach from shared memory
 # (an HDF5 file of numeric arrays is refused when the daemon opens it: nothing there to decode).
+# Compressed tar names, with the compressor that undoes them: `as_source` sends them to `TarShards`,
+# which refuses them saying so (it reads samples at byte offsets).
+COMPRESSED_TAR_SUFFIXES = {
+    ".tar.gz": "gzip", ".tgz": "gzip", ".tar.bz2": "bzip2", ".tbz2": "bzip2",
+    ".tar.xz": "xz", ".txz": "xz", ".tar.zst": "zstd", ".tzst": "zstd",
+}
+_TAR_SUFFIXES = (".tar", *COMPRESSED_TAR_SUFFIXES)
 DAEMON_SOURCE_KINDS = frozenset({"folder", "file_list", "tar", "packed", "hdf5"})
 
 
@@ -126,7 +133,8 @@ def source_from_config(config: Any) -> Source:
 def as_source(dataset: str | os.PathLike[str] | Source) -> Source:
     """A source for `dataset`: a `Source` as is; a path by what it is. A directory holding a
     packed dataset's manifest is packed, any other directory an image folder; `.h5`/`.hdf5` an
-    HDF5 file; `.tar` a tar shard; `.csv`, `.tsv`, `.txt` a file list."""
+    HDF5 file; `.tar` a tar shard (and a compressed tar, `.tar.gz` ...: `TarShards` says it cannot
+    be read and what to do); `.csv`, `.tsv`, `.txt` a file list."""
     if isinstance(dataset, Source):
         return dataset
     path = absolute(os.fspath(dataset))
@@ -139,13 +147,13 @@ def as_source(dataset: str | os.PathLike[str] | Source) -> Source:
             )
         if lower.endswith((".csv", ".tsv", ".txt")):
             return _REGISTRY["file_list"](path)  # type: ignore[call-arg]
-        return _REGISTRY["tar" if lower.endswith(".tar") else "packed"](path)  # type: ignore[call-arg]
+        return _REGISTRY["tar" if lower.endswith(_TAR_SUFFIXES) else "packed"](path)  # type: ignore[call-arg]
     if os.path.isdir(path):
         packed = _REGISTRY.get("packed")
         if packed is not None and os.path.exists(os.path.join(path, "manifest.json")):
             return packed(path)  # type: ignore[call-arg]
         return _REGISTRY["folder"](path)  # type: ignore[call-arg]
-    by_suffix = (((".h5", ".hdf5"), "hdf5"), ((".tar",), "tar"), ((".csv", ".tsv", ".txt"), "file_list"))
+    by_suffix = (((".h5", ".hdf5"), "hdf5"), (_TAR_SUFFIXES, "tar"), ((".csv", ".tsv", ".txt"), "file_list"))
     for suffixes, kind in by_suffix:
         if lower.endswith(suffixes) and kind in _REGISTRY:
             return _REGISTRY[kind](path)  # type: ignore[call-arg]

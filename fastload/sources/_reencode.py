@@ -46,8 +46,9 @@ from typing import Any
 
 import numpy as np
 
+from fastload._encoded_bytes import JPEG_MAGIC
 from fastload._errors import ConfigError, DatasetError
-from fastload._loading.backends import JPEG_MAGIC
+from fastload._loading.backends.undecodable import describe
 from fastload._loading.native import built_native_jpeg
 from fastload.sources._image_bytes import damage
 from fastload.sources._index import ReadFailure, SampleIndex
@@ -232,10 +233,10 @@ def _run_task(job: _Job, first: int, stop: int, keep_views: bool) -> list[Made] 
             done = blob if job.setting is None else reencode(blob, job.setting)
         except ConfigError as e:
             return _Failure(position, str(e), "config")
-        except Exception as e:  # any decoder's error (ValueError, OSError, Pillow's own): named below
+        except Exception as e:  # any decoder's error (ValueError, OSError, Pillow's own): in words
             if not job.skip:
-                return _Failure(position, f"{type(e).__name__}: {e}", "reencode")
-            out.append(Skipped(f"cannot re-encode it: {type(e).__name__}: {e}"))
+                return _Failure(position, describe(blob, e), "reencode")
+            out.append(Skipped(f"cannot re-encode it: {describe(blob, e)}"))
             continue
         out.append(done if keep_views or isinstance(done, bytes) else bytes(done))
     return out

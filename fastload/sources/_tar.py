@@ -6,7 +6,9 @@ files whose members are grouped by key, the member name up to the first dot of i
 `KEY.json` (an object whose "label", else "cls", is an integer). Samples are numbered in shard
 order, then member order, which is storage order: a block shuffle reads them sequentially.
 Only the headers and the small label members are read; the images are read by offset when loaded.
-Local paths only (no fsspec URLs, no compressed shards: reads go to byte offsets).
+Local paths, or URLs read whole through the node cache (NOTE [node cache]); no compressed shards
+(reads go to byte offsets): a `.tar.gz` (or `.tgz`, `.tar.bz2`, `.tar.xz`, `.tar.zst`) is refused
+by name, before anything is read, and a compressed file under another name by its first bytes.
 
 NOTE [shard index cache]: `tarfile` scans ~17k samples/s, so ImageNet's shards would take over a
 minute to open every time a loader is made. Each shard's scan is kept in a cache directory
@@ -38,7 +40,7 @@ from typing import Any, BinaryIO, ClassVar
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload.sources._base import Source, absolute
+from fastload.sources._base import COMPRESSED_TAR_SUFFIXES, Source, absolute
 from fastload.sources._bounds import (
     MAX_SAMPLE_BYTES,
     MAX_SHARDS,
@@ -105,6 +107,9 @@ class TarShards(Source):
         shards: list[str] = []
         for pattern in patterns:
             for expanded in expand_braces(pattern):
+                compressor = _compressed_by_name(expanded)
+                if compressor is not None:
+                    raise _compressed(expanded, compressor)
                 if is_url(expanded):  # objects: named one by one (braces), never listed
                     shards.append(expanded)
                 elif glob.has_magic(expanded):
@@ -271,10 +276,21 @@ def _check_uncompressed(shard: str, f: BinaryIO) -> None:
         raise DatasetError(f"cannot read tar shard {clip(shard)}: {clip(str(e))}") from e
     for magic, name in _COMPRESSED:
         if head.startswith(magic):
-            raise DatasetError(
-                f"{shard} is {name}-compressed: samples are read at byte offsets, so shards must be "
-                f"uncompressed; {_EXPECTED} (decompress it, e.g. `{name} -d`, or `fastload pack` it)"
-            )
+            raise _compressed(shard, name)
+
+
+def _compressed_by_name(shard: str) -> str | None:
+    """The compressor a shard's name says it went through (`COMPRESSED_TAR_SUFFIXES`), or None."""
+    lower = shard.lower()
+    return next((name for suffix, name in COMPRESSED_TAR_SUFFIXES.items() if lower.endswith(suffix)), None)
+
+
+def _compressed(shard: str, name: str) -> DatasetError:
+    """The error for a `name`-compressed shard: what it is and what to do."""
+    return DatasetError(
+        f"{clip(shard)} is a {name}-compressed tar: fastload reads samples at byte offsets, so tar "
+        f"shards must be uncompressed; {_EXPECTED}: decompress it (`{name} -d`) and pass the .tar"
+    )
 
 
 def _scan_shard(

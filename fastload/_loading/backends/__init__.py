@@ -2,9 +2,10 @@
 
 A backend turns a batch of encoded images into uint8 NHWC pixels written straight into the
 batch's place in a ring slot, following a compiled `TransformPlan`. `native` (the default) is the
-libjpeg-turbo extension built from native/, falling back to `pil` (Pillow, JPEG draft mode) where
-the extension is not built; `dali` (NVIDIA DALI's CPU operators, an optional extra) does the
-same geometry, drawn by the same plan, in a DALI pipeline. `nvjpeg` (torchvision's GPU decoder)
+libjpeg-turbo extension built from native/, falling back to Pillow in JPEG draft mode where the
+extension is not built; `pil` is Pillow decoding JPEGs whole (torchvision's pixels on PIL images);
+`dali` (NVIDIA DALI's CPU operators, an optional extra) does the same geometry, drawn by the same
+plan, in a DALI pipeline. `nvjpeg` (torchvision's GPU decoder)
 decodes only on the GPU, in the trainer's process (`dali_executor`): no worker runs it.
 """
 
@@ -19,7 +20,6 @@ from fastload._errors import ConfigError
 from fastload.transforms import RandomSource, TransformPlan
 
 BACKENDS = ("native", "pil", "dali", "nvjpeg")
-JPEG_MAGIC = b"\xff\xd8\xff"  # how every decoder tells a JPEG from other formats
 
 
 class SampleFailure(Exception):
@@ -44,6 +44,7 @@ class ImageBackend(Protocol):
 
 def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
     """Return the backend called `name`, configured with `plan`."""
+    draft = False  # backend="pil": torchvision's pixels on PIL images (NOTE [Pillow's pixels])
     if name == "native":
         from fastload._loading.native import native_jpeg
 
@@ -52,7 +53,7 @@ def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
             from fastload._loading.backends.native import NativeBackend
 
             return NativeBackend(plan, jpeg)
-        name = "pil"
+        name, draft = "pil", True  # the fallback is for speed, as native: DCT-scaled decoding
     if name == "pil":
         try:
             from fastload._loading.backends.pil import PilBackend
@@ -62,7 +63,7 @@ def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
                 "building fastload with libjpeg-turbo's headers gives the faster native backend"
             ) from e
 
-        return PilBackend(plan)
+        return PilBackend(plan, draft=draft)
     if name == "dali":
         try:
             from fastload._loading.backends.dali import DaliBackend

@@ -16,7 +16,9 @@ from types import ModuleType
 
 import numpy as np
 
-from fastload._loading.backends import JPEG_MAGIC, SampleFailure
+from fastload._encoded_bytes import JPEG_MAGIC, jpeg_cut_short
+from fastload._loading.backends import SampleFailure
+from fastload._loading.backends.undecodable import sample_failure
 from fastload._loading.sample_random import SampleDraws
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
 from fastload.transforms._batch_geometry import BatchGeometry, sample_batch
@@ -48,15 +50,18 @@ def sample_inputs(
     jpeg: ModuleType | None,
 ) -> np.ndarray:
     """(n, 4, 2) float32: each sample's [slice anchor, shape, roi start, end] (`slice_and_roi`) for
-    the geometry `plan` draws on its header's size; SampleFailure for a header that cannot be read.
+    the geometry `plan` draws on its header's size; SampleFailure for a header that cannot be read,
+    or a JPEG cut short (refused here, before a GPU decoder or DALI logs it: NOTE [DALI's stderr]).
     A task's `SampleDraws` get their geometry a batch at a time (NOTE [per-batch geometry])."""
     n = len(blobs)
     sizes = np.empty((n, 2), np.int64)  # (height, width)
     for i, blob in enumerate(blobs):
         try:
             sizes[i] = image_size(blob, jpeg)
+            if blob[:3] == JPEG_MAGIC and jpeg_cut_short(blob):
+                raise ValueError("the JPEG stops before its end-of-image marker")
         except Exception as e:  # a header that cannot be read is reported against its sample
-            raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+            raise sample_failure(i, blob, e) from e
     if isinstance(rngs, SampleDraws) and n:
         geometry = sample_batch(plan, sizes[:, 0], sizes[:, 1], rngs.uniforms)
         if geometry is not None:

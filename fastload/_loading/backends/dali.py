@@ -15,7 +15,8 @@ and each output is copied once into its row of the slot. Image sizes for the geo
 the header (the native extension's `jpeg_size`, else Pillow). A decode failure drops the pipeline
 (DALI invalidates it) and is reported as `SampleFailure` at the sample DALI names (or, if it
 names none, the first that fails alone), with the reason its decoder logged to stderr (that
-sample is run once more to catch it: DALI's exception says only which sample failed). The
+sample is run once more to catch it: DALI's exception says only which sample failed). Bytes that
+cannot be a decodable image are refused before DALI sees them (NOTE [DALI's stderr]). The
 pieces both DALI paths share (the pipeline's graph, feeding it, DALI's error text) are this
 module's functions, each sample's slice and box `backends.boxes`': the in-process executor
 (`dali_executor`, GPU `mixed` decoding) builds the same graph on other devices, shaped by a
@@ -41,6 +42,7 @@ from fastload._errors import ConfigError
 from fastload._loading.backends import SampleFailure
 from fastload._loading.backends.boxes import sample_inputs
 from fastload._loading.backends.dali_tuning import DaliTuning
+from fastload._loading.backends.undecodable import sample_failure
 from fastload.transforms import RandomSource, TransformPlan
 
 _INTERP = {
@@ -51,6 +53,7 @@ _INTERP = {
 }
 # DALI names the failing sample of a batch: "Failed to decode sample #3 : ...".
 _FAILED_SAMPLE = re.compile(r"sample #(\d+)")
+_FAILED_PREFIX = re.compile(r"^Failed to decode sample #\d+\s*:?\s*")  # a batch position: not the user's
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")  # DALI colours its log lines
 _MAX_REASON_CHARS = 2000
 
@@ -115,7 +118,7 @@ class DaliBackend:
             if position is None:
                 position = self._first_failing(arrays, inputs)
             detail = self._logged_reason(arrays[position], inputs[position : position + 1])
-            failure = decode_failure(e, position, detail)
+            failure = decode_failure(e, position, blobs[position], detail)
             raise failure from failure.__cause__
         for i in range(n):  # DALI's output, viewed, copied once into the slot
             out[i] = np.asarray(images[i])
@@ -134,10 +137,22 @@ class DaliBackend:
         (images,) = pipe.run()
         return images
 
+    # NOTE [DALI's stderr]: DALI's decoders (nvImageCodec, libjpeg-turbo) write every failure to
+    # fd 2 from C++ ("[ERROR] [libjpeg_turbo_decoder] ... Premature end of JPEG data"), whatever
+    # DALI_NVIMGCODEC_LOG_LEVEL says (its documented knob: tried, 0 to 3, the lines stay). So the
+    # bytes are checked before DALI sees them (`boxes.sample_inputs`): a header that does not read
+    # (empty, not an image: refused by the header read) and a JPEG cut short (no end-of-image
+    # marker after its scan: the common broken file) never reach it, in any process, and their
+    # reason is fastload's (`undecodable`). Not a redirect of fd 2 around every run: fd 2 is the
+    # process's, so a redirect would also take other threads' output (the trainer's own, where
+    # DALI decodes inline) and a crash's last words inside DALI. Damage only decoding finds (a
+    # scan naming an undefined table) still reaches DALI, which logs it once; the sample is then
+    # run again with fd 2 captured for the reason (`_logged_reason`, only after a failure).
     def _logged_reason(self, array: np.ndarray, inputs: np.ndarray) -> str:
         """Why DALI cannot decode this one sample, in its own words: its decoders log the reason
         to the process's stderr and raise a bare "Failed to decode sample #i", so the sample is
-        run once more with fd 2 going to a file (only ever after a failure). "" if it decodes."""
+        run once more with fd 2 going to a file (only ever after a failure; NOTE [DALI's stderr]).
+        "" if it decodes."""
         with tempfile.TemporaryFile() as log:
             sys.stderr.flush()
             saved = os.dup(2)
@@ -154,8 +169,10 @@ class DaliBackend:
             raw = log.read().decode("utf-8", "replace")
         lines = raw.splitlines(keepends=True)
         errors = [_ANSI_ESCAPE.sub("", line).split("]", 1)[-1].strip() for line in lines if "[ERROR]" in line]
-        # Whatever else reached fd 2 meanwhile (another thread's logging) goes where it was going.
         others = "".join(line for line in lines if "[ERROR]" not in line)
+        if not errors:  # libjpeg's own words ("Huffman table 0x03 was not defined"), unmarked
+            errors, others = [line.strip() for line in lines], ""
+        # Whatever else reached fd 2 meanwhile (another thread's logging) goes where it was going.
         pending = others.encode("utf-8", "replace")
         while pending:
             pending = pending[os.write(2, pending) :]
@@ -243,18 +260,19 @@ def feed(pipe: Pipeline, plan: TransformPlan, arrays: list[np.ndarray], inputs: 
     pipe.feed_input("size", np.tile(size, (len(arrays), 1)))
 
 
-def decode_failure(error: RuntimeError, position: int, detail: str = "") -> SampleFailure:
-    """The SampleFailure for DALI's decode `error` at `position`, its cause a ValueError in DALI's
-    words (and `detail`: what its decoder logged about the sample)."""
-    reason = decode_reason(str(error))
-    if detail:
-        reason = f"{reason.rstrip(' :')}: {detail}"
+def decode_failure(
+    error: RuntimeError, position: int, blob: bytes | memoryview, detail: str = ""
+) -> SampleFailure:
+    """The SampleFailure for DALI's decode `error` on `blob` at `position`, in words
+    (`undecodable.describe`), its cause a ValueError in DALI's words (and `detail`: what its
+    decoder logged about the sample)."""
+    reason = _FAILED_PREFIX.sub("", decode_reason(str(error)))
+    if detail and detail not in reason:
+        reason = f"{reason.rstrip(' :')}: {detail}" if reason else detail
     try:
-        raise ValueError(f"DALI could not decode the image: {reason}") from error
+        raise ValueError(f"DALI could not decode the image: {reason or 'no reason given'}") from error
     except ValueError as cause:
-        failure = SampleFailure(position, f"ValueError: {cause}")
-        failure.__cause__ = cause
-        return failure
+        return sample_failure(position, blob, cause)
 
 
 def failed_position(message: str, n: int) -> int | None:

@@ -13,7 +13,8 @@ from types import ModuleType
 
 import numpy as np
 
-from fastload._loading.backends import JPEG_MAGIC, SampleFailure
+from fastload._encoded_bytes import JPEG_MAGIC
+from fastload._loading.backends.undecodable import sample_failure
 from fastload._loading.sample_random import SampleDraws
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
 from fastload.transforms._batch_geometry import sample_batch
@@ -43,7 +44,7 @@ class NativeBackend:
             try:
                 sizes[k] = self._jpeg.jpeg_size(blobs[i])
             except Exception as e:
-                raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+                raise sample_failure(i, blobs[i], e) from e
         geometry = None
         if isinstance(rngs, SampleDraws) and jpegs:
             geometry = sample_batch(self.plan, sizes[:, 1], sizes[:, 0], rngs.uniforms[jpegs])
@@ -61,8 +62,8 @@ class NativeBackend:
                 continue
             try:
                 decode(blob, boxes[k], out[i], heights[k], widths[k], flips[k], filter_, clips[k])
-            except Exception as e:  # any decoder failure is reported against its sample
-                raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+            except Exception as e:  # any decoder failure is reported against its sample, in words
+                raise sample_failure(i, blob, e) from e
             k += 1
 
     def _decode_one(self, i: int, blob: bytes | memoryview, rng: RandomSource, out: np.ndarray) -> None:
@@ -76,8 +77,8 @@ class NativeBackend:
             self._jpeg.decode_crop_resize(
                 blob, g.box, out[i], g.out_height, g.out_width, g.flip, self._filter, g.clip
             )
-        except Exception as e:  # any decoder failure is reported against its sample
-            raise SampleFailure(i, f"{type(e).__name__}: {e}") from e
+        except Exception as e:  # any decoder failure is reported against its sample, in words
+            raise sample_failure(i, blob, e) from e
 
 
 # NOTE [per-batch geometry]: a task's crops are drawn for all its JPEGs at once
