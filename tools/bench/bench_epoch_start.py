@@ -41,14 +41,16 @@ def daemon(data: str, workers: int) -> Iterator[str]:
         os.chmod(socket_dir, 0o700)
         command = [sys.executable, "-m", "fastload", "serve", "--workers", str(workers),
                    "--socket-dir", socket_dir, "--dataset", data]
-        proc = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        log = Path(socket_dir, "daemon.log")
+        with log.open("w") as stderr:
+            proc = subprocess.Popen(command, stderr=stderr)
         address = f"ipc://{socket_dir}/daemon.sock"
         try:
             status = [sys.executable, "-m", "fastload", "status", "--address", address, "--json"]
             deadline = time.monotonic() + 120
             while subprocess.run(status, capture_output=True).returncode != 0:  # up, and indexed
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the daemon did not start")
+                    raise SystemExit(f"the daemon did not start:\n{log.read_text()[-2000:]}")
                 time.sleep(0.2)
             yield address
         finally:
