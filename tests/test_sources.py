@@ -173,6 +173,18 @@ def test_a_missing_image_fails_its_batch_naming_the_file(image_folder: Path, tmp
     assert isinstance(caught.value, FileNotFoundError)
 
 
+def test_a_source_field_that_is_no_path_is_named_without_a_repr() -> None:
+    """Issue 28: a TypeError with the value's repr ("<...X object at 0x...>"), outside fastload's
+    exception tree; now a ConfigError that names the field and the value's type."""
+
+    class Handle:
+        pass
+
+    with pytest.raises(ConfigError, match=r"folder source field root must be a path .*got a Handle") as err:
+        ImageFolder(Handle()).resolved()  # type: ignore[arg-type]
+    assert "object at 0x" not in str(err.value)
+
+
 def test_a_plain_path_means_what_it_looks_like(image_folder: Path, tmp_path: Path) -> None:
     assert as_source(image_folder) == ImageFolder(str(image_folder))
     assert as_source(str(tmp_path / "x.csv")) == FileList(str(tmp_path / "x.csv"))

@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, cast
 
 from fastload._errors import ConfigError, DatasetError
-from fastload._sizes import parse_optional_size
+from fastload._sizes import parse_optional_size, shown
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._index import SampleIndex
 from fastload.sources._remote import is_url
@@ -91,7 +91,10 @@ class Source(ABC):
             elif isinstance(value, tuple) and all(isinstance(v, str) for v in value):
                 changes[name] = tuple(absolute(v) for v in value)
             elif value is not None:
-                raise TypeError(f"{self.kind} source field {name} must be a path, got {value!r}"[:300])
+                raise ConfigError(
+                    f"{self.kind} source field {name} must be a path (a str, or a tuple of them for "
+                    f"several), got {shown(value)}"
+                )
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
     def to_json(self) -> str:
