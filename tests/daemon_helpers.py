@@ -282,12 +282,12 @@ class RawClient:
     def send(self, *frames: bytes) -> None:
         self.sock.send_multipart(list(frames))
 
-    def reply(self, timeout_s: float = 5.0) -> tuple[str, dict[str, Any]] | None:
+    def reply(self, timeout_s: float = REPLY_TIMEOUT_S) -> tuple[str, dict[str, Any]] | None:
         if not self.sock.poll(int(timeout_s * 1000)):
             return None
         return wire.decode(self.sock.recv_multipart()[0])
 
-    def call(self, *frames: bytes, timeout_s: float = 5.0) -> tuple[str, dict[str, Any]] | None:
+    def call(self, *frames: bytes, timeout_s: float = REPLY_TIMEOUT_S) -> tuple[str, dict[str, Any]] | None:
         self.send(*frames)
         return self.reply(timeout_s)
 
@@ -319,8 +319,11 @@ def hello_fields(folder: Path, /, **overrides: Any) -> dict[str, Any]:
     return fields
 
 
-def answer(client: RawClient, *frames: bytes, timeout_s: float = 10.0) -> tuple[str, dict[str, Any]] | None:
-    """The reply to a message past any `indexing` notes (a hello's session stays open)."""
+def answer(
+    client: RawClient, *frames: bytes, timeout_s: float = REPLY_TIMEOUT_S
+) -> tuple[str, dict[str, Any]] | None:
+    """The reply to a message past any `indexing` notes: a hello whose source is opened (in a
+    child process: a second or more on a busy machine) is told `indexing` before its answer."""
     reply = client.call(*frames, timeout_s=timeout_s)
     while reply is not None and reply[0] == "indexing":
         reply = client.reply(timeout_s)

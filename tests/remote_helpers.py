@@ -114,7 +114,8 @@ class FaultProxy:
     """A TCP proxy to `upstream` (host, port). Each new connection takes the next action of
     `faults` ("pass" once they run out): "reset" (closed at once), "503" (the request answered
     503 and closed), "stall" (the request read, nothing answered for `stall_s`). `latency_s` is
-    added before each request is passed on. `ranges` counts the `Range` headers passed on."""
+    added before each request is passed on. `ranges` counts the `Range` headers passed on.
+    `down()` takes the store away (every open connection cut, every new one reset) until `up()`."""
 
     def __init__(self, upstream: tuple[str, int], faults: list[str] | None = None, latency_s: float = 0.0,
                  stall_s: float = 5.0) -> None:
@@ -126,6 +127,8 @@ class FaultProxy:
         self.requests = 0
         self.faulted: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._down = False
+        self._open: set[socket.socket] = set()  # connections passed on now, cut by `down`
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._stop = threading.Event()
@@ -136,6 +139,20 @@ class FaultProxy:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def down(self) -> None:
+        """The store is gone: open connections are cut, new ones reset, until `up`."""
+        with self._lock:
+            self._down = True
+            cut, self._open = list(self._open), set()
+        for sock in cut:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def up(self) -> None:
+        """The store is back: new connections are passed on (or take the next of `faults`)."""
+        with self._lock:
+            self._down = False
 
     def close(self) -> None:
         self._stop.set()
@@ -150,7 +167,7 @@ class FaultProxy:
             except OSError:
                 return
             with self._lock:
-                action = self.faults.pop(0) if self.faults else "pass"
+                action = "reset" if self._down else self.faults.pop(0) if self.faults else "pass"
             thread = threading.Thread(target=self._serve, args=(client, action), daemon=True)
             thread.start()
 
@@ -175,10 +192,16 @@ class FaultProxy:
             except OSError:
                 return
             with upstream:
+                with self._lock:
+                    if self._down:  # taken down between the accept and now
+                        return
+                    self._open.update((client, upstream))
                 back = threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True)
                 back.start()
                 self._pipe(client, upstream, True)
                 back.join(10)
+            with self._lock:
+                self._open.difference_update((client, upstream))
 
     def _pipe(self, source: socket.socket, sink: socket.socket, requests: bool) -> None:
         with contextlib.suppress(OSError):
@@ -236,6 +259,7 @@ def env_without_remote_state() -> None:
     from fastload.sources import _node_cache, _remote
 
     _remote._filesystems.clear()
+    _remote._stores.clear()
     _node_cache._caches.clear()
     os.environ.pop("FASTLOAD_CACHE_LIMIT", None)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -77,6 +78,21 @@ class _Hello(threading.Thread):
             except AssertionError as e:  # kept for the test to look at, never raised in this thread
                 self.unanswered = e
         self.seconds = time.monotonic() - started
+
+
+def _in_the_fork_server(tmp_path: Path, code: str) -> dict[str, str]:
+    """An environment for a daemon whose fork server (only it: not the daemon, not its workers)
+    runs `code` as it starts, from a sitecustomize on PYTHONPATH; the children it forks inherit
+    what the code did."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "with open('/proc/self/cmdline', 'rb') as f:\n"
+        "    if b'multiprocessing.forkserver' in f.read():\n"
+        + textwrap.indent(textwrap.dedent(code), " " * 8)
+    )
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}
 
 
 def _served_while(daemon: DaemonProcess, image_folder: Path) -> None:
@@ -153,27 +169,70 @@ def test_an_open_that_needs_gigabytes_is_refused_and_the_daemon_stays_small(
     _served_while(daemon, image_folder)
 
 
+def test_index_memory_bounds_what_an_open_allocates_not_what_libraries_map(
+    daemon_pool: DaemonPool, tmp_path: Path, image_folder: Path
+) -> None:
+    """The smallest budget (64MiB) opens a small folder while the opening process maps 8 GiB it
+    never writes, as a library that reserves address space does (a CUDA build of torch maps
+    3.8 GB before any work: every open failed on a GPU machine), and numpy, h5py and their
+    threads' buffers are loaded; an open that needs gigabytes is still refused."""
+    env = _in_the_fork_server(tmp_path, """
+        import mmap
+        import fastload.sources._folder as folder
+        scan, reserved = folder.scan_image_folder, []
+        def reserving(*args, **kwargs):
+            reserved.append(mmap.mmap(-1, 8 << 30, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, mmap.PROT_READ))
+            return scan(*args, **kwargs)
+        folder.scan_image_folder = reserving
+    """)
+    config = tmp_path / "daemon.toml"
+    config.write_text('[daemon]\nindex_timeout = 60\nindex_memory = "64MiB"\n')
+    daemon = daemon_pool.start(workers=1, env=env, extra=["--config", str(config)])
+    _served_while(daemon, image_folder)
+    path = tmp_path / "big.h5"  # labels of 2**24 rows: 128 MiB once read, within the source bounds
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", shape=(2**24,), dtype="S8", chunks=(1024,))
+        f.create_dataset("labels", shape=(2**24,), dtype="<i8", chunks=(1024,))
+    with RawClient(daemon.address) as client:
+        op, fields = hello_reply(client, _hello_of(HDF5(str(path))), timeout_s=90)
+    assert op == "error" and "64 MiB (index_memory)" in fields["message"], fields
+
+
+def test_an_opening_process_that_dies_says_why(
+    daemon_pool: DaemonPool, tmp_path: Path, image_folder: Path
+) -> None:
+    """A library that prints its complaint and exits (OpenBLAS does, when it cannot start its
+    threads): the hello's error gives the exit status and the last lines the process wrote."""
+    env = _in_the_fork_server(tmp_path, """
+        import os, sys
+        import fastload.sources._folder as folder
+        def dying(*args, **kwargs):
+            print("libexample: cannot start thread 5 of 16: out of resources", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(1)
+        folder.scan_image_folder = dying
+    """)
+    daemon = daemon_pool.start(workers=1, env=env)
+    with RawClient(daemon.address) as client:
+        op, fields = hello_reply(client, hello_fields(image_folder), timeout_s=60)
+    assert op == "error", fields
+    assert "exit status 1" in fields["message"] and "libexample: cannot start thread 5" in fields["message"]
+    assert daemon.status()["pid"] == daemon.pid
+
+
 def test_a_slow_fork_server_does_not_stall_the_daemon(
     daemon_pool: DaemonPool, tmp_path: Path, image_folder: Path
 ) -> None:
     """The fork server's start takes 10 s here (its imports of torch and CUDA's libraries took
     over 5 s on a busy GPU machine, and every hello there timed out): `status` answers meanwhile,
     and a trainer's hello is told `indexing` until its index is made, then welcomed."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import time\n"
-        "with open('/proc/self/cmdline', 'rb') as f:\n"
-        "    if b'multiprocessing.forkserver' in f.read():\n"
-        "        time.sleep(10)\n"
-    )
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    daemon = daemon_pool.start(workers=1, env={**os.environ, "PYTHONPATH": path})
+    env = _in_the_fork_server(tmp_path, "import time\ntime.sleep(10)\n")
+    daemon = daemon_pool.start(workers=1, env=env)
     hello = _Hello(daemon.address, hello_fields(image_folder), timeout_s=60)
-    assert wait_until(lambda: daemon.status(timeout_s=2.0)["pid"] == daemon.pid, 5)
-    started = time.monotonic()
-    assert daemon.status(timeout_s=2.0)["pid"] == daemon.pid
-    assert time.monotonic() - started < 2.0, "the daemon's loop is stalled by the fork server"
+    assert wait_until(lambda: daemon.status(timeout_s=5.0)["pid"] == daemon.pid, 15)
+    started = time.monotonic()  # a loop stalled by the fork server would answer in 10 s
+    assert daemon.status(timeout_s=5.0)["pid"] == daemon.pid
+    assert time.monotonic() - started < 5.0, "the daemon's loop is stalled by the fork server"
     _served_while(daemon, image_folder)  # FastLoader's own hello, which gives up after 5 s of silence
     hello.join(60)
     assert hello.reply is not None and hello.reply[0] == "welcome", hello.reply or hello.unanswered

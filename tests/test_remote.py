@@ -7,7 +7,9 @@ URL; resets, 503s and stalls are retried and lose nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import build_folder, write_tar_shards
+from helpers import build_folder, wait_until, write_tar_shards
 from remote_helpers import (
     FaultProxy,
     env_without_remote_state,
@@ -242,6 +244,46 @@ def test_an_unreachable_store_fails_the_batch_naming_the_url(
                 list(loader)
     finally:
         proxy.close()
+
+
+OUTAGE_S = 12.0  # long enough for each request's own backoff (before: 0.1 s doubling to 10 s) to reach 6 s
+RESUMED_WITHIN_S = 1.5  # a probe gap (at most 0.75 s) and a batch: 0.1-0.3 s measured beside two busy cores
+
+
+@pytest.mark.parametrize("store", ["s3", "http"])
+def test_loading_resumes_as_soon_as_the_store_is_back(
+    local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch, store: str
+) -> None:
+    """An outage at the start of an epoch (every connection cut, every new one refused): the
+    reads wait it out, and the first batch comes within a probe gap of the store's return, not
+    after the retries' own backoffs (which had grown to seconds); nothing is lost."""
+    with contextlib.ExitStack() as stack:
+        upstream = s3 if store == "s3" else stack.enter_context(range_http_server(local))
+        proxy = FaultProxy(("127.0.0.1", int(upstream.rsplit(":", 1)[1])))
+        stack.callback(proxy.close)
+        _use(monkeypatch, proxy.url)
+        source: Any = "s3://data-bucket/pack" if store == "s3" else Packed(f"{proxy.url}/pack")
+        expected = _epoch(str(local / "pack"), 1, shuffle=True)
+        back_at: list[float] = []
+
+        def outage() -> None:
+            assert wait_until(lambda: proxy.faulted["reset"] > 0, 60), "no read reached the store"
+            time.sleep(OUTAGE_S)  # how long the store is away: the scenario, not a synchronisation
+            back_at.append(time.monotonic())
+            proxy.up()
+
+        with FastLoader(source, num_workers=1, shuffle=True, **KW) as loader:
+            proxy.down()
+            taking_down = threading.Thread(target=outage, daemon=True)
+            taking_down.start()
+            batches = iter(loader)
+            got = [[t.clone() for t in next(batches)]]
+            arrived = time.monotonic()
+            got += [[t.clone() for t in batch] for batch in batches]
+            taking_down.join(60)
+        assert back_at, "the first batch came while the store was away"
+        assert arrived - back_at[0] < RESUMED_WITHIN_S, f"resumed {arrived - back_at[0]:.1f} s after"
+        assert _same(got, expected)
 
 
 def test_the_cache_stays_under_its_limit(

@@ -2,19 +2,30 @@
 daemon's own process.
 
 One child per open (at most `OpenLimits.parallel` at a time, the rest queued by `indexes`), with a
-wall-clock deadline, RLIMIT_AS and no core dumps. The child checks the allowlist (`confine`),
-opens the source, writes its index into a shared-memory segment and sends back, as bounded JSON,
-the segment's name and what the daemon reports (samples, classes); the daemon renames the segment
-to one of its own (so it is never taken for the orphan of a dead process) before the child may
-exit. A crash (a signal), a hang (past the deadline: SIGKILL), memory exhaustion or any error
-there fails that open with a DatasetError; the daemon keeps serving.
+wall-clock deadline, RLIMIT_DATA (NOTE [what index_memory bounds]) and no core dumps. The child
+checks the allowlist (`confine`), opens the source, writes its index into a shared-memory
+segment and sends back, as bounded JSON, the segment's name and what the daemon reports
+(samples, classes); the daemon renames the segment to one of its own (so it is never taken for
+the orphan of a dead process) before the child may exit. A crash (a signal), a hang (past the
+deadline: SIGKILL), memory exhaustion or any error there fails that open with a DatasetError
+that says why (a child that dies without a reply: its exit status and the last lines it wrote
+to stderr); the daemon keeps serving.
 
 NOTE [forkserver for opening]: children come from multiprocessing's fork server, a fresh
-interpreter started (on the first open) from the daemon's executable with this module preloaded.
+interpreter started (on the first open) from the daemon's executable with `_PRELOAD` imported.
 `fork` from the daemon would copy a process with ZMQ's I/O threads, every session's state and the
 CURVE secret key into code that parses hostile files; `spawn` would pay an interpreter start and
-the imports (numpy, h5py, torch through fastload) on every hello. The fork server is single
-threaded, holds nothing of the daemon's, and forks a ready child in milliseconds.
+the imports (numpy, h5py, the sources) on every hello. The fork server is single threaded, holds
+nothing of the daemon's, has imported what an open needs (`_PRELOAD`), and forks a ready child in
+milliseconds.
+NOTE [what index_memory bounds]: the child's private writable memory (RLIMIT_DATA: since Linux
+4.7 every private writable mapping, the heap and anonymous mmaps where numpy's arrays, h5py's
+reads and malloc land, thread stacks too), above what it holds when the open starts. Not its
+address space (RLIMIT_AS, as before): that counts what libraries map or reserve and never write
+(library text: a CUDA build of torch maps 3.8 GB; allocators' and CUDA's reservations; glibc's
+64 MiB arena per thread), so in a process with such libraries every open failed, whatever it
+needed. Shared mappings are not counted: the index's segment is bounded by `max_bytes` instead.
+
 NOTE [JSON from the child]: the child parses hostile input, so what it sends is treated as
 hostile too: JSON (never pickle), bounded, and a segment name the daemon checks (this child's
 pid, fastload's pattern, a regular file of ours) before renaming it.
@@ -48,11 +59,14 @@ log = logging.getLogger("fastload.daemon")
 _MAX_REPLY_BYTES = 16 << 20  # a result: the classes of ImageNet-21k take ~0.3 MiB
 _ACK_WAIT_S = 30.0
 _KILL_WAIT_S = 5.0
+_STDERR_TAIL_BYTES = 4096  # of a child's stderr, kept to say why it died
+# What an open imports, imported once in the fork server (a missing one, h5py, is skipped there).
+_PRELOAD = [__name__, "fastload.sources", "fastload._daemon.confine", "h5py"]
 
 
 @dataclass(frozen=True)
 class OpenLimits:
-    """Bounds on one open: files a folder may hold, wall time, address space, and how many at once."""
+    """Bounds on one open: files a folder may hold, wall time, memory it may allocate, how many at once."""
 
     max_files: int = 20_000_000
     timeout_s: float = 600.0
@@ -106,8 +120,14 @@ class Opening:
             "daemon_pid": os.getpid(),
         }
         self._conn, child_conn = ctx.Pipe(duplex=True)
+        self._stderr, child_stderr = ctx.Pipe(duplex=False)  # the child's fd 2, read as it comes
+        os.set_blocking(self._stderr.fileno(), False)
+        self._stderr_tail = b""
         self.process = ctx.Process(
-            target=child_main, args=(child_conn, json.dumps(request)), name="fastload-open", daemon=True
+            target=child_main,
+            args=(child_conn, json.dumps(request), child_stderr),
+            name="fastload-open",
+            daemon=True,
         )
         self.result: Opened | Exception | None = None
         self._start_error: BaseException | None = None
@@ -116,17 +136,18 @@ class Opening:
         # busy GPU machine) would stall the daemon's loop: no `indexing` notes, every client's
         # hello timed out. The start runs on a thread; `poll` waits for it.
         self._starter = threading.Thread(
-            target=self._start_child, args=(child_conn,), name="fastload-open-start", daemon=True
+            target=self._start_child, args=(child_conn, child_stderr), name="fastload-open-start", daemon=True
         )
         self._starter.start()
 
-    def _start_child(self, child_conn: Any) -> None:
+    def _start_child(self, child_conn: Any, child_stderr: Any) -> None:
         try:
             self.process.start()
         except BaseException as e:  # kept for poll, which fails the open with it
             self._start_error = e
         finally:
             child_conn.close()
+            child_stderr.close()
 
     def poll(self) -> bool:
         """True once the open is over (`result` set): a reply, an exit without one, or the deadline."""
@@ -144,12 +165,14 @@ class Opening:
             self.result = OpenFailed(message, message)
             self.close()
             return True
+        self._read_stderr()
         try:
             if self._conn.poll():
                 self.result = self._receive()
         except (EOFError, OSError):
             pass  # the child is gone without a word: its exit status says why
         if self.result is None and self.process.exitcode is not None:
+            self._read_stderr()
             self.result = self._died(self.process.exitcode)
         elif self.result is None and time.monotonic() > self.deadline:
             self.kill()
@@ -170,12 +193,23 @@ class Opening:
             except ValueError:
                 what = f"signal {-code}"
             hint = " (killed: out of memory?)" if code == -signal.SIGKILL else ""
-            message = (
+            public = (
                 f"opening {self.name} crashed the daemon's opening process ({what}{hint}): a damaged file?"
             )
         else:
-            message = f"opening {self.name} ended without a result (exit status {code})"
-        return OpenFailed(message, message)
+            public = f"opening {self.name} ended without a result (exit status {code})"
+        said = self._stderr_tail.decode("utf-8", "replace").strip().splitlines()[-5:]
+        if not said:
+            return OpenFailed(public, public)
+        log.warning("opening %s: its process died (%s), last writing:\n%s", self.name, code, "\n".join(said))
+        # NOTE [refusals carry no content]: what it wrote may quote a file: local peers only.
+        return OpenFailed(f"{public}; it last wrote: " + " | ".join(line.strip() for line in said), public)
+
+    def _read_stderr(self) -> None:
+        """Take what the child wrote to stderr since the last look, keeping the tail."""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(self._stderr.fileno(), 65536):
+                self._stderr_tail = (self._stderr_tail + chunk)[-_STDERR_TAIL_BYTES:]
 
     def _receive(self) -> Opened | Exception:
         reply = json.loads(self._conn.recv_bytes(_MAX_REPLY_BYTES))
@@ -223,8 +257,9 @@ class Opening:
         """Reap the child (killing it if needed) and unlink any segment it left."""
         self._starter.join(_KILL_WAIT_S)
         if self._starter.is_alive() or self.process.pid is None:
-            with contextlib.suppress(OSError):
-                self._conn.close()
+            for conn in (self._conn, self._stderr):
+                with contextlib.suppress(OSError):
+                    conn.close()
             return  # never started, or the fork server is stuck: nothing of ours to reap
         self.kill()
         self.process.join(_KILL_WAIT_S)
@@ -232,8 +267,9 @@ class Opening:
         for entry, owner in own_segments():
             if owner == pid:
                 unlink(entry.name)
-        with contextlib.suppress(OSError):
-            self._conn.close()
+        for conn in (self._conn, self._stderr):
+            with contextlib.suppress(OSError):
+                conn.close()
         with contextlib.suppress(ValueError):
             self.process.close()
 
@@ -245,7 +281,7 @@ class Opener:
         self.roots = roots
         self.limits = limits
         self._ctx = multiprocessing.get_context("forkserver")
-        self._ctx.set_forkserver_preload([__name__])
+        self._ctx.set_forkserver_preload(_PRELOAD)
         # Started now (its imports run beside the daemon's start), not on the first hello.
         multiprocessing.forkserver.ensure_running()
 
@@ -257,15 +293,10 @@ class Opener:
 
 
 def _limit_self(memory_bytes: int, timeout_s: float, daemon_pid: int) -> None:
-    """No core files; address space bounded above what the child maps now; SIGALRM (which
-    kills) past the deadline, and exit when the daemon is gone, in case nobody reaps us."""
+    """No core files; SIGALRM (which kills) past the deadline, and exit when the daemon is gone,
+    in case nobody reaps us; then private writable memory bounded at what the child holds now
+    plus `memory_bytes` (NOTE [what index_memory bounds])."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    with open("/proc/self/statm") as f:
-        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    want = mapped + memory_bytes
-    if hard == resource.RLIM_INFINITY or want < hard:
-        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
     signal.alarm(max(1, int(timeout_s) + 5))
 
     def watch() -> None:
@@ -279,6 +310,19 @@ def _limit_self(memory_bytes: int, timeout_s: float, daemon_pid: int) -> None:
                 pass
 
     threading.Thread(target=watch, daemon=True).start()
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    want = _data_bytes() + memory_bytes
+    if hard == resource.RLIM_INFINITY or want < hard:
+        resource.setrlimit(resource.RLIMIT_DATA, (want, hard))
+
+
+def _data_bytes() -> int:
+    """This process's private writable memory now (VmData: what RLIMIT_DATA counts)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("/proc/self/status has no VmData line")
 
 
 def _index_bytes(index: Any) -> int:
@@ -338,12 +382,15 @@ def _open(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def child_main(conn: Any, request_text: str) -> None:
-    """The opening process: limits, open, reply, wait for the daemon to take the segment, exit."""
+def child_main(conn: Any, request_text: str, stderr: Any) -> None:
+    """The opening process: limits, open, reply, wait for the daemon to take the segment, exit.
+    Its stderr goes to the daemon, which says the last lines if it dies without a reply."""
+    os.dup2(stderr.fileno(), 2)
+    stderr.close()
     request = json.loads(request_text)
-    _limit_self(int(request["memory_bytes"]), float(request["timeout_s"]), int(request["daemon_pid"]))
     reply: dict[str, Any]
     try:
+        _limit_self(int(request["memory_bytes"]), float(request["timeout_s"]), int(request["daemon_pid"]))
         reply = _open(request)
     except MemoryError:
         text = f"opening it needed more than {format_size(int(request['memory_bytes']))} (index_memory)"

@@ -149,6 +149,8 @@ class StatsWriter:
 
 def _parse(buf: memoryview | bytes | bytearray | object) -> LoaderStats:
     raw = bytes(buf[:BLOCK_BYTES])  # type: ignore[index]
+    if len(raw) < BLOCK_BYTES:  # made, not yet sized: a loader starting as we look
+        raise ValueError("not a whole fastload statistics block")
     magic, version, pid, created, workers, batch, mode, device = _HEAD.unpack_from(raw, 0)
     if magic != MAGIC or version != VERSION:
         raise ValueError("not a fastload statistics block")

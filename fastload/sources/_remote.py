@@ -12,9 +12,16 @@ No credential is ever logged or sent to a daemon's peer: only URLs are.
 NOTE [a filesystem per process]: each process (a forked worker included) makes its own
 filesystem object on first use, keyed by (pid, protocol); fsspec refuses one used across a fork.
 NOTE [remote retries]: a request that fails with anything but "not found" or "denied" (a 5xx, a
-throttle, a reset connection, a read stalled past `REQUEST_TIMEOUT_S`) is retried with
-exponential backoff and jitter until `RETRY_DEADLINE_S`; then the read fails naming the URL.
-404 and 403 fail at once.
+throttle, a reset connection, a read stalled past `REQUEST_TIMEOUT_S`) is retried until
+`RETRY_DEADLINE_S` after its first attempt; then the read fails naming the URL. 404 and 403 fail
+at once.
+NOTE [store outages]: retries wait on the store (scheme and host or bucket) in this process, not
+each on a backoff of its own (which grew to 10 s, so loading resumed up to 15 s after the store
+was back). A transient failure marks the store failing; while it is, requests to it start at
+most one per probe gap (jittered, doubling from 0.1 s to `_MAX_PROBE_GAP_S`), taken by whichever
+waiting request comes first, and the first request to succeed (a probe, or one already in
+flight) wakes every waiting one at once. Loading resumes within a gap of the store's return, and
+a store that is down gets a few requests a second from a process, however many reads wait.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import os
 import random
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -33,13 +41,75 @@ SCHEMES = ("s3://", "gs://", "gcs://", "http://", "https://")
 REQUEST_TIMEOUT_S = 30.0  # a stalled read fails after this, and is retried
 CONNECT_TIMEOUT_S = 5.0
 RETRY_DEADLINE_S = 120.0
-_FIRST_BACKOFF_S = 0.1
-_MAX_BACKOFF_S = 10.0
+_FIRST_PROBE_GAP_S = 0.1
+_MAX_PROBE_GAP_S = 0.5
 _PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "http": "aiohttp", "https": "aiohttp"}
 
 T = TypeVar("T")
 _filesystems: dict[tuple[int, str], Any] = {}
 _lock = threading.Lock()
+
+
+class _Store:
+    """One store's health in this process (NOTE [store outages])."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._answers = 0  # requests it answered
+        self._failing = False
+        self._gap = _FIRST_PROBE_GAP_S
+        self._next_probe = 0.0
+
+    def answered(self) -> None:
+        """A request succeeded (or was refused: the store answers): wake every waiting retry."""
+        with self._changed:
+            self._answers += 1
+            if self._failing:
+                self._failing = False
+                self._changed.notify_all()
+
+    def failed(self) -> int:
+        """A request failed transiently; the count of answers so far, for `wait_turn`."""
+        with self._changed:
+            if not self._failing:
+                self._failing = True
+                self._gap = _FIRST_PROBE_GAP_S
+                self._next_probe = time.monotonic() + _jittered(self._gap)
+            return self._answers
+
+    def wait_turn(self, seen: int, deadline: float) -> bool:
+        """Wait until a failed request may try again: the store answered another request since
+        it had answered `seen`, or the next probe is this request's. False at `deadline`."""
+        with self._changed:
+            while self._failing and self._answers == seen:
+                now = time.monotonic()
+                if now >= self._next_probe:
+                    self._gap = min(2 * self._gap, _MAX_PROBE_GAP_S)
+                    self._next_probe = now + _jittered(self._gap)
+                    return True
+                if now >= deadline:
+                    return False
+                self._changed.wait(min(self._next_probe, deadline) - now)
+            return True
+
+
+_stores: dict[tuple[int, str], _Store] = {}
+
+
+def _jittered(seconds: float) -> float:
+    return seconds * (0.5 + random.random())
+
+
+def _store(url: str) -> _Store:
+    """This process's `_Store` of the URL's store (its threading state is per process, as a
+    filesystem is: NOTE [a filesystem per process])."""
+    parts = urllib.parse.urlsplit(url)
+    key = (os.getpid(), f"{parts.scheme.lower()}://{parts.netloc.lower()}")
+    store = _stores.get(key)
+    if store is None:
+        with _lock:
+            store = _stores.setdefault(key, _Store())
+    return store
 
 
 def is_url(path: object) -> bool:
@@ -106,19 +176,21 @@ def _first_line(e: BaseException) -> str:
 
 
 def _retried(url: str, what: Callable[[Any], T]) -> T:
-    """`what(filesystem)`, retried on transient failures (NOTE [remote retries])."""
+    """`what(filesystem)`, retried on transient failures (NOTE [remote retries], [store outages])."""
     deadline = time.monotonic() + RETRY_DEADLINE_S
-    backoff = _FIRST_BACKOFF_S
+    store = _store(url)
     attempt = 0
     while True:
         attempt += 1
         try:
-            return what(_filesystem(url))
+            result = what(_filesystem(url))
         except FileNotFoundError:
+            store.answered()
             web = _protocol(url) in ("http", "https")
             check = "the URL" if web else "the bucket, the key and the endpoint"
             raise FileNotFoundError(f"{url} does not exist (404): check {check}") from None
         except PermissionError:
+            store.answered()
             raise PermissionError(
                 f"{url}: access denied (403): check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...), "
                 "the bucket's policy, and AWS_ENDPOINT_URL for an S3-compatible store"
@@ -127,14 +199,14 @@ def _retried(url: str, what: Callable[[Any], T]) -> T:
             raise  # ours, or a programming error: never retried
         except Exception as e:  # 5xx, throttling, resets, timeouts: transient until the deadline
             _refused(url, e)  # ... but not a 4xx of an HTTP store
-            pause = min(backoff, _MAX_BACKOFF_S) * (0.5 + random.random())
-            if time.monotonic() + pause > deadline:
+            if not store.wait_turn(store.failed(), deadline):
                 raise OSError(
                     f"{url}: {_first_line(e)} ({attempt} attempts in {RETRY_DEADLINE_S:g} s): the store "
                     "is unreachable or failing; check the network and the endpoint"
                 ) from None
-            time.sleep(pause)
-            backoff *= 2
+        else:
+            store.answered()
+            return result
 
 
 def _refused(url: str, e: Exception) -> None:
