@@ -328,6 +328,9 @@ def test_a_dataset_without_a_sampler_in_a_distributed_run_is_named(monkeypatch: 
     said = r"run of 2 processes: every rank loads all 11 samples"
     with pytest.warns(SettingsWarning, match=said), FastLoader(Indices(11), batch_size=2, shuffle=True) as it:
         assert sum(len(b) for b in it) == 11
+    drawn = torch.Generator().manual_seed(1)  # DataLoader's order from it: still every sample
+    with pytest.warns(SettingsWarning, match=said), FastLoader(Indices(11), 2, True, generator=drawn) as it:
+        assert sum(len(b) for b in it) == 11
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sampler = DistributedSampler(Indices(11), num_replicas=2, rank=1)

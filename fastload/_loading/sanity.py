@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError, SettingsWarning
+from fastload._loading.plan import GeneratorShuffle
 from fastload._loading.ranks import processes_around
 from fastload._loading.spec import LoaderSpec
 from fastload._sizes import format_size
@@ -56,7 +57,8 @@ def _check_ranks(spec: LoaderSpec) -> None:
             SettingsWarning,
             stacklevel=4,
         )
-    if spec.dataset is None or spec.iterable or spec.sampler is not None or spec.batch_sampler is not None:
+    users_sampler = spec.sampler is not None and not isinstance(spec.sampler, GeneratorShuffle)
+    if spec.dataset is None or spec.iterable or users_sampler or spec.batch_sampler is not None:
         return
     processes = processes_around()
     if processes > 1:
