@@ -109,7 +109,7 @@ def test_delivered_labels_are_each_images_folder(image_folder: Path, num_workers
     label_of: dict[str, int] = {}
     for path, label in samples:
         out = np.zeros((20, 20, 3), np.uint8)
-        decode_into(Path(path).read_bytes(), plan, np.random.default_rng(0), out)
+        decode_into(Path(path).read_bytes(), plan, np.random.default_rng(0), out, draft=False)
         label_of[_fingerprint(out)] = label
     assert len(label_of) == len(samples) == 24
     seen = 0
@@ -120,7 +120,7 @@ def test_delivered_labels_are_each_images_folder(image_folder: Path, num_workers
         num_workers=num_workers,
         transform=transform,
         seed=4,
-        backend="pil",  # decodes exactly as decode_into above, so pixels identify files
+        backend="pil",  # decodes exactly as decode_into above (whole JPEGs), so pixels identify files
         device="cpu",  # the fingerprints are computed on the host
     ) as loader:
         assert loader.classes == tuple(classes)
