@@ -12,7 +12,8 @@ Without --data it trains on the demo dataset `fastload demo` makes (rank 0 write
 size from torch.distributed: each rank reads DistributedSampler's shard of the folder, with the
 same number of batches on every rank. `loader.set_epoch(epoch)` gives every epoch a new order,
 the same on all ranks, as DistributedSampler.set_epoch does. `--recipe deit` adds the
-augmentations of DeiT's recipe (RandAugment, ColorJitter, RandomErasing, MixUp/CutMix).
+augmentations of DeiT's recipe (RandAugment, ColorJitter, RandomErasing, MixUp/CutMix);
+`--check-shards` gathers each epoch's sample indices and checks that no sample was on two ranks.
 """
 
 from __future__ import annotations
@@ -46,7 +47,28 @@ def parse_args() -> argparse.Namespace:
         "--recipe", choices=("basic", "deit"), default="basic",
         help="basic: crop + flip; deit: + RandAugment, ColorJitter, RandomErasing, MixUp/CutMix",
     )
+    parser.add_argument(
+        "--check-shards", action="store_true",
+        help="after each epoch, gather every rank's sample indices and check that no sample was on "
+        "two ranks (but DistributedSampler's padding)",
+    )
     return parser.parse_args()
+
+
+def check_shards(indices: list[int], epoch: int, rank: int, world_size: int) -> None:
+    """Gather the epoch's sample indices of every rank; rank 0 says how many samples the ranks
+    read together and fails if one was on two ranks beyond DistributedSampler's padding (at most
+    world_size - 1 samples repeated to give every rank as many)."""
+    shards: list[list[int] | None] = [None] * world_size
+    dist.all_gather_object(shards, indices)
+    if rank != 0:
+        return
+    every = [i for shard in shards for i in shard or []]
+    repeated = len(every) - len(set(every))
+    if repeated > world_size - 1:
+        raise SystemExit(f"epoch {epoch}: {repeated} samples were read on two ranks: the shards overlap")
+    print(f"shards epoch {epoch}: {len(set(every))} samples over {world_size} ranks, each on one rank "
+          f"({repeated} repeated as padding)", flush=True)
 
 
 def recipe(name: str, size: int, classes: int) -> list[T.Transform]:
@@ -109,7 +131,7 @@ def main() -> None:
     loader = FastLoader(
         data, batch_size=args.batch_size, shuffle=True, drop_last=False, seed=0,
         num_workers=args.workers, device=device, normalize=(MEAN, STD),
-        transform=recipe(args.recipe, args.image_size, classes),
+        transform=recipe(args.recipe, args.image_size, classes), sample_ids=args.check_shards,
     )  # rank and world size: from torch.distributed (or pass rank=, world_size=)
     model = nn.Sequential(
         nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
@@ -123,7 +145,10 @@ def main() -> None:
             loader.set_epoch(epoch)
             batches = samples = 0
             loss = torch.zeros((), device=device)
-            for images, labels in loader:
+            seen: list[int] = []
+            for images, labels, *ids in loader:  # ids: with --check-shards, each batch's SampleIds
+                if ids:
+                    seen += ids[0].indices.tolist()
                 loss = nn.functional.cross_entropy(model(images), labels)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()  # DDP averages the gradients over the ranks
@@ -134,6 +159,8 @@ def main() -> None:
                 f"last loss {loss.item():.3f}",
                 flush=True,
             )
+            if args.check_shards:
+                check_shards(seen, epoch, rank, world_size)
     dist.destroy_process_group()
 
 

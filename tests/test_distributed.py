@@ -366,7 +366,7 @@ def test_torchrun_ranks_given_no_seed_share_one_order_and_are_told_once(tmp_path
 def test_ddp_example_trains_under_torchrun(odd_folder: Path, recipe: str) -> None:
     out = _run(
         _torchrun(str(REPO / "examples" / "ddp_train.py"), "--data", str(odd_folder), "--epochs", "2",
-                  "--batch-size", "2", "--workers", "1", "--recipe", recipe),
+                  "--batch-size", "2", "--workers", "1", "--recipe", recipe, "--check-shards"),
         timeout_s=120,
     )
     # Where each rank trains: the CPU without CUDA, a GPU each where there are two, and on a 1-GPU
@@ -379,6 +379,8 @@ def test_ddp_example_trains_under_torchrun(odd_folder: Path, recipe: str) -> Non
         assert f"rank {rank}/2 on {device}, process group on {backend}" in out, out
         for epoch in range(2):
             assert f"rank {rank}/2 epoch {epoch}: 3 batches, 5 samples" in out, out
+    for epoch in range(2):  # by sample ids across the ranks: 9 images, each on one rank, 1 padding
+        assert f"shards epoch {epoch}: 9 samples over 2 ranks, each on one rank (1 repeated" in out, out
     assert out.count("ddp_train: 2 ranks on this machine, 1 GPU(s)") == (gpus == 1), out
 
 
