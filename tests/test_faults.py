@@ -220,16 +220,17 @@ def test_worker_init_fn_error_is_a_worker_error_for_folders_too(image_folder: Pa
 
 
 def test_worker_init_fn_runs_in_each_worker(tmp_path: Path) -> None:
-    def init(worker_id: int) -> None:
-        (tmp_path / f"worker{worker_id}").write_text(str(os.getpid()))
+    def init(worker_id: int) -> None:  # written whole, then named: never seen half-written
+        (tmp_path / f".worker{worker_id}").write_text(str(os.getpid()))
+        os.replace(tmp_path / f".worker{worker_id}", tmp_path / f"worker{worker_id}")
 
     with FastLoader(ToyDataset(8), batch_size=2, num_workers=2, worker_init_fn=init) as loader:
         assert len(list(loader)) == 4
         # Every worker runs it when it starts, whether or not it got work this epoch.
-        assert wait_until(lambda: len(list(tmp_path.iterdir())) == 2, 60)  # a hang guard
+        assert wait_until(lambda: len(list(tmp_path.glob("worker*"))) == 2, 60)  # a hang guard
         pids = set(loader.worker_pids)
     assert {p.name for p in tmp_path.iterdir()} == {"worker0", "worker1"}
-    assert {int(p.read_text()) for p in tmp_path.iterdir()} == pids
+    assert {int(p.read_text()) for p in tmp_path.glob("worker*")} == pids
 
 
 # ---------------------------------------------------------------------------------------------
