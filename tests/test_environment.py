@@ -86,7 +86,7 @@ def test_the_lightning_example_trains(image_folder: Path, tmp_path: Path) -> Non
         pytest.skip("Lightning is not installed (the `test` extra installs it)")
     example = REPO / "examples" / "lightning_datamodule.py"
     command = [sys.executable, str(example), "--data", str(image_folder), "--epochs", "1",
-               "--batch-size", "8", "--workers", "1"]
+               "--batch-size", "8", "--workers", "1", "--check-shards"]
     with subprocess.Popen(
         command, cwd=tmp_path, env=_user_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
@@ -100,3 +100,5 @@ def test_the_lightning_example_trains(image_folder: Path, tmp_path: Path) -> Non
     assert proc.returncode == 0, out
     for rank in range(2):  # 24 images, sharded over 2 ranks
         assert f"rank {rank}/2 epoch 0: 12 samples" in out, out
+    # By sample ids across the ranks: each of the 24 on one rank (no padding: 12 a rank).
+    assert "shards epoch 0: 24 samples over 2 ranks, each on one rank (0 repeated" in out, out
