@@ -133,9 +133,10 @@ def test_killed_trainer_is_reclaimed_and_another_does_not_notice(
         assert re.search(rf"session {session['session']} ended \(({why})\)", daemon.log())
         got += [[t.clone() for t in batch] for batch in it]
     assert_same_batches(got, expected)
-    status = daemon.status()
-    assert status["sessions"] == []
-    assert 0 < status["used_bytes"] < 1 << 20  # the dataset's index only
+    # The survivor's bye (or its connection closing) reaches the daemon's loop after close()
+    # returns, and a status request may come first: wait for the session to end.
+    assert wait_until(lambda: daemon.status()["sessions"] == [], HANG_S), daemon.status()
+    assert 0 < daemon.status()["used_bytes"] < 1 << 20  # the dataset's index only
 
 
 def test_restarted_trainer_resumes_exactly_where_it_stopped(
