@@ -130,7 +130,7 @@ def test_a_crash_while_opening_fails_only_that_hello(
     for pid in opening_children(daemon):
         os.kill(pid, signal.SIGSEGV)  # what a segfault in h5py's open does to its process
     hello.join(30)
-    assert hello.reply is not None, (opening_children(daemon), daemon.log())
+    assert hello.reply is not None, (hello.unanswered, opening_children(daemon), daemon.log())
     op, fields = hello.reply
     assert op == "error" and "crashed" in fields["message"] and "SIGSEGV" in fields["message"], hello.reply
     assert hello.seconds < 30
