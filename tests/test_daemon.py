@@ -269,8 +269,10 @@ def test_two_trainers_are_served_round_robin_with_correct_batches(
     assert_same_batches(got["a"], expected["a"])
     assert_same_batches(got["b"], expected["b"])
     before_b = sum(t < arrivals["b"][0] for t in arrivals["a"])
-    # Round-robin: b's first batch ran after 3 or 4 of a's; first come, first served: after 12.
-    assert before_b <= 7, f"b's first batch arrived after {before_b} of a's 12 batches"
+    # Round-robin: b's first batch ran after 3 or 4 of a's; first come, first served: after all 12.
+    # Arrivals are taken by the trainers' threads, which share this process (and, on a loaded
+    # machine, its cores): b's can trail a few of a's (8 beside two CPU burners), never all 12.
+    assert before_b <= 10, f"b's first batch arrived after {before_b} of a's 12 batches"
 
 
 # ---------------------------------------------------------------------------------------------
