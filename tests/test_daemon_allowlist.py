@@ -29,7 +29,7 @@ from daemon_helpers import (
 
 from fastload.sources import HDF5, FileList, Source
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 
 SECRET = "PRIVATE-LINE-7f3a9c"
 

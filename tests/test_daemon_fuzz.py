@@ -23,7 +23,7 @@ from daemon_helpers import RESIZE, DaemonPool, RawClient, hello_fields, hello_re
 from fastload import FastLoader
 from fastload.sources import HDF5, FileList, Packed, Source, TarShards, pack
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.hostile, pytest.mark.timeout(240)]
 
 FUZZ_SECONDS = 15.0
 OPEN_DEADLINE_S = 5

@@ -36,7 +36,7 @@ from helpers import wait_until
 from fastload import FastLoader
 from fastload.sources import HDF5
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.hostile, pytest.mark.timeout(150)]
 
 
 def _hanging_hdf5(tmp_path: Path) -> Path:

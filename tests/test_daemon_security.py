@@ -48,7 +48,7 @@ from fastload._daemon import daemon_link as wire
 from fastload._daemon.addresses import default_address
 from fastload._paths import runtime_dir
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.hostile, pytest.mark.timeout(90)]
 
 NOBODY = 65534
 

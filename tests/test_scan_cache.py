@@ -14,6 +14,8 @@ from fastload import sources
 from fastload.sources import _scan_cache
 from fastload.sources._scan_cache import ScanCache, entry_dir_name
 
+pytestmark = pytest.mark.hostile
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chowns to a second uid")
 
 

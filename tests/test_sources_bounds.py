@@ -23,6 +23,8 @@ from fastload import transforms as T
 from fastload.sources import _bounds
 from fastload.sources._index import ReadBuffer, read_file
 
+pytestmark = pytest.mark.hostile
+
 AUGMENT = [T.RandomResizedCrop(16)]
 
 

@@ -17,6 +17,8 @@ from fastload import DatasetError, sources
 from fastload.sources import _pack_writer
 from fastload.sources._index import PathIndex
 
+pytestmark = pytest.mark.hostile
+
 SHARD = 40 << 10
 
 

@@ -20,6 +20,8 @@ import torch
 from fastload import ConfigError, FastLoader
 from fastload import transforms as T
 
+pytestmark = pytest.mark.hostile
+
 AUGMENT = [T.RandomResizedCrop(16), T.RandomHorizontalFlip()]  # image_folder: 24 images
 
 
