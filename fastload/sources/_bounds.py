@@ -27,6 +27,10 @@ import errno
 import os
 import re
 import stat
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastload.sources._beneath import Beneath
 
 MAX_SAMPLE_BYTES = 1 << 30
 MAX_LIST_BYTES = 1 << 30
@@ -68,11 +72,14 @@ def is_int_text(text: str) -> bool:
     return re.fullmatch(r"\s*[+-]?[0-9]+\s*", text) is not None
 
 
-def open_regular(path: str, limit: int, what: str = "sample") -> tuple[int, os.stat_result]:
+def open_regular(
+    path: str, limit: int, what: str = "sample", beneath: Beneath | None = None
+) -> tuple[int, os.stat_result]:
     """A read-only descriptor of `path` and its fstat, when it is a regular file of at most
     `limit` bytes; OSError otherwise (ENODEV-like for a device, FIFO or socket; EFBIG when too
-    large), naming the file. Opened non-blocking: a FIFO without a writer does not wait."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    large), naming the file. Opened non-blocking: a FIFO without a writer does not wait; through
+    `beneath` when given (a confined daemon's job: EXDEV when it leads outside the roots)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK) if beneath is None else beneath.open(path)
     try:
         info = os.fstat(fd)
         check_regular(path, info, limit, what)

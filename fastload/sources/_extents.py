@@ -36,6 +36,7 @@ import numpy as np
 
 from fastload._errors import DatasetError
 from fastload._loading.shm import Segment
+from fastload.sources._beneath import Beneath, open_file
 from fastload.sources._bounds import check_regular, clip, identity
 from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure, pack_strings
 
@@ -159,6 +160,8 @@ class ExtentIndex:
     # (NOTE [node cache]): its directory (None: the default) and limit in bytes (None: the default).
     cache_dir: str | None = None
     cache_limit: int | None = None
+    # A confined daemon's job opens its files beneath the daemon's roots (`_beneath`); else by path.
+    beneath: Beneath | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = int(self.labels.shape[0])
@@ -251,7 +254,7 @@ class ExtentIndex:
         """A descriptor of file `file_id`, when it is a regular file and the one indexed (NOTE
         [extent file identity]): OSError when it cannot be opened, DatasetError when it changed."""
         path = self.files[file_id]
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO does not wait
+        fd = open_file(path, self.beneath)  # non-blocking: a FIFO does not wait
         try:
             info = os.fstat(fd)
             check_regular(path, info, _MAX_FILE_BYTES, "container file")
@@ -425,8 +428,9 @@ class ExtentIndex:
         return segment
 
     @classmethod
-    def from_segment(cls, segment: Segment, root: str = "") -> ExtentIndex:
-        """An index over a segment made by `to_segment` (views, no copy; the file list decoded)."""
+    def from_segment(cls, segment: Segment, root: str = "", beneath: Beneath | None = None) -> ExtentIndex:
+        """An index over a segment made by `to_segment` (views, no copy; the file list decoded),
+        opening its files through `beneath` when given."""
         head = _HEAD.unpack_from(segment.buf, 0)
         views = _shared_views(segment)
         offsets, sizes, key_offsets, file_offsets, labels, file_ids, files_blob, key_blob, ids = views
@@ -448,6 +452,7 @@ class ExtentIndex:
             readahead=readahead,
             readahead_bytes=readahead_bytes,
             file_identities=ids,
+            beneath=beneath,
         )
 
 

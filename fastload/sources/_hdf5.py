@@ -30,6 +30,7 @@ import json
 import math
 import os
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -39,7 +40,8 @@ from fastload._errors import ConfigError, DatasetError
 from fastload._loading.shm import Segment
 from fastload.sources._arrays import MappedRows, PerProcess
 from fastload.sources._base import Source
-from fastload.sources._bounds import MAX_LABEL, MAX_TARGET_BYTES
+from fastload.sources._beneath import Beneath
+from fastload.sources._bounds import MAX_LABEL, MAX_TARGET_BYTES, open_regular
 from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure
 
 # HDF5's chunk cache hash table: a prime, many times the chunks a cache of cache_mb holds.
@@ -62,9 +64,20 @@ def _h5py() -> Any:
     return h5py
 
 
-def _open_for_reading(path: str, cache_bytes: int) -> Any:
-    """A read-only handle with a chunk cache of `cache_bytes` (HDF5's default is 1 MiB)."""
-    return _h5py().File(path, "r", rdcc_nbytes=cache_bytes, rdcc_nslots=_CHUNK_CACHE_SLOTS)
+def _open_for_reading(path: str, cache_bytes: int, beneath: Beneath | None = None) -> Any:
+    """A read-only handle with a chunk cache of `cache_bytes` (HDF5's default is 1 MiB). Through
+    `beneath` (a confined daemon's job), the file is first opened beneath the roots (a link out,
+    or a FIFO, is refused before HDF5 opens it by path), and HDF5's own descriptor is checked."""
+    if beneath is not None:
+        os.close(open_regular(path, sys.maxsize, "HDF5 file", beneath)[0])
+    f = _h5py().File(path, "r", rdcc_nbytes=cache_bytes, rdcc_nslots=_CHUNK_CACHE_SLOTS)
+    if beneath is not None:
+        try:
+            beneath.check_opened(f.id.get_vfd_handle(), path)  # a link swapped in since
+        except BaseException:
+            f.close()
+            raise
+    return f
 
 
 @dataclass(frozen=True)
@@ -225,9 +238,9 @@ def _failure_in(read_one: Any, indices: np.ndarray, cause: OSError) -> ReadFailu
 class _Reader:
     """A process's own handle on the file and dataset, and what it has decoded of it."""
 
-    def __init__(self, path: str, dataset: str, cache_bytes: int) -> None:
+    def __init__(self, path: str, dataset: str, cache_bytes: int, beneath: Beneath | None) -> None:
         """OSError when the file or the dataset cannot be opened (anymore)."""
-        self.file = _open_for_reading(path, cache_bytes)
+        self.file = _open_for_reading(path, cache_bytes, beneath)
         try:
             self.dset = self.file[dataset]
         except KeyError as e:
@@ -249,6 +262,8 @@ class _HDF5Index:
     classes: tuple[str, ...]
     labels: np.ndarray
     cache_bytes: int
+    # A confined daemon's job opens its file beneath the daemon's roots (`_beneath`); else by path.
+    beneath: Beneath | None = field(default=None, repr=False, compare=False)
     _reader: PerProcess = field(default_factory=PerProcess, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -261,7 +276,7 @@ class _HDF5Index:
         reader = self._reader.get()
         if reader is None:
             size = self.cache_bytes if cache_bytes is None else cache_bytes
-            reader = self._reader.set(_Reader(self.root, self.dataset, size))
+            reader = self._reader.set(_Reader(self.root, self.dataset, size, self.beneath))
         return reader  # type: ignore[no-any-return]
 
     def close(self) -> None:
@@ -308,15 +323,16 @@ class HDF5BytesIndex(_HDF5Index):
         return segment
 
     @classmethod
-    def from_segment(cls, segment: Segment, root: str = "") -> HDF5BytesIndex:
-        """An index over a segment made by `to_segment` (the targets viewed, not copied)."""
+    def from_segment(cls, segment: Segment, root: str = "", beneath: Beneath | None = None) -> HDF5BytesIndex:
+        """An index over a segment made by `to_segment` (the targets viewed, not copied), opening
+        its file through `beneath` when given."""
         n, width, dtype_code, where_len = _BYTES_HEAD.unpack_from(segment.buf, 0)
         where = json.loads(bytes(segment.buf[_BYTES_HEAD.size : _BYTES_HEAD.size + where_len]))
         at = _BYTES_HEAD.size + where_len
         at += -at % 8
         shape = (n, width) if width else (n,)
         labels = np.ndarray(shape, TARGET_DTYPES[dtype_code], buffer=segment.buf, offset=at)
-        return cls(str(where["root"]), str(where["dataset"]), (), labels, int(where["cache_bytes"]))
+        return cls(str(where["root"]), str(where["dataset"]), (), labels, int(where["cache_bytes"]), beneath)
 
 
 # A shared HDF5BytesIndex: (samples, target width (0: class indices), target dtype code, JSON bytes).

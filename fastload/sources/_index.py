@@ -13,13 +13,16 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from fastload._loading.shm import Segment
 from fastload.sources._bounds import MAX_SAMPLE_BYTES, open_regular, read_bounded
+
+if TYPE_CHECKING:
+    from fastload.sources._beneath import Beneath
 
 # Targets are int64 class indices (N,) or float32 rows (N, K) (multi-label, multi-hot): one of two
 # dtypes, named in the shared header by a code.
@@ -129,12 +132,15 @@ def pack_strings(strings: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(strings), dtype=np.uint8), offsets
 
 
-def read_file(path: str, into: ReadBuffer | None = None) -> bytes | memoryview:
+def read_file(
+    path: str, into: ReadBuffer | None = None, beneath: Beneath | None = None
+) -> bytes | memoryview:
     """A sample's bytes from storage, into `into` when given (one place, so tests can stand in
     a slow disk). It must be a regular file of at most `MAX_SAMPLE_BYTES` (NOTE [source bounds]:
-    OSError naming it otherwise, never a read of /dev/zero or a wait on a FIFO). Its size is taken
-    when it is opened: bytes appended while it is read are left out."""
-    fd, info = open_regular(path, MAX_SAMPLE_BYTES)
+    OSError naming it otherwise, never a read of /dev/zero or a wait on a FIFO), and lie under
+    `beneath`'s roots when given (a confined daemon's job). Its size is taken when it is opened:
+    bytes appended while it is read are left out."""
+    fd, info = open_regular(path, MAX_SAMPLE_BYTES, beneath=beneath)
     try:
         if info.st_size == 0:  # no size to trust (procfs): read to the end, bounded
             return read_bounded(fd, MAX_SAMPLE_BYTES, path)
@@ -177,6 +183,8 @@ class PathIndex:
     path_blob: np.ndarray  # uint8: every path, UTF-8, concatenated
     path_offsets: np.ndarray  # int64, len(self) + 1
     labels: np.ndarray  # int64 (N,) or float32 (N, K)
+    # A confined daemon's job opens its files beneath the daemon's roots (`_beneath`); else by path.
+    beneath: Beneath | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -197,7 +205,7 @@ class PathIndex:
         return self.path(index)
 
     def read_sample(self, index: int) -> bytes:
-        return bytes(read_file(self.path(index)))
+        return bytes(read_file(self.path(index), None, self.beneath))
 
     def files_of(self, indices: np.ndarray) -> list[str]:
         return [self.path(int(i)) for i in indices]
@@ -206,7 +214,7 @@ class PathIndex:
         blobs = []
         for position, i in enumerate(np.asarray(indices).tolist()):
             try:
-                blobs.append(read_file(self.path(i), into))
+                blobs.append(read_file(self.path(i), into, self.beneath))
             except OSError as e:
                 raise ReadFailure(position, e) from e
         return blobs
@@ -225,10 +233,11 @@ class PathIndex:
         return segment
 
     @classmethod
-    def from_segment(cls, segment: Segment, root: str = "") -> PathIndex:
-        """An index over a segment made by `to_segment` (views, no copy)."""
+    def from_segment(cls, segment: Segment, root: str = "", beneath: Beneath | None = None) -> PathIndex:
+        """An index over a segment made by `to_segment` (views, no copy), opening its files
+        through `beneath` when given."""
         offsets, labels, blob = _shared_views(segment)
-        return cls(root, (), blob, offsets, labels)
+        return cls(root, (), blob, offsets, labels, beneath)
 
 
 # Index types a worker can rebuild from a shared segment, by the name `ImageJob.to_config` sends.
