@@ -308,7 +308,7 @@ class Daemon:
                 f"(max_sessions_per_peer): close loaders you no longer use"
             )
         plan, source = check_hello(f, self.config.memory_budget_bytes)
-        confined = self.config.roots is not None and not (local and self.config.ipc_any_path)
+        confined = self._confined(local)
         if not local and not confined:  # check_roots forbids it; never serve TCP unconfined
             raise DaemonError("this daemon has no dataset roots: it serves no source over TCP")
         key = DatasetIndexes.key(source)
@@ -426,7 +426,10 @@ class Daemon:
         self._sessions[session_id] = session
         self._by_identity[(id(sock), identity)] = session
         self._indexes.acquire(entry)
-        self.engine.add_job(session_id, job.to_config(entry.segment.name))
+        # Its workers open samples only beneath the roots (`sources/_beneath`): a file the index
+        # named, checked when it was made, may since have been replaced by a link leading out.
+        roots = self.config.roots if self._confined(local) else None
+        self.engine.add_job(session_id, job.to_config(entry.segment.name, roots))
         self._totals["sessions"] += 1
         log.info(
             "session %d: %s rank %d/%d, %s, %d slots of %d KiB",
@@ -456,6 +459,10 @@ class Daemon:
             classes=list(entry.classes),
             workers=self.config.workers,
         )
+
+    def _confined(self, local: bool) -> bool:
+        """Whether a session on this socket is held to the roots (NOTE [two policies])."""
+        return self.config.roots is not None and not (local and self.config.ipc_any_path)
 
     def warm(self, path: str) -> IndexEntry:
         """Index a dataset now (at start-up) and keep it, so that its sessions start fast."""

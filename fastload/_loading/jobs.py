@@ -30,6 +30,7 @@ from fastload._loading.plan import batch_seed
 from fastload._loading.sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
 from fastload._loading.shm import Segment
 from fastload._machine import run_delay_since, thread_run_delay_ns
+from fastload.sources._beneath import Beneath
 from fastload.sources._index import (
     SHARED_INDEX_TYPES,
     IndexBase,
@@ -195,12 +196,14 @@ class ImageJob(SourceJob):
             self._scratch = np.empty(shape, np.uint8)
         return self._scratch[:n]
 
-    def to_config(self, index_segment: str) -> dict[str, Any]:
-        """This job as JSON-able data, its index living in the named shared segment."""
+    def to_config(self, index_segment: str, roots: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """This job as JSON-able data, its index living in the named shared segment; `roots`:
+        where its workers may open files (a confined daemon session's dataset roots: `_beneath`)."""
         index_type = next(k for k, t in SHARED_INDEX_TYPES.items() if isinstance(self.index, t))
         return {
             "index_segment": index_segment,
             "index_type": index_type,
+            "roots": None if roots is None else list(roots),
             "transforms": to_config(self.plan.transforms),
             "backend": self.backend_name,
             "seed": self.seed,
@@ -211,12 +214,18 @@ class ImageJob(SourceJob):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ImageJob:
-        """Rebuild a job from `to_config` data (in a daemon's worker): attach the shared index."""
+        """Rebuild a job from `to_config` data (in a daemon's worker): attach the shared index,
+        which opens its files only beneath the roots when the config names some."""
+        roots = config.get("roots")
         segment = Segment.attach(str(config["index_segment"]))
         plan = compile_transforms(from_config(config["transforms"]))
         index_type = SHARED_INDEX_TYPES[str(config.get("index_type", "paths"))]
+        if roots is None:
+            index = index_type.from_segment(segment)
+        else:
+            index = index_type.from_segment(segment, beneath=Beneath(tuple(str(r) for r in roots)))
         job = cls(
-            index_type.from_segment(segment),
+            index,
             plan,
             str(config["backend"]),
             int(config["seed"]),
@@ -233,6 +242,9 @@ class ImageJob(SourceJob):
         close_files = getattr(self.index, "close", None)
         if callable(close_files):
             close_files()
+        beneath = getattr(self.index, "beneath", None)
+        if isinstance(beneath, Beneath):
+            beneath.close()  # its descriptors of the roots
         if self._index_segment is not None:
             empty = np.empty(0, np.int64)
             self.index = PathIndex("", (), np.empty(0, np.uint8), np.zeros(1, np.int64), empty)
