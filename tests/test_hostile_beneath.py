@@ -86,7 +86,10 @@ def _swap_as_attacker(directory: Path, name: str, target: Path) -> None:
     assert os.path.islink(directory / name) and os.stat(directory / name).st_ino == target.stat().st_ino
 
 
-def _tcp_daemon(daemon_pool: DaemonPool, tmp_path: Path, root: Path) -> tuple[int, bytes, tuple[bytes, bytes]]:
+def _tcp_daemon(
+    daemon_pool: DaemonPool, tmp_path: Path, root: Path
+) -> tuple[int, bytes, tuple[bytes, bytes]]:
+    """A daemon confined to `root`, listening on TCP with CURVE: (port, its key, a client's keys)."""
     server_public, server_secret = zmq.curve_keypair()
     client_keys = zmq.curve_keypair()
     port = _free_port()

@@ -48,18 +48,15 @@ class _OpenHow(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
+_syscall.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
+_READ_HOW = _OpenHow(READ_FLAGS, 0, _RESOLVE)  # every sample's: made once, never written
 
 
 def _openat2(dir_fd: int, path: str, flags: int, resolve: int) -> int:
     """openat2(2): a descriptor, or OSError with the kernel's errno."""
-    how = _OpenHow(flags, 0, resolve)
-    fd = _syscall(
-        ctypes.c_long(_SYS_OPENAT2),
-        ctypes.c_long(dir_fd),
-        ctypes.c_char_p(os.fsencode(path)),
-        ctypes.byref(how),
-        ctypes.c_size_t(ctypes.sizeof(how)),
-    )
+    how = _READ_HOW if flags == READ_FLAGS and resolve == _RESOLVE else _OpenHow(flags, 0, resolve)
+    fd = _syscall(_SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.addressof(how), _HOW_SIZE)
     if fd < 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
@@ -88,7 +85,9 @@ class Beneath:
         self._pid = -1
         self._root_fds: tuple[int, ...] = ()
         self._openat2 = False  # whether this process's kernel lets us use it (probed with the roots)
-        self._dirs: dict[str, str] = {}  # a directory as named -> its real path
+        # A directory as named -> (its root's number, its path below that root + "/"), or None
+        # when it is under no root.
+        self._dirs: dict[str, tuple[int, str] | None] = {}
 
     def __reduce__(self) -> tuple[type[Beneath], tuple[tuple[str, ...], bool]]:
         return Beneath, (self.roots, self._use_openat2)  # descriptors stay in their process
@@ -141,17 +140,24 @@ class Beneath:
     def _below(self, path: str) -> tuple[int, str] | None:
         """(root number, the path below that root) of `path`, its directory resolved (and
         remembered: openat2 checks every step again), or None when it is under no root."""
-        head, tail = os.path.split(os.path.abspath(path))
-        real = self._dirs.get(head)
-        if real is None:
+        if not path.startswith("/"):
+            path = os.path.abspath(path)
+        head, _, tail = path.rpartition("/")
+        try:
+            place = self._dirs[head]
+        except KeyError:
             if len(self._dirs) >= _MAX_DIRS:
                 self._dirs = {}
-            real = self._dirs[head] = os.path.realpath(head)
+            place = self._dirs[head] = self._place(os.path.realpath(head or "/"))
+        return None if place is None else (place[0], place[1] + (tail or "."))
+
+    def _place(self, real: str) -> tuple[int, str] | None:
+        """(root number, the path below it + "/", "" for the root itself) of a real directory."""
         for k, (root, prefix) in enumerate(zip(self.roots, self._prefixes, strict=True)):
             if real == root:
-                return k, tail or "."
+                return k, ""
             if real.startswith(prefix):
-                return k, f"{real[len(prefix):]}/{tail}"
+                return k, real[len(prefix) :] + "/"
         return None
 
     def _open_checked(self, path: str, flags: int) -> int:
