@@ -24,6 +24,7 @@ from daemon_helpers import DaemonPool, RawClient, curve_client, hello_fields
 from helpers import write_tar_shards
 
 from fastload._daemon import daemon_link as wire
+from fastload._daemon.confine import Refused, Roots, check_identities, check_index
 from fastload.sources import HDF5, FileList, TarShards, _beneath
 from fastload.sources._beneath import Beneath
 from fastload.sources._hdf5 import HDF5BytesIndex
@@ -292,3 +293,38 @@ def test_an_hdf5_file_swapped_for_a_link_outside_is_refused(image_folder: Path, 
     finally:
         os.close(fd)
     index.close()
+
+
+def test_a_shard_scanned_through_a_link_outside_is_refused_when_checked(
+    image_folder: Path, tmp_path: Path
+) -> None:
+    """The daemon's opener scans a shard that was swapped for a link out after `check_before_open`
+    and swapped back before `check_index`: the identity of what it scanned gives it away."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (shard,) = write_tar_shards(image_folder, root, per_shard=24)
+    outside.mkdir()
+    elsewhere = outside / "other.tar"
+    elsewhere.write_bytes(shard.read_bytes())
+    roots = Roots((str(root),))
+    kept = root / "kept.tar"
+    shard.rename(kept)
+    shard.symlink_to(elsewhere)  # swapped in for the scan
+    index = TarShards(str(shard)).open()
+    shard.unlink()
+    kept.rename(shard)  # and back before the check
+    with pytest.raises(Refused, match="data file 0 changed while it was indexed") as refused:
+        check_index(index, roots, "tar source")
+    assert str(outside) not in str(refused.value)
+    # Left a link out, it is refused as outside (by the path check, and beneath).
+    shard.unlink()
+    shard.symlink_to(elsewhere)
+    with pytest.raises(Refused, match="outside"):
+        check_index(index, roots, "tar source")
+    with pytest.raises(Refused, match="outside"):
+        check_identities(index.files, index.file_identities, roots, "tar source")
+    # As it is, it is served.
+    shard.unlink()
+    kept = root / "other.tar"
+    kept.write_bytes(elsewhere.read_bytes())
+    shard.symlink_to("other.tar")  # a link inside is fine
+    check_index(TarShards(str(shard)).open(), roots, "tar source")

@@ -13,12 +13,18 @@ its parts is outside (the list's sample number, the shard's number, the HDF5 obj
 a file that is itself under the roots), never the outside path: that path may be a line of a
 file the peer should not read. The daemon's log gets the path (`Refused.detail`).
 
-Not covered: a file under a root replaced by a link to one outside *after* the check (workers
-open by path). Roots should be directories that peers cannot write to.
+A file under a root replaced by a link to one outside *after* the check (an index is kept for
+later hellos) is not followed: a confined session's workers open every file beneath the roots
+(`sources/_beneath`), and `check_identities` holds each scanned shard or pack file to the file
+now beneath them. Not covered: the source's own files (a file list, an HDF5 file, a manifest,
+a folder's listing) swapped for a link out between `check_before_open` and the open that reads
+them, in the opening child; HDF5 external files read by the library by name. Roots should still
+be directories that peers cannot write to.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import stat
@@ -26,6 +32,8 @@ from typing import Any
 
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources import Source
+from fastload.sources._beneath import Beneath
+from fastload.sources._bounds import identity
 from fastload.sources._remote import is_url
 from fastload.sources._tar import expand_braces
 
@@ -186,6 +194,7 @@ def check_index(index: Any, roots: Roots, name: str) -> None:
     if isinstance(files, tuple):  # an ExtentIndex: shards, or a pack's data files
         for k, file in enumerate(files):
             roots.check(file, name, f"data file {k}")
+        check_identities(files, getattr(index, "file_identities", None), roots, name)
         return
     path_of = getattr(index, "path", None)
     if callable(path_of) and hasattr(index, "path_offsets"):  # a PathIndex: one file per sample
@@ -195,3 +204,39 @@ def check_index(index: Any, roots: Roots, name: str) -> None:
     root = getattr(index, "root", None)
     if isinstance(root, str):  # an HDF5 index: the file (checked with its links before opening)
         roots.check(root, name, "its file")
+
+
+def check_identities(files: tuple[str, ...], identities: Any, roots: Roots, name: str) -> None:
+    """Each file scanned (a shard, a pack's data file) is the file now beneath the roots: opened
+    there (`Beneath`: no link leading out followed), its identity is the one recorded when it was
+    read (NOTE [extent file identity]). A file swapped for a link out while it was being scanned,
+    and back before `check`, is refused here; workers then read only a file of that identity."""
+    if identities is None:
+        return
+    beneath = Beneath(roots.roots)
+    try:
+        for k, file in enumerate(files):
+            recorded = tuple(int(v) for v in identities[k])
+            if recorded[0] == -1:
+                continue  # read through the node cache (a remote object): not checked by inode
+            try:
+                fd = beneath.open(file)
+            except OSError as e:
+                raise Refused(
+                    f"{name}: data file {k} cannot be opened beneath the daemon's dataset roots "
+                    f"({'it leads outside them' if e.errno == errno.EXDEV else os.strerror(e.errno or 0)})",
+                    f"data file {k}: {file}: {e}",
+                ) from None
+            try:
+                now = identity(os.fstat(fd))
+            finally:
+                os.close(fd)
+            if now != recorded:
+                raise Refused(
+                    f"{name}: data file {k} changed while it was indexed (another file, or a link, was "
+                    "read in its place): ask again once it stays put",
+                    f"data file {k}: {file}: identity {recorded} when read, {now} beneath the roots",
+                )
+    finally:
+        beneath.close()
+
