@@ -320,3 +320,18 @@ def test_a_shard_scanned_through_a_link_outside_is_refused_when_checked(
     kept.write_bytes(elsewhere.read_bytes())
     shard.symlink_to("other.tar")  # a link inside is fine
     check_index(TarShards(str(shard)).open(), roots, "tar source")
+
+
+def test_a_root_that_is_gone_holds_nothing_and_the_others_still_open(
+    tree: tuple[Path, Path], tmp_path: Path
+) -> None:
+    root, _ = tree
+    gone = tmp_path / "gone"
+    beneath = Beneath((str(gone), str(root)))
+    try:
+        os.close(beneath.open(str(root / "abs_in")))
+        with pytest.raises(FileNotFoundError) as missing:
+            beneath.open(str(gone / "a.bin"))
+        assert missing.value.filename == str(gone / "a.bin")
+    finally:
+        beneath.close()

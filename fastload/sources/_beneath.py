@@ -97,7 +97,7 @@ class Beneath:
         root; OSError otherwise (EXDEV: outside, or what `open` would raise: ENOENT, ...)."""
         root_fds = self._roots_here()
         below = self._below(path)
-        if below is not None and self._openat2:
+        if below is not None and self._openat2 and root_fds[below[0]] >= 0:
             k, relative = below
             try:
                 return _openat2(root_fds[k], relative, flags, _RESOLVE)
@@ -116,13 +116,15 @@ class Beneath:
         with self._lock:
             if self._pid == os.getpid():
                 for fd in self._root_fds:
-                    os.close(fd)
+                    if fd >= 0:
+                        os.close(fd)
             self._pid, self._root_fds = -1, ()
 
     def __del__(self) -> None:
         if getattr(self, "_pid", -1) == os.getpid():
             for fd in self._root_fds:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
 
     def _roots_here(self) -> tuple[int, ...]:
         """This process's descriptors of the roots, opened (and openat2 probed) on first use."""
@@ -131,8 +133,9 @@ class Beneath:
         with self._lock:
             if self._pid != os.getpid():
                 # After a fork the parent's descriptors are the parent's to close: open our own.
-                fds = tuple(os.open(r, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for r in self.roots)
-                self._openat2 = self._use_openat2 and bool(fds) and _openat2_works(fds[0])
+                fds = tuple(_open_root(r) for r in self.roots)
+                opened = [fd for fd in fds if fd >= 0]
+                self._openat2 = self._use_openat2 and bool(opened) and _openat2_works(opened[0])
                 self._root_fds, self._dirs = fds, {}
                 self._pid = os.getpid()
         return self._root_fds
@@ -184,6 +187,14 @@ class Beneath:
             ) from None
         if not self.holds(real):
             raise outside_roots(path)
+
+
+def _open_root(root: str) -> int:
+    """A descriptor of the root directory, -1 when it is gone (nothing beneath it opens)."""
+    try:
+        return os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return -1
 
 
 def _openat2_works(dir_fd: int) -> bool:
