@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 import torch
+from daemon_helpers import DaemonPool
 from helpers import build_folder, write_tar_shards
 from remote_helpers import env_without_remote_state, range_http_server
 
-from fastload import DatasetError, FastLoader
+from fastload import DaemonError, DatasetError, FastLoader
 from fastload import transforms as T
 from fastload.sources import Packed, TarShards, _chunk_file, _remote, pack
 from fastload.sources._node_cache import CHUNK_BYTES, NodeCache, node_cache
@@ -83,8 +84,8 @@ def _as_another_user(action: Callable[[], None]) -> None:
     assert os.waitstatus_to_exitcode(status) == 0, "the second user's part failed (its traceback is above)"
 
 
-def _epoch(source: Any, workers: int = 0) -> list[list[torch.Tensor]]:
-    with FastLoader(source, num_workers=workers, **KW) as loader:
+def _epoch(source: Any, workers: int = 0, **kw: Any) -> list[list[torch.Tensor]]:
+    with FastLoader(source, num_workers=workers, **KW, **kw) as loader:
         return [[t.clone() for t in batch] for batch in loader]
 
 
@@ -205,3 +206,25 @@ def test_eviction_removes_only_chunks(local: Path, store: str, tmp_path: Path) -
     source = Packed(f"{store}/pack", cache_dir=str(cache_dir), cache_limit=1000)  # every download evicts
     assert _same(_epoch(source), _epoch(str(local / "pack")))
     assert notes.read_text() == "keep\n" and (cache_dir / "readme").read_text() == "keep\n"
+
+
+def test_a_daemons_peer_cannot_choose_its_cache(
+    local: Path, store: str, tmp_path: Path, daemon_pool: DaemonPool
+) -> None:
+    """A peer's `cache_dir` had the daemon's index opener make and fill a directory of the peer's
+    choosing with the daemon's rights (while its workers read through the daemon's own cache: the
+    shared index carries no cache settings, issue 30); a peer's `cache_limit` sized it. Both are
+    refused, nothing is made there, and the daemon serves the source through its own cache. (Over
+    ipc: a TCP daemon's roots take no URLs yet; the check is the same for every peer.)"""
+    daemon = daemon_pool.start(workers=1)
+    chosen = tmp_path / "the-daemon-users-home" / ".config" / "autostart"
+    url = f"{store}/shards/train-000000.tar"
+    for fields in ({"cache_dir": str(chosen)}, {"cache_limit": 1 << 50}):
+        with pytest.raises(
+            DaemonError, match=r"refused: .*own node cache.*leave cache_(dir|limit) out"
+        ):
+            _epoch(TarShards(url, **fields), daemon=daemon.address)  # type: ignore[arg-type]
+    assert not chosen.parent.parent.exists()
+    assert _same(
+        _epoch(TarShards(url), daemon=daemon.address), _epoch(str(local / "shards" / "train-000000.tar"))
+    )
