@@ -430,7 +430,9 @@ class ExtentIndex:
     @classmethod
     def from_segment(cls, segment: Segment, root: str = "", beneath: Beneath | None = None) -> ExtentIndex:
         """An index over a segment made by `to_segment` (views, no copy; the file list decoded),
-        opening its files through `beneath` when given."""
+        opening its files through `beneath` when given. It reads remote files through the
+        attaching process's default node cache (a daemon's: NOTE [a daemon's node cache] in
+        `_daemon/sessions.py`); `cache_dir` and `cache_limit` do not travel."""
         head = _HEAD.unpack_from(segment.buf, 0)
         views = _shared_views(segment)
         offsets, sizes, key_offsets, file_offsets, labels, file_ids, files_blob, key_blob, ids = views

@@ -6,10 +6,10 @@ directory another user can write cannot be turned against its user (NOTE [scan c
 
 NOTE [scan cache trust]: the cache root (`$FASTLOAD_CACHE_DIR`, else `$XDG_CACHE_HOME/fastload`,
 else `~/.cache/fastload`; empty turns caching off) may be shared, so entries live in a
-subdirectory of the user's own, `tar-index-UID`, created 0700. It is opened once
-(`O_DIRECTORY|O_NOFOLLOW`) and must be owned by this user with no group or other permission,
-else the cache is bypassed with a warning (scanned every time: slower, never wrong); every later
-operation is relative to that descriptor, so renaming a path component cannot redirect it.
+subdirectory of the user's own, `tar-index-UID`, created 0700, opened by `open_private_dir`
+(NOTE [private directory]: no link followed, this user's with no group or other permission, every
+later operation relative to its descriptor); one that is not private is bypassed with a warning
+(scanned every time: slower, never wrong).
 
 - An entry is named by a hash of the shard's real path and identity (device, inode, size, mtime
   and ctime in ns: a copy that keeps size and mtime, `rsync -a` or `cp -p`, changes the inode or
@@ -40,6 +40,7 @@ import warnings
 import numpy as np
 
 from fastload.sources._bounds import MAX_SAMPLE_BYTES, read_bounded
+from fastload.sources._private_dir import open_private_dir
 
 MAX_ENTRY_BYTES = 256 << 20  # one shard's scan: ~40 bytes a sample, 6 M samples
 MAX_CACHE_BYTES = 2 << 30
@@ -82,23 +83,9 @@ class ScanCache:
             return None
         where = os.path.join(root, entry_dir_name())
         try:
-            os.makedirs(root, mode=0o700, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(where, 0o700)
-            fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_private_dir(root, entry_dir_name())
         except OSError as e:
             warnings.warn(f"fastload: not caching tar shard scans: {e}", RuntimeWarning, stacklevel=3)
-            return None
-        info = os.fstat(fd)
-        if info.st_uid != os.geteuid() or info.st_mode & 0o077:
-            os.close(fd)
-            warnings.warn(
-                f"fastload: not caching tar shard scans: {where} is not private (owner uid {info.st_uid}, "
-                f"mode {stat.S_IMODE(info.st_mode):o}; it must be yours, mode 0700): remove it, or set "
-                "FASTLOAD_CACHE_DIR to a directory of your own",
-                RuntimeWarning,
-                stacklevel=3,
-            )
             return None
         return cls(fd, where)
 

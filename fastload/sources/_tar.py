@@ -14,10 +14,11 @@ NOTE [shard index cache]: `tarfile` scans ~17k samples/s, so ImageNet's shards w
 minute to open every time a loader is made. Each shard's scan is kept in a cache directory
 (`$FASTLOAD_CACHE_DIR`, else `$XDG_CACHE_HOME/fastload`, else `~/.cache/fastload`; an empty
 `FASTLOAD_CACHE_DIR` turns it off), one entry per shard named by a hash of its real path and
-identity (device, inode, size, mtime, ctime), so a changed or replaced shard is scanned again; in
-a private directory, written and read so that no other user can plant or redirect an entry, and
-pruned (`_scan_cache.py`, NOTE [scan cache trust]). A cache that cannot be written or read is
-ignored (scanned instead).
+identity (device, inode, size, mtime, ctime), so a changed or replaced shard is scanned again (a
+remote shard's by its URL, version and size: its copy in the node cache is verified whole before
+a scan reads it, NOTE [chunk verification]); in a private directory, written and read so that no
+other user can plant or redirect an entry, and pruned (`_scan_cache.py`, NOTE [scan cache
+trust]). A cache that cannot be written or read is ignored (scanned instead).
 
 Integrity: a shard must be a regular file; it must end with tar's end-of-archive (zero) blocks,
 else it is reported as truncated (a copy cut at a sample boundary would otherwise load with fewer
@@ -53,7 +54,7 @@ from fastload.sources._bounds import (
 from fastload.sources._extents import ExtentIndex, remote_file
 from fastload.sources._folder import IMG_EXTENSIONS
 from fastload.sources._index import pack_strings
-from fastload.sources._node_cache import node_cache
+from fastload.sources._node_cache import NodeCache, node_cache
 from fastload.sources._remote import is_url
 from fastload.sources._remote import size_of as _remote_size
 from fastload.sources._scan_cache import Identity, Scan, ScanCache, cache_root
@@ -143,11 +144,10 @@ class TarShards(Source):
                     try:
                         size, version = _remote_size(shard)
                         node = node_cache(self.cache_dir, self.size("cache_limit"))
-                        local = node.path_of_whole(shard, version, size)
+                        scans.append(_remote_scan(shard, size, version, node, cache))
                     except OSError as e:
                         raise DatasetError(f"cannot read tar shard {clip(str(e))}") from None
-                    scans.append(_cached_scan(local, cache, identities, name=shard))
-                    identities[-1] = (-1, -1, size, -1, -1)  # read through the cache: not checked by inode
+                    identities.append((-1, -1, size, -1, -1))  # read through the cache: not checked by inode
                     files[number] = remote_file(shard, size, version, max(size, 1))
                 else:
                     scans.append(_cached_scan(shard, cache, identities))
@@ -232,16 +232,13 @@ def _open_cache() -> ScanCache | _NoCache:
     return ScanCache.open() or _NoCache()
 
 
-def _cached_scan(
-    shard: str, cache: ScanCache | None, identities: list[Identity], name: str | None = None
-) -> Scan:
+def _cached_scan(shard: str, cache: ScanCache | None, identities: list[Identity]) -> Scan:
     """One shard's samples (image extents, labels, keys), from the cache when it has this shard
-    as it is now, else scanned (and kept); the identity of the file scanned goes to `identities`.
-    `name`: what errors call the shard (a remote shard's URL; `shard` is then its cached copy)."""
+    as it is now, else scanned (and kept); the identity of the file scanned goes to `identities`."""
     try:
         fd, info = open_regular(shard, _MAX_SHARD_BYTES, "tar shard")
     except OSError as e:
-        raise DatasetError(f"cannot read tar shard {clip(name or shard)}: {clip(str(e))}") from e
+        raise DatasetError(f"cannot read tar shard {clip(shard)}: {clip(str(e))}") from e
     with os.fdopen(fd, "rb") as f:
         ident = identity(info)
         identities.append(ident)
@@ -250,22 +247,42 @@ def _cached_scan(
             kept = cache.get(real, ident)
             if kept is not None:
                 return kept
-        offsets: list[int] = []
-        sizes: list[int] = []
-        labels: list[int] = []
-        keys: list[bytes] = []
-        _scan_shard(name or shard, offsets, sizes, labels, keys, f)
+        scanned = _scan_file(shard, f)
+    if cache is not None and scanned["labels"].size:
+        cache.put(real, ident, scanned)
+    return scanned
+
+
+def _remote_scan(url: str, size: int, version: str, node: NodeCache, cache: ScanCache | None) -> Scan:
+    """A remote shard's samples: from the scan cache, which keeps them by URL, version and size,
+    else scanned from its copy in the node cache (verified whole before it is read: NOTE [chunk
+    verification])."""
+    key, ident = f"{url}\0{version}", (-1, -1, size, -1, -1)
+    kept = cache.get(key, ident) if cache is not None else None
+    if kept is not None:
+        return kept
+    with node.open_whole(url, version, size) as f:
+        scanned = _scan_file(url, f)
+    if cache is not None and scanned["labels"].size:
+        cache.put(key, ident, scanned)
+    return scanned
+
+
+def _scan_file(name: str, f: BinaryIO) -> Scan:
+    """The samples of the shard open as `f` (`name`: what errors call it)."""
+    offsets: list[int] = []
+    sizes: list[int] = []
+    labels: list[int] = []
+    keys: list[bytes] = []
+    _scan_shard(name, offsets, sizes, labels, keys, f)
     key_blob, key_offsets = pack_strings(keys)
-    scanned = {
+    return {
         "offsets": np.array(offsets, np.int64),
         "sizes": np.array(sizes, np.int64),
         "labels": np.array(labels, np.int64),
         "key_blob": key_blob,
         "key_offsets": key_offsets,
     }
-    if cache is not None and scanned["labels"].size:
-        cache.put(real, ident, scanned)
-    return scanned
 
 
 def _check_uncompressed(shard: str, f: BinaryIO) -> None:
@@ -311,7 +328,7 @@ def _scan_shard(
     # for a label member its bytes.
     samples: dict[str, dict[str, tuple[int, int] | bytes]] = {}
     try:
-        end = os.fstat(f.fileno()).st_size
+        end = f.seek(0, os.SEEK_END)  # a remote shard's verified copy has no descriptor to fstat
         f.seek(0)
         with tarfile.open(fileobj=f, mode="r:") as tf:
             while (member := tf.next()) is not None:
