@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fastload._errors import DatasetError
+from fastload._errors import DatasetError, SourceChanged
 from fastload._loading.shm import Segment
 from fastload.sources._bounds import check_regular, clip, identity
 from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure, pack_strings
@@ -77,14 +77,6 @@ _MAX_FILE_BYTES = 1 << 50  # a container file may be any size; only its samples 
 _HEAD = struct.Struct("<8s9q")
 
 _fork_lock = threading.Lock()
-
-
-class SourceChanged(DatasetError):
-    """A container file is not the one indexed (NOTE [extent file identity]); `size` its size now."""
-
-    def __init__(self, message: str, size: int) -> None:
-        super().__init__(message)
-        self.size = size
 
 
 def _new_lock_in_child() -> None:
