@@ -117,13 +117,13 @@ class NodeCache:
         paths = {c: self._chunk_path(url, version, c, chunk_bytes) for c in chunks}
         missing = [c for c in chunks if not os.path.exists(paths[c])]
         if missing:
-            self._fill(url, size, chunk_bytes, {c: paths[c] for c in missing})
+            self._fill(url, size, chunk_bytes, {c: paths[c] for c in missing}, version)
         out = bytearray(end - start)
         for c in chunks:
             lo, hi = max(start, c * chunk_bytes), min(end, (c + 1) * chunk_bytes)
             piece = self._read_chunk(paths[c], lo - c * chunk_bytes, hi - lo)
             if piece is None:  # evicted between the fill and now: once more, directly
-                piece = _remote.read_range(url, lo, hi)
+                piece = _remote.read_range(url, lo, hi, version)
             out[lo - start : hi - start] = piece
         self.hits += len(chunks) - len(missing)
         _count(hits=len(chunks) - len(missing))
@@ -136,7 +136,7 @@ class NodeCache:
         if os.path.exists(path) or not self._claim(path):
             return 0
         try:
-            return self._download(url, size, chunk_bytes, chunk, path, counted=False)
+            return self._download(url, size, chunk_bytes, chunk, path, version, counted=False)
         finally:
             _release(path)
             self._evict_if_due()
@@ -146,7 +146,7 @@ class NodeCache:
         chunk_bytes = max(size, 1)
         path = self._chunk_path(url, version, 0, chunk_bytes)
         if not os.path.exists(path):
-            self._fill(url, size, chunk_bytes, {0: path})
+            self._fill(url, size, chunk_bytes, {0: path}, version)
         else:
             self.hits += 1
             _count(hits=1)
@@ -167,26 +167,29 @@ class NodeCache:
             raise OSError(f"the cached chunk {path} is shorter than it should be: remove the cache directory")
         return data
 
-    def _fill(self, url: str, size: int, chunk_bytes: int, paths: dict[int, str]) -> None:
+    def _fill(self, url: str, size: int, chunk_bytes: int, paths: dict[int, str], version: str) -> None:
         """Download the chunks of `paths` that no other process is downloading; wait for the rest."""
         started = time.perf_counter_ns()
         try:
             mine = {c: p for c, p in paths.items() if self._claim(p)}
-            self._download_all(url, size, chunk_bytes, mine)
+            self._download_all(url, size, chunk_bytes, mine, version)
             for c, path in paths.items():
                 if c not in mine:
-                    self._wait_for(url, size, chunk_bytes, c, path)
+                    self._wait_for(url, size, chunk_bytes, c, path, version)
         finally:
             self.misses += len(paths)
             _count(misses=len(paths), waited_ns=time.perf_counter_ns() - started)
 
-    def _download_all(self, url: str, size: int, chunk_bytes: int, claimed: dict[int, str]) -> None:
+    def _download_all(
+        self, url: str, size: int, chunk_bytes: int, claimed: dict[int, str], version: str
+    ) -> None:
         """Download the chunks this process claimed, concurrently; release the claims."""
         if not claimed:
             return
         try:
             pool = self._executor()
-            jobs = [pool.submit(self._download, url, size, chunk_bytes, c, p) for c, p in claimed.items()]
+            download = self._download
+            jobs = [pool.submit(download, url, size, chunk_bytes, c, p, version) for c, p in claimed.items()]
             for job in jobs:
                 job.result()
         finally:
@@ -220,12 +223,13 @@ class NodeCache:
         return True
 
     def _download(
-        self, url: str, size: int, chunk_bytes: int, chunk: int, path: str, counted: bool = True
+        self, url: str, size: int, chunk_bytes: int, chunk: int, path: str, version: str, counted: bool = True
     ) -> int:
-        """Fetch one chunk into its file; its bytes. `counted`: in `READS` (a read-ahead's
+        """Fetch one chunk of the object's `version` (SourceChanged when the store holds another:
+        NOTE [conditional reads]) into its file; its bytes. `counted`: in `READS` (a read-ahead's
         fetches are not: it reports its own, `read_ahead.ReadAhead.delivered`)."""
         lo, hi = chunk * chunk_bytes, min(size, (chunk + 1) * chunk_bytes)
-        data = _remote.read_range(url, lo, hi)
+        data = _remote.read_range(url, lo, hi, version)
         temporary = f"{path}.{secrets.token_hex(8)}.part"
         fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
         try:
@@ -243,7 +247,7 @@ class NodeCache:
             _count(downloaded=len(data))
         return len(data)
 
-    def _wait_for(self, url: str, size: int, chunk_bytes: int, chunk: int, path: str) -> None:
+    def _wait_for(self, url: str, size: int, chunk_bytes: int, chunk: int, path: str, version: str) -> None:
         """Wait for another process's download of a chunk; take it over if that process died."""
         deadline = time.monotonic() + CLAIM_WAIT_S
         while not os.path.exists(path):
@@ -251,7 +255,7 @@ class NodeCache:
                 _release(path)  # its claimant's: dead, or past the wait
                 if self._claim(path):
                     try:
-                        self._download(url, size, chunk_bytes, chunk, path)
+                        self._download(url, size, chunk_bytes, chunk, path, version)
                     finally:
                         _release(path)
                     return
