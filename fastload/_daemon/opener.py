@@ -26,6 +26,13 @@ address space (RLIMIT_AS, as before): that counts what libraries map or reserve 
 64 MiB arena per thread), so in a process with such libraries every open failed, whatever it
 needed. Shared mappings are not counted: the index's segment is bounded by `max_bytes` instead.
 
+NOTE [the daemon's cache]: a peer's source never chooses where or how much the daemon caches: its
+`machine_fields` (a node cache's `cache_dir` and `cache_limit`) are set back to their defaults
+before it is opened, and the defaults are the daemon's own (its `cache_dir` and `cache_limit`
+settings, which `Daemon` puts in the environment its workers and this fork server inherit:
+FASTLOAD_CACHE_DIR, FASTLOAD_CACHE_LIMIT). Before, a TCP peer's `cache_dir` made the daemon (as
+its user, often root) create that directory and write a shard there, and its `cache_limit` of a
+few bytes evicted every session's chunks.
 NOTE [JSON from the child]: the child parses hostile input, so what it sends is treated as
 hostile too: JSON (never pickle), bounded, and a segment name the daemon checks (this child's
 pid, fastload's pattern, a regular file of ours) before renaming it.
@@ -34,6 +41,7 @@ pid, fastload's pattern, a regular file of ours) before renaming it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -332,18 +340,26 @@ def _index_bytes(index: Any) -> int:
     return sum(int(v.nbytes) for v in vars(index).values() if isinstance(v, np.ndarray))
 
 
+def _with_daemon_settings(source: Any) -> Any:
+    """`source` with its machine's settings at their defaults: the daemon's (NOTE [the daemon's cache])."""
+    fields = {f.name: f.default for f in dataclasses.fields(source) if f.name in source.machine_fields}
+    return dataclasses.replace(source, **fields) if fields else source
+
+
 def _open(request: dict[str, Any]) -> dict[str, Any]:
     from fastload._daemon.confine import Roots, check_before_open, check_index, source_name
-    from fastload.sources import ImageFolder, source_from_config
+    from fastload.sources import ImageFolder, _remote, source_from_config
     from fastload.sources._arrays import ArrayIndex
     from fastload.sources._folder import scan_image_folder
     from fastload.sources._index import SHARED_INDEX_TYPES
 
-    source = source_from_config(request["source"])
+    source = _with_daemon_settings(source_from_config(request["source"]))
     name = source_name(source)
     roots = None if request["roots"] is None else Roots(tuple(request["roots"]))
     if roots is not None:
         check_before_open(source, roots)
+        checked = roots  # NOTE [confined requests] in `sources/_remote.py`
+        _remote.confine(lambda url: checked.check(url, name, "an object it names"))
     max_bytes = int(request["max_bytes"])
     if isinstance(source, ImageFolder):
         index: Any = scan_image_folder(

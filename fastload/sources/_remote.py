@@ -28,6 +28,12 @@ most one per probe gap (jittered, doubling from 0.1 s to `_MAX_PROBE_GAP_S`), ta
 waiting request comes first, and the first request to succeed (a probe, or one already in
 flight) wakes every waiting one at once. Loading resumes within a gap of the store's return, and
 a store that is down gets a few requests a second from a process, however many reads wait.
+NOTE [confined requests]: a daemon opens a peer's source in a process of its own, made for that
+one open (`_daemon/opener`); it calls `confine` with the daemon's roots before the source reads
+anything, and from then on every request of that process is checked before it is sent (a URL a
+file list names, a shard, a manifest): one outside the roots raises there, and no request
+reaches the store. The check is the process's, not a read's: the open's threads (a file list's
+HEADs) are held to it too.
 """
 
 from __future__ import annotations
@@ -55,6 +61,13 @@ _PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "http": "aiohttp", "ht
 T = TypeVar("T")
 _filesystems: dict[tuple[int, str], Any] = {}
 _lock = threading.Lock()
+_confinement: list[Callable[[str], None]] = []  # NOTE [confined requests]: set once, never undone
+
+
+def confine(check: Callable[[str], None]) -> None:
+    """Run `check(url)` (which raises to refuse) before every request this process makes from
+    now on (NOTE [confined requests]); for a process made for one open, never undone."""
+    _confinement.append(check)
 
 
 class _Store:
@@ -187,6 +200,8 @@ def _retried(url: str, what: Callable[[Any, float | None], T], bounded: bool = T
     """`what(filesystem, seconds)`, retried on transient failures (NOTE [remote retries], [store
     outages]); `seconds` is what the attempt may take, the deadline's rest (NOTE [request
     deadline]), None when not `bounded` (an upload)."""
+    for refuse_outside in _confinement:
+        refuse_outside(url)
     deadline = time.monotonic() + REQUEST_DEADLINE_S
     store = _store(url)
     attempt = 0
