@@ -24,6 +24,7 @@ from fastload._errors import (
     SampleError,
     SettingsWarning,
     SharedMemoryError,
+    SourceChanged,
     WireError,
     WorkerError,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "ScalarLogger",
     "SettingsWarning",
     "SharedMemoryError",
+    "SourceChanged",
     "WireError",
     "WorkerError",
     "__version__",

@@ -35,7 +35,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--root",
         action="append",
         dest="roots",
-        help="serve only files under this directory, links followed (repeatable; required with --listen)",
+        help="serve only files under this directory, links followed, or objects under this URL prefix "
+        "(s3://bucket/prefix/); repeatable; required with --listen",
     )
     serve.add_argument(
         "--ipc-any-path",

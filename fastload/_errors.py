@@ -4,6 +4,7 @@
 FastloadError
 ├── ConfigError (also ValueError)        bad arguments, unsupported transform chains
 ├── DatasetError                         the dataset cannot be indexed (bad path, no images)
+│   └── SourceChanged                    a file or object changed since it was indexed (re-open)
 ├── SampleError                          loading one sample failed in a worker (names the file,
 │   │                                    carries the worker's traceback)
 │   └── SampleError[KeyError], ...       the same, also of the sample's own exception class
@@ -34,6 +35,7 @@ __all__ = [
     "LoaderTimeout",
     "SampleError",
     "SharedMemoryError",
+    "SourceChanged",
     "WireError",
     "WorkerError",
 ]
@@ -49,6 +51,24 @@ class ConfigError(FastloadError, ValueError):
 
 class DatasetError(FastloadError):
     """The dataset could not be indexed: a missing folder, no images, an unreadable tree."""
+
+
+class SourceChanged(DatasetError):
+    """A file or an object is not the one indexed: a local shard replaced or truncated, an object
+    in a store rewritten in place (its ETag differs from the one seen at open, or the store
+    refused the read's `If-Match`). Its samples' places and labels are not the new content's, so
+    it is never read: make the loader again (re-open the source), or re-pack.
+
+    Attributes:
+        size: the file's size now in bytes (-1 when unknown: an object's new size is not asked).
+    """
+
+    def __init__(self, message: str, size: int = -1) -> None:
+        super().__init__(message)
+        self.size = size
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.size))
 
 
 class SampleError(FastloadError):

@@ -1,6 +1,7 @@
 """Real parts for the object-storage tests: moto's S3-compatible server in its own process, an
-HTTP server that honours Range requests, and a TCP proxy in front of either that adds latency,
-drops connections, answers 503 or stalls, and counts the ranges asked for."""
+HTTP server that honours Range requests, a TCP proxy in front of either that adds latency,
+drops connections, answers 503 or stalls, and counts the ranges and paths asked for; and an HTTP
+server that drips its answers."""
 
 from __future__ import annotations
 
@@ -51,7 +52,10 @@ def moto_server() -> Iterator[str]:
 
 
 class _RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """Files of a directory, with `Range: bytes=a-b` answered 206; paths under /denied/ are 403."""
+    """Files of a directory, with `Range: bytes=a-b` answered 206; paths under /denied/ are 403;
+    /moved/NAME redirects (302) to /NAME, /away/NAME to `away`/NAME (another server)."""
+
+    away = ""
 
     def log_message(self, *args: object) -> None:
         pass
@@ -65,6 +69,13 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
     def _serve(self, head: bool) -> None:
         if self.path.startswith("/denied/"):
             self.send_error(403)
+            return
+        if self.path.startswith(("/moved/", "/away/")):
+            there = self.away if self.path.startswith("/away/") else ""
+            self.send_response(302)
+            self.send_header("Location", there + "/" + self.path.split("/", 2)[2])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return
         path = Path(self.directory) / self.path.lstrip("/")  # type: ignore[attr-defined]
         if not path.is_file():
@@ -90,13 +101,73 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def range_http_server(directory: Path) -> Iterator[str]:
-    """An HTTP server of `directory` on a loopback port, answering ranges; its base URL."""
+def range_http_server(directory: Path, away: str = "") -> Iterator[str]:
+    """An HTTP server of `directory` on a loopback port, answering ranges (and redirecting
+    /away/NAME to `away`/NAME); its base URL."""
+    handling = type("Range", (_RangeHandler,), {"away": away})
 
     def handler(*args: object, **kwargs: object) -> _RangeHandler:
-        return _RangeHandler(*args, directory=str(directory), **kwargs)  # type: ignore[arg-type]
+        return handling(*args, directory=str(directory), **kwargs)  # type: ignore[arg-type]
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+class _DripHandler(http.server.BaseHTTPRequestHandler):
+    """Every path is an object of `size` bytes; a GET's answer comes one byte each `gap_s`."""
+
+    size = 64
+    gap_s = 0.5
+    stop: threading.Event
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _head(self, status: int) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(self.size))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes 0-{self.size - 1}/{self.size}")
+        self.send_header("ETag", '"drip-1"')
+        self.end_headers()
+
+    def do_HEAD(self) -> None:
+        self._head(200)
+
+    def do_GET(self) -> None:
+        self._head(206)
+        with contextlib.suppress(OSError):
+            for _ in range(self.size):
+                if self.stop.wait(self.gap_s):
+                    return
+                self.wfile.write(b"x")
+                self.wfile.flush()
+
+
+@contextlib.contextmanager
+def drip_http_server(gap_s: float = 0.5) -> Iterator[str]:
+    """An HTTP server whose answers come a byte each `gap_s` seconds (never stalling long enough
+    for a read timeout); its base URL."""
+    stop = threading.Event()
+    handler = type("Drip", (_DripHandler,), {"gap_s": gap_s, "stop": stop})
+    with _serving(handler) as url:
+        try:
+            yield url
+        finally:
+            stop.set()
+
+
+@contextlib.contextmanager
+def _serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -124,6 +195,7 @@ class FaultProxy:
         self.latency_s = latency_s
         self.stall_s = stall_s
         self.ranges: Counter[str] = Counter()
+        self.paths: Counter[str] = Counter()  # every request's path (and query)
         self.requests = 0
         self.faulted: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -227,6 +299,7 @@ class FaultProxy:
             wanted = [ln.split(":", 1)[1].strip() for ln in lines[1:] if ln.lower().startswith("range:")]
             with self._lock:
                 self.requests += 1
+                self.paths[method.group(2)] += 1
                 if wanted:
                     self.ranges[f"{method.group(2)} {wanted[0]}"] += 1
 

@@ -24,7 +24,10 @@ from fastload import FastLoader
 from fastload import transforms as T
 from fastload.transforms._config import BY_NAME
 
-ERRORS = ["ConfigError", "DatasetError", "LoaderTimeout", "SampleError", "SharedMemoryError", "WorkerError"]
+ERRORS = [
+    "ConfigError", "DatasetError", "LoaderTimeout", "SampleError", "SharedMemoryError", "SourceChanged",
+    "WorkerError",
+]
 
 
 class Tiny(Dataset[np.ndarray]):

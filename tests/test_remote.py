@@ -233,7 +233,7 @@ def test_an_unreachable_store_fails_the_batch_naming_the_url(
     local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Opened, then the store goes away: past the retry deadline the batch fails with the URL."""
-    monkeypatch.setattr(_remote, "RETRY_DEADLINE_S", 2.0)
+    monkeypatch.setattr(_remote, "REQUEST_DEADLINE_S", 2.0)
     proxy = FaultProxy(("127.0.0.1", int(s3.rsplit(":", 1)[1])))
     _use(monkeypatch, proxy.url)
     try:
@@ -418,7 +418,7 @@ def test_pack_to_an_unreachable_store_fails_before_any_work(
 ) -> None:
     from remote_helpers import free_port
 
-    monkeypatch.setattr(_remote, "RETRY_DEADLINE_S", 1.0)
+    monkeypatch.setattr(_remote, "REQUEST_DEADLINE_S", 1.0)
     _use(monkeypatch, f"http://127.0.0.1:{free_port()}")  # nothing listens there
     said = r"cannot pack to s3://data-bucket/p: .*unreachable.*nothing was packed"
     with pytest.raises(DatasetError, match=said):

@@ -8,6 +8,16 @@ directory, an HDF5 file and everything that file points at: external storage, vi
 sources, external links); `check_index` after, on every file the opened index will make a worker
 read (each sample of a folder or a file list, each shard, each data file of a pack).
 
+NOTE [object-storage roots]: a root may be a URL prefix (`s3://bucket/datasets/`): it allows the
+objects whose URL starts with it, compared as text (`url_root`: the root's scheme lowercase, and
+its prefix ending in `/`, so `s3://bucket/pre` allows nothing of `s3://bucket/prefix-other/`). A
+root with a query, a fragment, credentials, a `.` or `..` segment (or one escaped as `%2e`) is
+refused at start; a URL with any of them is never allowed, nor is another spelling of an allowed
+one (an uppercase host, a default port written out). A local root never allows a URL. The
+process opening a peer's source checks every request it makes against the roots before sending
+it (`_remote.confine`): an object a file list names outside them is refused without a request
+reaching the store.
+
 NOTE [refusals carry no content]: a refusal names the source as the client sent it and which of
 its parts is outside (the list's sample number, the shard's number, the HDF5 object's name inside
 a file that is itself under the roots), never the outside path: that path may be a line of a
@@ -28,6 +38,7 @@ import errno
 import glob
 import os
 import stat
+import urllib.parse
 from typing import Any
 
 from fastload._errors import ConfigError, DatasetError
@@ -49,22 +60,52 @@ class Refused(DatasetError):
         self.detail = detail
 
 
+def _plain_url(url: str) -> str | None:
+    """`url` itself, or None when it has a query, a fragment, credentials, no bucket or host, a
+    backslash, a control character, or a `.` or `..` segment (escaped or not). Nothing else is
+    normalized: two spellings of one object (an uppercase scheme or host, a default port) are
+    not taken as one, so a peer's odd spelling is refused, never allowed."""
+    if any(c in url for c in "?#\\") or any(ord(c) < 0x20 for c in url):
+        return None
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname or "@" in parts.netloc:
+        return None
+    path = urllib.parse.unquote(parts.path)
+    if any(s in (".", "..") for s in path.split("/")) or "\\" in path:
+        return None
+    return url
+
+
+def url_root(root: str) -> str:
+    """A URL root as `Roots` compares it (NOTE [object-storage roots]); ConfigError for one
+    that cannot be a plain prefix."""
+    scheme, sep, rest = root.partition("://")
+    plain = _plain_url(f"{scheme.lower()}{sep}{rest}")
+    if plain is None:
+        raise ConfigError(
+            f"dataset root {root!r} is not a plain URL prefix (s3://bucket/prefix/): no query, fragment, "
+            "credentials or '.'/'..' segments"
+        )
+    return plain if plain.endswith("/") else plain + "/"
+
+
 class Roots:
-    """The configured dataset roots (real paths) and the resolution of paths against them."""
+    """The configured dataset roots (real paths, normalized URL prefixes) and the resolution of
+    paths against them."""
 
     def __init__(self, roots: tuple[str, ...]) -> None:
         # A root at a URL (s3://bucket/datasets/) allows the objects under that prefix; a local
         # root never allows a URL (the daemon's credentials must not fetch what it was not told).
-        self.roots = tuple(r if is_url(r) else os.path.realpath(r) for r in roots)
+        self.roots = tuple(url_root(r) if is_url(r) else os.path.realpath(r) for r in roots)
         self._prefixes = tuple(r if r.endswith("/") else r + "/" for r in self.roots)
         self._dirs: dict[str, str] = {}
 
     def resolve(self, path: str) -> str:
-        """`path`'s real path (links followed), its directory's resolution cached; a URL as it is
-        (a `remote_file` entry: its URL), unless it climbs with `..`."""
+        """`path`'s real path (links followed), its directory's resolution cached; a URL (or a
+        `remote_file` entry: its URL) as it is, "" (allowed nowhere) when it is not a plain one
+        (NOTE [object-storage roots])."""
         if "\0" in path or is_url(path):
-            url = path.split("\0", 1)[0]
-            return "" if "/../" in url or url.endswith("/..") else url
+            return _plain_url(path.split("\0", 1)[0]) or ""
         head, tail = os.path.split(os.path.abspath(path))
         real_head = self._dirs.get(head)
         if real_head is None:
@@ -79,7 +120,9 @@ class Roots:
 
     def allows(self, path: str) -> bool:
         real = self.resolve(path)
-        return real in self.roots or real.startswith(self._prefixes)
+        if not real:
+            return False
+        return real in self.roots or real + "/" in self.roots or real.startswith(self._prefixes)
 
     def check(self, path: str, source: str, what: str) -> None:
         """Refused (naming `source` and `what`, never `path`) when `path` is outside the roots."""
@@ -92,13 +135,19 @@ class Roots:
 
 
 def check_roots(listen: str | None, roots: tuple[str, ...] | None) -> None:
-    """The allowlist's configuration: roots are existing directories, and a TCP listener has some."""
+    """The allowlist's configuration: roots are existing directories or plain URL prefixes (NOTE
+    [object-storage roots]), and a TCP listener has some."""
     if roots is not None:
         if not roots:
             raise ConfigError("roots is empty: name the directories the daemon may serve (or leave it out)")
         for root in roots:
-            if not isinstance(root, str) or not os.path.isabs(root) or not os.path.isdir(root):
-                raise ConfigError(f"dataset root {root!r} is not an absolute path of a directory")
+            if isinstance(root, str) and is_url(root):
+                url_root(root)
+            elif not isinstance(root, str) or not os.path.isabs(root) or not os.path.isdir(root):
+                raise ConfigError(
+                    f"dataset root {root!r} is not an absolute path of a directory, nor a URL prefix "
+                    "(s3://bucket/prefix/)"
+                )
     if listen and not roots:
         raise ConfigError(
             "--listen tcp://... needs dataset roots (`roots = [...]` in the [daemon] table, or --root DIR): "

@@ -48,6 +48,7 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
     from fastload._daemon.indexes import IndexLimits
     from fastload._daemon.listeners import check_tcp_config
     from fastload._daemon.server import DaemonConfig
+    from fastload.sources._remote import is_url
 
     table: dict[str, Any] = {}
     if path is not None:
@@ -78,6 +79,8 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         "ipc_any_path",
         "metrics",
         "log_format",
+        "cache_dir",
+        "cache_limit",
     }
     unknown = set(table) - known
     if unknown:
@@ -89,8 +92,14 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
     if roots_value is not None and (
         not isinstance(roots_value, list | tuple) or not all(isinstance(r, str) for r in roots_value)
     ):
-        raise ConfigError(f"roots must be a list of directories, got {roots_value!r}")
-    roots = None if roots_value is None else tuple(os.path.abspath(r) for r in roots_value)
+        raise ConfigError(f"roots must be a list of directories or URL prefixes, got {roots_value!r}")
+    roots = None if roots_value is None else tuple(
+        r if is_url(r) else os.path.abspath(r) for r in roots_value
+    )
+    cache_dir = table.get("cache_dir")  # NOTE [the daemon's cache] in `sessions`
+    if cache_dir is not None and (not isinstance(cache_dir, str) or not os.path.isabs(cache_dir)):
+        raise ConfigError(f"cache_dir (the remote data's cache) must be an absolute path, got {cache_dir!r}")
+    cache_limit = table.get("cache_limit")
     if not isinstance(table.get("ipc_any_path", False), bool):
         raise ConfigError("ipc_any_path must be true or false")
     if listen is not None:  # the keys first, then the roots: what a TCP listener needs, in order
@@ -130,6 +139,8 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         ipc_any_path=bool(table.get("ipc_any_path", False)),
         index_idle_s=_number(table, "index_idle", 60.0, float),
         metrics=metrics,
+        cache_dir=cache_dir,
+        cache_limit=None if cache_limit is None else parse_size(cache_limit, "cache_limit", minimum=1),
     )
     if config.workers < 1:
         raise ConfigError("the daemon needs at least one worker")

@@ -334,7 +334,7 @@ def _index_bytes(index: Any) -> int:
 
 def _open(request: dict[str, Any]) -> dict[str, Any]:
     from fastload._daemon.confine import Roots, check_before_open, check_index, source_name
-    from fastload.sources import ImageFolder, source_from_config
+    from fastload.sources import ImageFolder, _remote, source_from_config
     from fastload.sources._arrays import ArrayIndex
     from fastload.sources._folder import scan_image_folder
     from fastload.sources._index import SHARED_INDEX_TYPES
@@ -344,6 +344,8 @@ def _open(request: dict[str, Any]) -> dict[str, Any]:
     roots = None if request["roots"] is None else Roots(tuple(request["roots"]))
     if roots is not None:
         check_before_open(source, roots)
+        checked = roots  # NOTE [confined requests] in `sources/_remote.py`
+        _remote.confine(lambda url: checked.check(url, name, "an object it names"))
     max_bytes = int(request["max_bytes"])
     if isinstance(source, ImageFolder):
         index: Any = scan_image_folder(

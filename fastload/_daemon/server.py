@@ -90,6 +90,20 @@ class DaemonConfig:
     ipc_any_path: bool = False
     # Prometheus metrics (`_diagnostics.metrics`) served on (host, port), only when asked for.
     metrics: tuple[str, int] | None = None
+    # The daemon's caches (NOTE [the daemon's cache] in `sessions`): the directory they live in (as
+    # FASTLOAD_CACHE_DIR: remote chunks, tar scans) and the node cache's limit in bytes; None:
+    # the environment's. A peer's source never sets them.
+    cache_dir: str | None = None
+    cache_limit: int | None = None
+
+
+def _use_cache_settings(config: DaemonConfig) -> None:
+    """The daemon's node cache settings as every process of it will read them: the environment,
+    which its workers and its fork server (started later) inherit (NOTE [the daemon's cache])."""
+    if config.cache_dir is not None:
+        os.environ["FASTLOAD_CACHE_DIR"] = config.cache_dir
+    if config.cache_limit is not None:
+        os.environ["FASTLOAD_CACHE_LIMIT"] = str(config.cache_limit)
 
 
 class Daemon:
@@ -98,6 +112,7 @@ class Daemon:
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
         check_roots(config.listen, config.roots)  # before anything a refusal would leave behind
+        _use_cache_settings(config)
         directory = private_dir(config.socket_dir) if config.socket_dir else runtime_dir()
         self._doors = Listeners(
             directory, config.listen, config.curve_secret_key, config.curve_public_key, config.curve_clients

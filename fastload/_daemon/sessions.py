@@ -180,14 +180,18 @@ def _hello_source(f: dict[str, Any]) -> Source:
         raise ConfigError(f"bad {source.kind} source description: {e}") from None
     if not absolute:
         raise ConfigError("a source's paths must be absolute (the daemon's working directory is not ours)")
-    # NOTE [a daemon's node cache]: remote data is read through the daemon's own node cache (its
-    # FASTLOAD_CACHE_DIR and FASTLOAD_CACHE_LIMIT): its workers and read-ahead attach the shared
-    # index, which carries no cache settings. A peer's would have the daemon make and fill a
-    # directory of the peer's choosing, with the daemon's rights, or size its cache.
-    named = sorted({"cache_dir", "cache_limit"} & source.to_config().keys())
+    # NOTE [the daemon's cache]: a peer's source never chooses where or how much the daemon
+    # caches. Remote data is read through the daemon's own node cache: its `cache_dir` and
+    # `cache_limit` settings, which `Daemon` puts in the environment its workers and fork server
+    # inherit (FASTLOAD_CACHE_DIR, FASTLOAD_CACHE_LIMIT); its workers and read-ahead attach the
+    # shared index, which carries no cache settings. A peer's `machine_fields` would have the
+    # daemon (as its user, often root) make and fill a directory of the peer's choosing, or a
+    # `cache_limit` of a few bytes evict every session's chunks: a hello naming them is refused,
+    # not silently served otherwise than it asked.
+    named = sorted(set(source.machine_fields) & source.to_config().keys())
     if named:
         raise ConfigError(
-            "a daemon reads remote data through its own node cache (FASTLOAD_CACHE_DIR and "
-            f"FASTLOAD_CACHE_LIMIT where it runs): leave {' and '.join(named)} out of a source it serves"
+            "a daemon reads remote data through its own node cache (its `cache_dir` and "
+            f"`cache_limit` settings): leave {' and '.join(named)} out of a source it serves"
         )
     return source

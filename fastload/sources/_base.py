@@ -52,6 +52,10 @@ class Source(ABC):
     # Fields holding a size in bytes, given as an int or a string ("12MiB", `_sizes.parse_size`):
     # made ints by `_parse_sizes`, which a subclass's `__post_init__` calls first.
     size_fields: ClassVar[tuple[str, ...]] = ()
+    # Fields that choose the reading machine's resources, not the dataset (a node cache's directory
+    # and limit): a daemon refuses a peer's source that names them, and reads with its own
+    # settings (NOTE [the daemon's cache] in `_daemon/sessions.py`).
+    machine_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

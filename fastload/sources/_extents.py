@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fastload._errors import DatasetError
+from fastload._errors import DatasetError, SourceChanged
 from fastload._loading.shm import Segment
 from fastload.sources._beneath import Beneath, open_file
 from fastload.sources._bounds import check_regular, clip, identity
@@ -78,14 +78,6 @@ _MAX_FILE_BYTES = 1 << 50  # a container file may be any size; only its samples 
 _HEAD = struct.Struct("<8s9q")
 
 _fork_lock = threading.Lock()
-
-
-class SourceChanged(DatasetError):
-    """A container file is not the one indexed (NOTE [extent file identity]); `size` its size now."""
-
-    def __init__(self, message: str, size: int) -> None:
-        super().__init__(message)
-        self.size = size
 
 
 def _new_lock_in_child() -> None:
@@ -431,7 +423,7 @@ class ExtentIndex:
     def from_segment(cls, segment: Segment, root: str = "", beneath: Beneath | None = None) -> ExtentIndex:
         """An index over a segment made by `to_segment` (views, no copy; the file list decoded),
         opening its files through `beneath` when given. It reads remote files through the
-        attaching process's default node cache (a daemon's: NOTE [a daemon's node cache] in
+        attaching process's default node cache (a daemon's: NOTE [the daemon's cache] in
         `_daemon/sessions.py`); `cache_dir` and `cache_limit` do not travel."""
         head = _HEAD.unpack_from(segment.buf, 0)
         views = _shared_views(segment)

@@ -88,6 +88,7 @@ class FileList(Source):
     path_fields: ClassVar[tuple[str, ...]] = ("path", "root")
     quiet_defaults: ClassVar[tuple[str, ...]] = ("delimiter", "header", "cache_dir", "cache_limit")
     size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)
+    machine_fields: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
     path: str
     root: str | None = None
     classes: tuple[str, ...] | None = None

@@ -149,7 +149,7 @@ class NodeCache:
         for attempt in range(2):  # a chunk evicted or damaged meanwhile is fetched once more
             missing = [c for c in pending if not self._present(names[c])]
             if missing:
-                self._fill(url, size, chunk_bytes, {c: names[c] for c in missing})
+                self._fill(url, size, chunk_bytes, {c: names[c] for c in missing}, version)
             unread = []
             for c in pending:
                 lo, hi = max(start, c * chunk_bytes), min(end, (c + 1) * chunk_bytes)
@@ -166,7 +166,7 @@ class NodeCache:
                 break
         for c in pending:  # evicted (or damaged) twice in a row: once more, directly
             lo, hi = max(start, c * chunk_bytes), min(end, (c + 1) * chunk_bytes)
-            out[lo - start : hi - start] = _remote.read_range(url, lo, hi)
+            out[lo - start : hi - start] = _remote.read_range(url, lo, hi, version)
         self.hits += hits
         _count(hits=hits)
         return bytes(out)
@@ -178,7 +178,7 @@ class NodeCache:
         if self._present(name) or not self._claim(name):
             return 0
         try:
-            return self._download(url, size, chunk_bytes, chunk, name, counted=False)
+            return self._download(url, size, chunk_bytes, chunk, name, version, counted=False)
         finally:
             self._release(name)
             self._evict_if_due()
@@ -204,7 +204,7 @@ class NodeCache:
                 self.hits += 1
                 _count(hits=1)
             else:
-                self._fill(url, size, chunk_bytes, {0: name})
+                self._fill(url, size, chunk_bytes, {0: name}, version)
             fd = self._open_chunk(name)
             if fd is not None:
                 if _chunk_file.verify_whole(fd, size):
@@ -248,26 +248,29 @@ class NodeCache:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=self.fd)
 
-    def _fill(self, url: str, size: int, chunk_bytes: int, names: dict[int, str]) -> None:
+    def _fill(self, url: str, size: int, chunk_bytes: int, names: dict[int, str], version: str) -> None:
         """Download the chunks of `names` that no other process is downloading; wait for the rest."""
         started = time.perf_counter_ns()
         try:
             mine = {c: n for c, n in names.items() if self._claim(n)}
-            self._download_all(url, size, chunk_bytes, mine)
+            self._download_all(url, size, chunk_bytes, mine, version)
             for c, name in names.items():
                 if c not in mine:
-                    self._wait_for(url, size, chunk_bytes, c, name)
+                    self._wait_for(url, size, chunk_bytes, c, name, version)
         finally:
             self.misses += len(names)
             _count(misses=len(names), waited_ns=time.perf_counter_ns() - started)
 
-    def _download_all(self, url: str, size: int, chunk_bytes: int, claimed: dict[int, str]) -> None:
+    def _download_all(
+        self, url: str, size: int, chunk_bytes: int, claimed: dict[int, str], version: str
+    ) -> None:
         """Download the chunks this process claimed, concurrently; release the claims."""
         if not claimed:
             return
         try:
             pool = self._executor()
-            jobs = [pool.submit(self._download, url, size, chunk_bytes, c, n) for c, n in claimed.items()]
+            download = self._download
+            jobs = [pool.submit(download, url, size, chunk_bytes, c, n, version) for c, n in claimed.items()]
             for job in jobs:
                 job.result()
         finally:
@@ -306,12 +309,13 @@ class NodeCache:
             os.unlink(name + ".claim", dir_fd=self.fd)
 
     def _download(
-        self, url: str, size: int, chunk_bytes: int, chunk: int, name: str, counted: bool = True
+        self, url: str, size: int, chunk_bytes: int, chunk: int, name: str, version: str, counted: bool = True
     ) -> int:
-        """Fetch one chunk into its file, with its digests; its bytes. `counted`: in `READS` (a
-        read-ahead's fetches are not: it reports its own, `read_ahead.ReadAhead.delivered`)."""
+        """Fetch one chunk of the object's `version` (SourceChanged when the store holds another:
+        NOTE [conditional reads]) into its file, with its digests; its bytes. `counted`: in
+        `READS` (a read-ahead's fetches are not: it reports its own, `read_ahead.ReadAhead.delivered`)."""
         lo, hi = chunk * chunk_bytes, min(size, (chunk + 1) * chunk_bytes)
-        data = _remote.read_range(url, lo, hi)
+        data = _remote.read_range(url, lo, hi, version)
         if len(data) != hi - lo:
             raise OSError(f"{url}: asked for bytes {lo}..{hi}, got {len(data)}")
         _chunk_file.write(self.fd, name, data)
@@ -322,7 +326,9 @@ class NodeCache:
             _count(downloaded=len(data))
         return len(data)
 
-    def _wait_for(self, url: str, size: int, chunk_bytes: int, chunk: int, name: str) -> None:
+    def _wait_for(
+        self, url: str, size: int, chunk_bytes: int, chunk: int, name: str, version: str
+    ) -> None:
         """Wait for another process's download of a chunk; take it over if that process died."""
         deadline = time.monotonic() + CLAIM_WAIT_S
         while not self._present(name):
@@ -330,7 +336,7 @@ class NodeCache:
                 self._release(name)  # its claimant's: dead, or past the wait
                 if self._claim(name):
                     try:
-                        self._download(url, size, chunk_bytes, chunk, name)
+                        self._download(url, size, chunk_bytes, chunk, name, version)
                     finally:
                         self._release(name)
                     return

@@ -60,6 +60,7 @@ class Packed(Source):
     path_fields: ClassVar[tuple[str, ...]] = ("path",)
     quiet_defaults: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
     size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)
+    machine_fields: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
     path: str
     # A pack at a URL: the node cache its data is read through (NOTE [node cache]); None: defaults.
     cache_dir: str | None = None

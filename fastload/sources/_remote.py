@@ -13,8 +13,14 @@ NOTE [a filesystem per process]: each process (a forked worker included) makes i
 filesystem object on first use, keyed by (pid, protocol); fsspec refuses one used across a fork.
 NOTE [remote retries]: a request that fails with anything but "not found" or "denied" (a 5xx, a
 throttle, a reset connection, a read stalled past `REQUEST_TIMEOUT_S`) is retried until
-`RETRY_DEADLINE_S` after its first attempt; then the read fails naming the URL. 404 and 403 fail
-at once.
+`REQUEST_DEADLINE_S` after its first attempt; then the read fails naming the URL. 404 and 403 fail
+at once, and so do a changed object (`SourceChanged`: NOTE [conditional reads] in
+`_remote_wire`) and a redirect to another host (NOTE [same-origin redirects]).
+NOTE [request deadline]: the same deadline bounds every attempt as a whole, its answer's body
+included (each attempt runs under `asyncio.wait_for` with the time left), not only the gaps
+between attempts: a store that drips its answer a byte at a time never trips `REQUEST_TIMEOUT_S`
+(a gap between two reads of the socket), and a read of it had been seen still running at 240 s.
+Uploads are not bounded so (a large file takes what it takes); their retries are.
 NOTE [store outages]: retries wait on the store (scheme and host or bucket) in this process, not
 each on a backoff of its own (which grew to 10 s, so loading resumed up to 15 s after the store
 was back). A transient failure marks the store failing; while it is, requests to it start at
@@ -22,6 +28,12 @@ most one per probe gap (jittered, doubling from 0.1 s to `_MAX_PROBE_GAP_S`), ta
 waiting request comes first, and the first request to succeed (a probe, or one already in
 flight) wakes every waiting one at once. Loading resumes within a gap of the store's return, and
 a store that is down gets a few requests a second from a process, however many reads wait.
+NOTE [confined requests]: a daemon opens a peer's source in a process of its own, made for that
+one open (`_daemon/opener`); it calls `confine` with the daemon's roots before the source reads
+anything, and from then on every request of that process is checked before it is sent (a URL a
+file list names, a shard, a manifest): one outside the roots raises there, and no request
+reaches the store. The check is the process's, not a read's: the open's threads (a file list's
+HEADs) are held to it too.
 """
 
 from __future__ import annotations
@@ -36,11 +48,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastload._errors import DatasetError
+from fastload.sources import _remote_wire as wire
 
 SCHEMES = ("s3://", "gs://", "gcs://", "http://", "https://")
 REQUEST_TIMEOUT_S = 30.0  # a stalled read fails after this, and is retried
 CONNECT_TIMEOUT_S = 5.0
-RETRY_DEADLINE_S = 120.0
+REQUEST_DEADLINE_S = 120.0  # a read, its retries and every byte of its answers (NOTE [request deadline])
 _FIRST_PROBE_GAP_S = 0.1
 _MAX_PROBE_GAP_S = 0.5
 _PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "http": "aiohttp", "https": "aiohttp"}
@@ -48,6 +61,13 @@ _PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "http": "aiohttp", "ht
 T = TypeVar("T")
 _filesystems: dict[tuple[int, str], Any] = {}
 _lock = threading.Lock()
+_confinement: list[Callable[[str], None]] = []  # NOTE [confined requests]: set once, never undone
+
+
+def confine(check: Callable[[str], None]) -> None:
+    """Run `check(url)` (which raises to refuse) before every request this process makes from
+    now on (NOTE [confined requests]); for a process made for one open, never undone."""
+    _confinement.append(check)
 
 
 class _Store:
@@ -158,6 +178,7 @@ def _make_filesystem(protocol: str, url: str) -> Any:
 
             timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S, sock_read=REQUEST_TIMEOUT_S)
             options["client_kwargs"] = {"timeout": timeout}
+            options["allow_redirects"] = False  # ours follow them within the host only (`_remote_wire`)
         return fsspec.filesystem(protocol, **options)
     except ImportError as e:
         package = _PACKAGES.get(protocol, "fsspec")
@@ -175,15 +196,20 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(e).__name__
 
 
-def _retried(url: str, what: Callable[[Any], T]) -> T:
-    """`what(filesystem)`, retried on transient failures (NOTE [remote retries], [store outages])."""
-    deadline = time.monotonic() + RETRY_DEADLINE_S
+def _retried(url: str, what: Callable[[Any, float | None], T], bounded: bool = True) -> T:
+    """`what(filesystem, seconds)`, retried on transient failures (NOTE [remote retries], [store
+    outages]); `seconds` is what the attempt may take, the deadline's rest (NOTE [request
+    deadline]), None when not `bounded` (an upload)."""
+    for refuse_outside in _confinement:
+        refuse_outside(url)
+    deadline = time.monotonic() + REQUEST_DEADLINE_S
     store = _store(url)
     attempt = 0
     while True:
         attempt += 1
+        left = max(deadline - time.monotonic(), 0.001) if bounded else None
         try:
-            result = what(_filesystem(url))
+            result = what(_filesystem(url), left)
         except FileNotFoundError:
             store.answered()
             web = _protocol(url) in ("http", "https")
@@ -195,14 +221,17 @@ def _retried(url: str, what: Callable[[Any], T]) -> T:
                 f"{url}: access denied (403): check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...), "
                 "the bucket's policy, and AWS_ENDPOINT_URL for an S3-compatible store"
             ) from None
+        except wire.Refused:
+            store.answered()
+            raise
         except (DatasetError, TypeError, AttributeError):
-            raise  # ours, or a programming error: never retried
+            raise  # ours (SourceChanged: NOTE [conditional reads]), or a programming error: never retried
         except Exception as e:  # 5xx, throttling, resets, timeouts: transient until the deadline
             _refused(url, e)  # ... but not a 4xx of an HTTP store
             if not store.wait_turn(store.failed(), deadline):
                 raise OSError(
-                    f"{url}: {_first_line(e)} ({attempt} attempts in {RETRY_DEADLINE_S:g} s): the store "
-                    "is unreachable or failing; check the network and the endpoint"
+                    f"{url}: {_first_line(e)} ({attempt} attempts in {REQUEST_DEADLINE_S:g} s): the store "
+                    "is unreachable, failing or answering too slowly; check the network and the endpoint"
                 ) from None
         else:
             store.answered()
@@ -222,22 +251,35 @@ def _refused(url: str, e: Exception) -> None:
     raise OSError(f"{url}: the store refused the request ({status}): {_first_line(e)}") from None
 
 
+def _web(url: str) -> bool:
+    return _protocol(url) in ("http", "https")
+
+
+def _on_loop(fs: Any, coroutine: Callable[..., Any], *args: Any, timeout: float | None) -> Any:
+    """`coroutine(fs, *args)` run on the filesystem's event loop, cancelled after `timeout` s."""
+    import fsspec.asyn
+
+    return fsspec.asyn.sync(fs.loop, coroutine, fs, *args, timeout=timeout)
+
+
 def size_of(url: str) -> tuple[int, str]:
     """(the object's size in bytes, its version: the ETag, or its last-modified time)."""
-    try:
-        info = _retried(url, lambda fs: fs.info(url))
-    except FileNotFoundError:
-        if _protocol(url) in ("http", "https"):  # fsspec says "not found" for any refused HEAD
-            _retried(url, lambda fs: fs.cat_file(url, start=0, end=1))  # a GET says 403 as 403
-        raise
+    if _web(url):  # our HEAD: redirects within the host only (NOTE [same-origin redirects])
+        info = _retried(url, lambda fs, left: _on_loop(fs, wire.http_head, url, timeout=left))
+    else:
+        info = _retried(url, lambda fs, left: fs.info(url, timeout=left))
     if info.get("type") == "directory":
         raise DatasetError(f"{url} is a prefix (a directory), not an object")
     return int(info["size"]), _version(info)
 
 
 def _version(info: dict[str, Any]) -> str:
-    version = info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime") or ""
-    return str(version).strip('"')
+    """The version a read asks for (NOTE [conditional reads]): the ETag, quoted as HTTP writes
+    it, or else the object's last-modified time."""
+    tag = info.get("ETag") or info.get("etag")
+    if tag:
+        return wire.etag(tag)
+    return str(info.get("LastModified") or info.get("Last-Modified") or info.get("mtime") or "")
 
 
 def listing(prefix: str) -> dict[str, tuple[int, str]]:
@@ -248,7 +290,9 @@ def listing(prefix: str) -> dict[str, tuple[int, str]]:
     if protocol in ("http", "https"):
         return {}
     base = prefix.rstrip("/") + "/"
-    found: dict[str, dict[str, Any]] = _retried(prefix, lambda fs: fs.find(base, detail=True))
+    found: dict[str, dict[str, Any]] = _retried(
+        prefix, lambda fs, left: fs.find(base, detail=True, timeout=left)
+    )
     objects = {}
     for key, info in found.items():
         if info.get("type") != "directory":
@@ -256,34 +300,33 @@ def listing(prefix: str) -> dict[str, tuple[int, str]]:
     return objects
 
 
-def read_range(url: str, start: int, end: int) -> bytes:
-    """Bytes [start, end) of the object."""
-    data: bytes = _retried(url, lambda fs: fs.cat_file(url, start=start, end=end))
+def read_range(url: str, start: int, end: int, version: str = "") -> bytes:
+    """Bytes [start, end) of the object; of its `version` only (`size_of`'s: SourceChanged when
+    the store holds another, NOTE [conditional reads]), when given."""
+    if end <= start:
+        return b""
+    protocol = _protocol(url)
+
+    def attempt(fs: Any, left: float | None) -> bytes:
+        if protocol == "s3":
+            return bytes(_on_loop(fs, wire.s3_get, url, start, end, version, timeout=left))
+        if protocol in ("http", "https"):
+            return bytes(_on_loop(fs, wire.http_get, url, start, end, version, timeout=left))
+        return bytes(fs.cat_file(url, start=start, end=end, timeout=left))  # gs://: not conditional
+
+    data = _retried(url, attempt)
     if len(data) != end - start:
         raise OSError(f"{url}: asked for bytes {start}..{end}, got {len(data)}: the object is shorter")
     return data
 
 
-def read_ranges(url: str, starts: list[int], ends: list[int]) -> list[bytes]:
-    """Several ranges of one object, fetched concurrently."""
-    urls = [url] * len(starts)
-    got: list[bytes] = _retried(url, lambda fs: fs.cat_ranges(urls, starts, ends, on_error="raise"))
-    for data, start, end in zip(got, starts, ends, strict=True):
-        if len(data) != end - start:
-            raise OSError(f"{url}: asked for bytes {start}..{end}, got {len(data)}: the object is shorter")
-    return got
-
-
 def read_whole(url: str, limit: int) -> bytes:
-    """The whole object, refused past `limit` bytes (a manifest, an index, a file list)."""
-    size, _ = size_of(url)
+    """The whole object (of the version it had when sized), refused past `limit` bytes (a
+    manifest, an index, a file list)."""
+    size, version = size_of(url)
     if size > limit:
         raise DatasetError(f"{url} holds {size:,} bytes, more than the {limit:,} such a file may")
-    return read_range(url, 0, size) if size else b""
-
-
-def exists(url: str) -> bool:
-    return bool(_retried(url, lambda fs: fs.exists(url)))
+    return read_range(url, 0, size, version)
 
 
 def check_reachable(url: str) -> None:
@@ -296,9 +339,9 @@ def check_reachable(url: str) -> None:
 
 def upload(path: str, url: str) -> None:
     """Copy the local file at `path` to the object `url` (streamed, in parts when large)."""
-    _retried(url, lambda fs: fs.put_file(path, url))
+    _retried(url, lambda fs, _: fs.put_file(path, url), bounded=False)
 
 
 def write(url: str, data: bytes) -> None:
     """Put the object (s3fs uploads large ones in parts)."""
-    _retried(url, lambda fs: fs.pipe_file(url, data))
+    _retried(url, lambda fs, _: fs.pipe_file(url, data), bounded=False)

@@ -4,8 +4,9 @@ written (`pack_to_url`).
 The manifest and the index arrays (a few bytes per sample) are downloaded whole and checked as a
 local pack's are; the data files are not: their samples are read by byte ranges through the
 node cache (NOTE [node cache]), in chunks, so that a loader starts at once and reads only what
-its batches touch. Each data file is pinned to the version (ETag) seen at open, so a pack
-rewritten in place is never read as a mix of two versions from the cache.
+its batches touch. Each data file is pinned to the version (ETag) seen at open, and every read
+asks the store for that version (NOTE [conditional reads]), so a pack rewritten in place is
+never read as a mix of two versions: a read of a rewritten data file fails with SourceChanged.
 """
 
 from __future__ import annotations

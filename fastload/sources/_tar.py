@@ -85,6 +85,7 @@ class TarShards(Source):
     path_fields: ClassVar[tuple[str, ...]] = ("paths",)
     quiet_defaults: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
     size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)
+    machine_fields: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
     paths: str | tuple[str, ...]
     # Shards at URLs: the node cache they are kept in (NOTE [node cache]); None: the defaults.
     cache_dir: str | None = None
