@@ -4,9 +4,11 @@ configured dataset roots, links followed.
 `Roots` resolves paths (`os.path.realpath`, a directory's resolution cached, so a million-file
 index costs one `lstat` per file) and says whether each lands under a root. `check_before_open`
 runs before a source reads anything (its own files: a list, a shard pattern's matches, a pack's
-directory, an HDF5 file and everything that file points at: external storage, virtual datasets'
-sources, external links); `check_index` after, on every file the opened index will make a worker
-read (each sample of a folder or a file list, each shard, each data file of a pack).
+directory, an HDF5 file and every file HDF5 may open for it, recursively and wherever HDF5 may
+look: external storage, virtual datasets' sources, external links, and each reached file's own;
+only regular files, so no FIFO holds an opening slot); `check_index` after, on every file the
+opened index will make a worker read (each sample of a folder or a file list, each shard, each
+data file of a pack).
 
 NOTE [refusals carry no content]: a refusal names the source as the client sent it and which of
 its parts is outside (the list's sample number, the shard's number, the HDF5 object's name inside
@@ -28,9 +30,6 @@ from fastload._errors import ConfigError, DatasetError
 from fastload.sources import Source
 from fastload.sources._remote import is_url
 from fastload.sources._tar import expand_braces
-
-# HDF5's own prefixes for relative names (the workers' library reads the same environment).
-_HDF5_PREFIX_VARS = ("HDF5_EXTFILE_PREFIX", "HDF5_VDS_PREFIX", "HDF5_EXT_PREFIX")
 
 
 class Refused(DatasetError):
@@ -132,51 +131,35 @@ def check_before_open(source: Source, roots: Roots) -> None:
         check_hdf5(str(source.path), roots, name)  # type: ignore[attr-defined]
 
 
-def _relative_candidates(name: str, base: str) -> list[str]:
-    """Where HDF5 may look for a relative file `name` named inside a file in directory `base`:
-    that directory, the working directory, and the prefixes of HDF5's environment variables."""
-    if os.path.isabs(name):
-        return [name]
-    places = [base, os.getcwd()]
-    for var in _HDF5_PREFIX_VARS:
-        places += [p.replace("${ORIGIN}", base) for p in os.environ.get(var, "").split(":") if p]
-    return [os.path.join(p, name) for p in places]
-
-
 def check_hdf5(path: str, roots: Roots, name: str) -> None:
-    """Every file the HDF5 file at `path` may make the library read: datasets' external storage,
-    virtual datasets' source files and external links, each resolved as HDF5 may resolve it."""
-    from fastload.sources._hdf5 import _h5py
+    """Every file the HDF5 file at `path` may make the library open, recursively (external
+    links, virtual datasets' sources, external storage, and each linked file's own; NOTE [where
+    HDF5 looks for a file] in `sources/_hdf5_reach.py`): each place it may look must be under the
+    roots, and what is there a regular file. One exception: a name HDF5 would look up relative
+    to the working directory (its last resort) passes while nothing is there, so the daemon's
+    working directory need not be under a root."""
+    from fastload.sources._hdf5_reach import files_reached
 
-    h5py = _h5py()
-    base = os.path.dirname(os.path.realpath(path))
     try:
-        f = h5py.File(path, "r")
-    except OSError:
-        return  # not HDF5: the source's own open says so
-    named: list[tuple[str, str]] = []  # (file, what names it); checked after the visit (NOTE below)
-    with f:
-
-        def on_link(obj_name: str, link: Any) -> None:
-            if isinstance(link, h5py.ExternalLink):
-                named.append((str(link.filename), f"the external link {obj_name!r}"))
-
-        def on_object(obj_name: str, obj: Any) -> None:
-            if not isinstance(obj, h5py.Dataset):
-                return
-            for target, _, _ in obj.external or ():
-                named.append((os.fsdecode(target), f"the external storage of dataset {obj_name!r}"))
-            if obj.is_virtual:
-                for vds in obj.virtual_sources():
-                    if vds.file_name != ".":
-                        named.append((str(vds.file_name), f"a source of virtual dataset {obj_name!r}"))
-
-        # NOTE: an exception raised inside h5py's visit callbacks comes out as a SystemError.
-        f.visititems_links(on_link)
-        f.visititems(on_object)
-    for target, what in named:
-        for candidate in _relative_candidates(target, base):
-            roots.check(candidate, name, what)
+        for candidate in files_reached(path):
+            real = os.path.realpath(candidate.path)
+            try:
+                mode: int | None = os.stat(real).st_mode
+            except OSError:
+                mode = None  # nothing there (now): HDF5 cannot open it either
+            if mode is None and candidate.in_working_dir:
+                continue
+            roots.check(real, name, candidate.what)
+            if mode is not None and not stat.S_ISREG(mode):
+                raise Refused(
+                    f"{name}: {candidate.what} is not a regular file (a FIFO, a device, a socket or a "
+                    "directory): the daemon reads only regular files",
+                    f"{candidate.what}: {candidate.path} -> {real} (mode {mode:o})",
+                )
+    except Refused:
+        raise
+    except DatasetError as e:  # unbounded: names only the file and its objects (under the roots)
+        raise Refused(f"{name}: {e}", str(e)) from e
 
 
 def check_index(index: Any, roots: Roots, name: str) -> None:
