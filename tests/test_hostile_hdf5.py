@@ -23,6 +23,7 @@ from daemon_helpers import REPLY_TIMEOUT_S, DaemonPool, RawClient, curve_client,
 from fastload._daemon import daemon_link as wire
 from fastload._daemon.confine import Refused, Roots, check_hdf5
 from fastload.sources import HDF5
+from fastload.sources._hdf5 import HDF5BytesIndex
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 
@@ -280,3 +281,37 @@ def test_the_walk_is_bounded_and_checks_links_out_of_a_root_by_a_link(
     monkeypatch.setattr(reach, "MAX_FILES", 4)
     check_hdf5(str(inside / "fan-0.h5"), roots, "hdf5 source fan-0.h5")
 
+
+def test_a_daemon_worker_reads_where_the_checked_open_found_the_data_and_follows_no_link(
+    places: tuple[Path, Path], images: list[bytes]
+) -> None:
+    """A daemon's worker (an index from the opener's segment) reads the file that holds the data,
+    as the checked open found it, and follows no external link: once the file is replaced by one
+    whose dataset links outside (after the check), reading fails instead of following it."""
+    inside, outside = places
+    _h5(inside / "b.h5", images)
+    first = _h5(inside / "a.h5", labels=[0, 1], data=h5py.ExternalLink("b.h5", "/images"))
+    index = HDF5(str(first)).open()
+    segment = index.to_segment()
+    try:
+        worker = HDF5BytesIndex.from_segment(segment)
+        assert (worker.root, worker.dataset) == (str(inside / "b.h5"), "/images")
+        assert [worker.read_sample(i) for i in range(2)] == images
+        worker.close()
+        # b.h5 swapped for a link outside, after the check: the worker does not follow it.
+        secret = _h5(outside / "secret.h5", images[::-1])
+        (inside / "b.h5").unlink()
+        _h5(inside / "b.h5", data=h5py.ExternalLink(str(secret), "/images"))
+        with pytest.raises(OSError, match="external link"):
+            worker.read_sample(0)
+        worker.close()
+        del worker
+    finally:
+        segment.close()
+        index.close()
+    # Locally (no daemon), links are followed as HDF5 follows them: nothing changed there.
+    local = HDF5(str(first)).open()
+    try:
+        assert local.read_sample(0) == images[1]
+    finally:
+        local.close()

@@ -8,7 +8,7 @@ directory, an HDF5 file and every file HDF5 may open for it, recursively and whe
 look: external storage, virtual datasets' sources, external links, and each reached file's own;
 only regular files, so no FIFO holds an opening slot); `check_index` after, on every file the
 opened index will make a worker read (each sample of a folder or a file list, each shard, each
-data file of a pack).
+data file of a pack, the file that holds an HDF5 source's data).
 
 NOTE [refusals carry no content]: a refusal names the source as the client sent it and which of
 its parts is outside (the list's sample number, the shard's number, the HDF5 object's name inside
@@ -16,7 +16,9 @@ a file that is itself under the roots), never the outside path: that path may be
 file the peer should not read. The daemon's log gets the path (`Refused.detail`).
 
 Not covered: a file under a root replaced by a link to one outside *after* the check (workers
-open by path). Roots should be directories that peers cannot write to.
+open by path; an HDF5 file's external links are not followed by the workers, NOTE [a daemon's
+workers follow no external link], but its virtual sources and external storage are opened by
+name). Roots should be directories that peers cannot write to.
 """
 
 from __future__ import annotations
@@ -178,3 +180,6 @@ def check_index(index: Any, roots: Roots, name: str) -> None:
     root = getattr(index, "root", None)
     if isinstance(root, str):  # an HDF5 index: the file (checked with its links before opening)
         roots.check(root, name, "its file")
+        holder = getattr(index, "holder", None)  # the file the data lies in, when a link led there
+        if holder is not None:
+            roots.check(holder[0], name, "the file that holds its data")
