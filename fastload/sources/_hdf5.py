@@ -375,7 +375,7 @@ def _array_index(
         cache_bytes,
         row_shape=row_shape,
         row_dtype=row_dtype,
-        mapped=_mapped_rows(dset, path),
+        mapped=_mapped_rows(dset, os.path.abspath(dset.file.filename)),  # the file holding it (links)
         block_rows=int(dset.chunks[0]) if dset.chunks else max(1, _BLOCK_BYTES // row_bytes),
         fill=decoded_bytes <= cache_bytes,
         storage_ratio=stored / decoded_bytes if stored else 1.0,
