@@ -181,34 +181,36 @@ def test_a_missing_absolute_target_is_not_looked_up_by_its_base_name(
         _assert_welcome(hello_reply(client, _hello(_h5(inside / "fine.h5", images, labels=[0, 1]))), 2)
 
 
-@pytest.mark.parametrize(
-    "where", ["labels' external storage", "a link", "a virtual source", "images' external storage"]
-)
 def test_a_fifo_under_a_root_is_refused_at_once(
-    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path], images: list[bytes], where: str
+    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path], images: list[bytes]
 ) -> None:
-    """An HDF5 file whose link, virtual source or external storage is a FIFO under the root held
-    an opening slot until index_timeout (600 s); meanwhile a legitimate hello is welcomed."""
+    """HDF5 files whose labels' or images' external storage, link or virtual source is a FIFO under
+    the root held an opening slot until index_timeout (600 s); meanwhile a legitimate hello is
+    welcomed."""
     inside, _ = places
     fifo = inside / "pipe.h5"
     os.mkfifo(fifo)
-    if where == "labels' external storage":
-        path = _h5(inside / "fifo.h5", images, labels=("storage", fifo, 2, "<i8"))
-    elif where == "a link":
-        path = _h5(inside / "fifo.h5", labels=[0, 1], data=h5py.ExternalLink(str(fifo), "/images"))
-    elif where == "a virtual source":
-        path = _h5(inside / "fifo.h5", labels=[0, 1], data=("virtual", fifo, 2))
-    else:
-        path = _h5(inside / "fifo.h5", labels=[0, 1], data=("storage", fifo, 2))
+    hostile = [
+        _h5(inside / "labels.h5", images, labels=("storage", fifo, 2, "<i8")),
+        _h5(inside / "link.h5", labels=[0, 1], data=h5py.ExternalLink(str(fifo), "/images")),
+        _h5(inside / "virtual.h5", labels=[0, 1], data=("virtual", fifo, 2)),
+        _h5(inside / "storage.h5", labels=[0, 1], data=("storage", fifo, 2)),
+    ]
     fine = _h5(inside / "fine.h5", images, labels=[0, 1])
     clients = _tcp_daemon(daemon_pool, tmp_path, inside)
-    with clients() as hostile, clients() as legit:
+    peers = [clients() for _ in hostile]
+    try:
         started = time.monotonic()
-        hostile.send(wire.encode("hello", **_hello(path)))
-        _assert_welcome(hello_reply(legit, _hello(fine)), 2)
-        reply = _next_answer(hostile)
-        assert "not a regular file" in _assert_refused(reply)
+        for peer, path in zip(peers, hostile, strict=True):
+            peer.send(wire.encode("hello", **_hello(path)))
+        with clients() as legit:
+            _assert_welcome(hello_reply(legit, _hello(fine)), 2)
+        for peer, path in zip(peers, hostile, strict=True):
+            assert "not a regular file" in _assert_refused(_next_answer(peer)), path
         assert time.monotonic() - started < REPLY_TIMEOUT_S * 2
+    finally:
+        for peer in peers:
+            peer.close()
 
 
 def _next_answer(client: RawClient) -> tuple[str, dict[str, Any]]:
