@@ -132,16 +132,22 @@ def start_daemon(
     budget: str = "64MiB",
     extra: Sequence[str] = (),
     env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> DaemonProcess:
     """Start a daemon on `socket_dir` (made 0700) and wait until it answers `status`: its
     readiness signal, sent once its workers exist. Fails with its log if it exits first, or if it
-    has not answered within START_TIMEOUT_S (a hang)."""
+    has not answered within START_TIMEOUT_S (a hang). `cwd`: its working directory (PYTHONPATH
+    made absolute, so that it still imports this checkout)."""
     private_dir(socket_dir)
     log_path = socket_dir.parent / f"daemon-{socket_dir.name}-{time.monotonic_ns()}.log"
+    if cwd is not None:
+        env = dict(os.environ if env is None else env)
+        paths = env.get("PYTHONPATH", "").split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in paths if p)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             serve_command(socket_dir, workers=workers, budget=budget, extra=extra),
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
         )
     daemon = DaemonProcess(proc, socket_dir, log_path)
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -250,6 +250,25 @@ def test_array_index_reads_any_order(array_files: Path, layout: str) -> None:
     index.close()
 
 
+def test_arrays_behind_an_external_link_are_read_from_the_linked_file(tmp_path: Path) -> None:
+    """Raw rows are mapped from the file that holds them, not the file whose link leads there."""
+    rows = np.arange(4 * 256, dtype=np.float32).reshape(4, 256)
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        f["x"] = rows
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["pad"] = np.full((64, 256), -1, np.float32)  # a.h5 is long enough to map at b's offsets
+        f["x"] = h5py.ExternalLink("b.h5", "/x")
+        f["y"] = np.arange(4)
+    index = HDF5(str(tmp_path / "a.h5"), data="x", labels="y").open()
+    assert isinstance(index, HDF5ArrayIndex)
+    try:
+        out = np.empty_like(rows)
+        index.read_into(np.arange(4), out)
+        assert np.array_equal(out, rows)
+    finally:
+        index.close()
+
+
 def test_batches_do_not_depend_on_workers(array_files: Path) -> None:
     runs = []
     for num_workers in (0, 1, 3):

@@ -4,9 +4,11 @@ configured dataset roots, links followed.
 `Roots` resolves paths (`os.path.realpath`, a directory's resolution cached, so a million-file
 index costs one `lstat` per file) and says whether each lands under a root. `check_before_open`
 runs before a source reads anything (its own files: a list, a shard pattern's matches, a pack's
-directory, an HDF5 file and everything that file points at: external storage, virtual datasets'
-sources, external links); `check_index` after, on every file the opened index will make a worker
-read (each sample of a folder or a file list, each shard, each data file of a pack).
+directory, an HDF5 file and every file HDF5 may open for it, recursively and wherever HDF5 may
+look: external storage, virtual datasets' sources, external links, and each reached file's own;
+only regular files, so no FIFO holds an opening slot); `check_index` after, on every file the
+opened index will make a worker read (each sample of a folder or a file list, each shard, each
+data file of a pack, the file that holds an HDF5 source's data).
 
 NOTE [object-storage roots]: a root may be a URL prefix (`s3://bucket/datasets/`): it allows the
 objects whose URL starts with it, compared as text (`url_root`: the root's scheme lowercase, and
@@ -26,10 +28,12 @@ file the peer should not read. The daemon's log gets the path (`Refused.detail`)
 A file under a root replaced by a link to one outside *after* the check (an index is kept for
 later hellos) is not followed: a confined session's workers open every file beneath the roots
 (`sources/_beneath`), and `check_identities` holds each scanned shard or pack file to the file
-now beneath them. Not covered: the source's own files (a file list, an HDF5 file, a manifest,
-a folder's listing) swapped for a link out between `check_before_open` and the open that reads
-them, in the opening child; HDF5 external files read by the library by name. Roots should still
-be directories that peers cannot write to.
+now beneath them; an HDF5 file's external links are not followed by the workers at all (NOTE [a
+daemon's workers follow no external link]). Not covered: the source's own files (a file list,
+an HDF5 file, a manifest, a folder's listing) swapped for a link out between
+`check_before_open` and the open that reads them, in the opening child; an HDF5 file's virtual
+sources and external storage, which the library opens by name. Roots should still be
+directories that peers cannot write to.
 """
 
 from __future__ import annotations
@@ -47,9 +51,6 @@ from fastload.sources._beneath import Beneath
 from fastload.sources._bounds import identity
 from fastload.sources._remote import is_url
 from fastload.sources._tar import expand_braces
-
-# HDF5's own prefixes for relative names (the workers' library reads the same environment).
-_HDF5_PREFIX_VARS = ("HDF5_EXTFILE_PREFIX", "HDF5_VDS_PREFIX", "HDF5_EXT_PREFIX")
 
 
 class Refused(DatasetError):
@@ -189,51 +190,35 @@ def check_before_open(source: Source, roots: Roots) -> None:
         check_hdf5(str(source.path), roots, name)  # type: ignore[attr-defined]
 
 
-def _relative_candidates(name: str, base: str) -> list[str]:
-    """Where HDF5 may look for a relative file `name` named inside a file in directory `base`:
-    that directory, the working directory, and the prefixes of HDF5's environment variables."""
-    if os.path.isabs(name):
-        return [name]
-    places = [base, os.getcwd()]
-    for var in _HDF5_PREFIX_VARS:
-        places += [p.replace("${ORIGIN}", base) for p in os.environ.get(var, "").split(":") if p]
-    return [os.path.join(p, name) for p in places]
-
-
 def check_hdf5(path: str, roots: Roots, name: str) -> None:
-    """Every file the HDF5 file at `path` may make the library read: datasets' external storage,
-    virtual datasets' source files and external links, each resolved as HDF5 may resolve it."""
-    from fastload.sources._hdf5 import _h5py
+    """Every file the HDF5 file at `path` may make the library open, recursively (external
+    links, virtual datasets' sources, external storage, and each linked file's own; NOTE [where
+    HDF5 looks for a file] in `sources/_hdf5_reach.py`): each place it may look must be under the
+    roots, and what is there a regular file. One exception: a name HDF5 would look up relative
+    to the working directory (its last resort) passes while nothing is there, so the daemon's
+    working directory need not be under a root."""
+    from fastload.sources._hdf5_reach import files_reached
 
-    h5py = _h5py()
-    base = os.path.dirname(os.path.realpath(path))
     try:
-        f = h5py.File(path, "r")
-    except OSError:
-        return  # not HDF5: the source's own open says so
-    named: list[tuple[str, str]] = []  # (file, what names it); checked after the visit (NOTE below)
-    with f:
-
-        def on_link(obj_name: str, link: Any) -> None:
-            if isinstance(link, h5py.ExternalLink):
-                named.append((str(link.filename), f"the external link {obj_name!r}"))
-
-        def on_object(obj_name: str, obj: Any) -> None:
-            if not isinstance(obj, h5py.Dataset):
-                return
-            for target, _, _ in obj.external or ():
-                named.append((os.fsdecode(target), f"the external storage of dataset {obj_name!r}"))
-            if obj.is_virtual:
-                for vds in obj.virtual_sources():
-                    if vds.file_name != ".":
-                        named.append((str(vds.file_name), f"a source of virtual dataset {obj_name!r}"))
-
-        # NOTE: an exception raised inside h5py's visit callbacks comes out as a SystemError.
-        f.visititems_links(on_link)
-        f.visititems(on_object)
-    for target, what in named:
-        for candidate in _relative_candidates(target, base):
-            roots.check(candidate, name, what)
+        for candidate in files_reached(path):
+            real = os.path.realpath(candidate.path)
+            try:
+                mode: int | None = os.stat(real).st_mode
+            except OSError:
+                mode = None  # nothing there (now): HDF5 cannot open it either
+            if mode is None and candidate.in_working_dir:
+                continue
+            roots.check(real, name, candidate.what)
+            if mode is not None and not stat.S_ISREG(mode):
+                raise Refused(
+                    f"{name}: {candidate.what} is not a regular file (a FIFO, a device, a socket or a "
+                    "directory): the daemon reads only regular files",
+                    f"{candidate.what}: {candidate.path} -> {real} (mode {mode:o})",
+                )
+    except Refused:
+        raise
+    except DatasetError as e:  # unbounded: names only the file and its objects (under the roots)
+        raise Refused(f"{name}: {e}", str(e)) from e
 
 
 def check_index(index: Any, roots: Roots, name: str) -> None:
@@ -253,6 +238,9 @@ def check_index(index: Any, roots: Roots, name: str) -> None:
     root = getattr(index, "root", None)
     if isinstance(root, str):  # an HDF5 index: the file (checked with its links before opening)
         roots.check(root, name, "its file")
+        holder = getattr(index, "holder", None)  # the file the data lies in, when a link led there
+        if holder is not None:
+            roots.check(holder[0], name, "the file that holds its data")
 
 
 def check_identities(files: tuple[str, ...], identities: Any, roots: Roots, name: str) -> None:

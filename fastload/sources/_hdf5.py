@@ -30,54 +30,25 @@ import json
 import math
 import os
 import struct
-import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
-from fastload._errors import ConfigError, DatasetError
+from fastload._errors import DatasetError
 from fastload._loading.shm import Segment
 from fastload.sources._arrays import MappedRows, PerProcess
 from fastload.sources._base import Source
 from fastload.sources._beneath import Beneath
-from fastload.sources._bounds import MAX_LABEL, MAX_TARGET_BYTES, open_regular
+from fastload.sources._bounds import MAX_LABEL, MAX_TARGET_BYTES
+from fastload.sources._hdf5_files import Reader, _h5py, located
 from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure
 
-# HDF5's chunk cache hash table: a prime, many times the chunks a cache of cache_mb holds.
-_CHUNK_CACHE_SLOTS = 100_003
 # Rows per block read at once from a dataset that is not chunked (e.g. contiguous, big-endian).
 _BLOCK_BYTES = 1 << 20
 # Datasets named in a "no such dataset" message, at most.
 _LISTED = 20
 _FLOAT32 = np.dtype(np.float32)
-
-
-def _h5py() -> Any:
-    """The h5py module (the `hdf5` extra), imported only when an HDF5 source is opened or read."""
-    try:
-        import h5py
-    except ImportError as e:
-        raise ConfigError(
-            f"HDF5 sources need h5py, which is not installed ({e}): pip install fastload[hdf5]"
-        ) from e
-    return h5py
-
-
-def _open_for_reading(path: str, cache_bytes: int, beneath: Beneath | None = None) -> Any:
-    """A read-only handle with a chunk cache of `cache_bytes` (HDF5's default is 1 MiB). Through
-    `beneath` (a confined daemon's job), the file is first opened beneath the roots (a link out,
-    or a FIFO, is refused before HDF5 opens it by path), and HDF5's own descriptor is checked."""
-    if beneath is not None:
-        os.close(open_regular(path, sys.maxsize, "HDF5 file", beneath)[0])
-    f = _h5py().File(path, "r", rdcc_nbytes=cache_bytes, rdcc_nslots=_CHUNK_CACHE_SLOTS)
-    if beneath is not None:
-        try:
-            beneath.check_opened(f.id.get_vfd_handle(), path)  # a link swapped in since
-        except BaseException:
-            f.close()
-            raise
-    return f
 
 
 @dataclass(frozen=True)
@@ -128,8 +99,8 @@ class HDF5(Source):
             encoded = _holds_encoded(h5py, dset, path)
             classes, labels = self._targets(f, path, dset)
             cache_bytes = int(self.cache_mb) << 20
-            if encoded:
-                return HDF5BytesIndex(path, dset.name, classes, labels, cache_bytes)
+            if encoded:  # (a daemon's workers read it where it lies: NOTE [a daemon's workers ...])
+                return HDF5BytesIndex(path, dset.name, classes, labels, cache_bytes, holder=located(dset))
             return _array_index(dset, path, classes, labels, cache_bytes)
 
     def _targets(self, f: Any, path: str, dset: Any) -> tuple[tuple[str, ...], np.ndarray]:
@@ -235,24 +206,6 @@ def _failure_in(read_one: Any, indices: np.ndarray, cause: OSError) -> ReadFailu
     return ReadFailure(0, cause)
 
 
-class _Reader:
-    """A process's own handle on the file and dataset, and what it has decoded of it."""
-
-    def __init__(self, path: str, dataset: str, cache_bytes: int, beneath: Beneath | None) -> None:
-        """OSError when the file or the dataset cannot be opened (anymore)."""
-        self.file = _open_for_reading(path, cache_bytes, beneath)
-        try:
-            self.dset = self.file[dataset]
-        except KeyError as e:
-            self.file.close()
-            raise OSError(f"{path} has no dataset {dataset} anymore: {e}") from e
-        self.decoded: np.ndarray | None = None  # the dataset, filled a block at a time
-        self.have: np.ndarray | None = None  # bool, per block: decoded yet
-
-    def close(self) -> None:
-        self.file.close()
-
-
 @dataclass(frozen=True)
 class _HDF5Index:
     """What both HDF5 indexes share: the file, the dataset, targets, a handle per process."""
@@ -264,6 +217,7 @@ class _HDF5Index:
     cache_bytes: int
     # A confined daemon's job opens its file beneath the daemon's roots (`_beneath`); else by path.
     beneath: Beneath | None = field(default=None, repr=False, compare=False)
+    external_links: bool = True  # followed on the way to the dataset (not by a daemon's workers)
     _reader: PerProcess = field(default_factory=PerProcess, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -272,11 +226,12 @@ class _HDF5Index:
     def name(self, index: int) -> str:
         return f"{self.root}:{self.dataset}[{index}]"
 
-    def _open(self, cache_bytes: int | None = None) -> _Reader:
+    def _open(self, cache_bytes: int | None = None) -> Reader:
         reader = self._reader.get()
         if reader is None:
             size = self.cache_bytes if cache_bytes is None else cache_bytes
-            reader = self._reader.set(_Reader(self.root, self.dataset, size, self.beneath))
+            made = Reader(self.root, self.dataset, size, self.external_links, self.beneath)
+            reader = self._reader.set(made)
         return reader  # type: ignore[no-any-return]
 
     def close(self) -> None:
@@ -289,6 +244,8 @@ class _HDF5Index:
 @dataclass(frozen=True)
 class HDF5BytesIndex(_HDF5Index):
     """Encoded images in an HDF5 dataset: a `SampleIndex` (see the module docstring)."""
+
+    holder: tuple[str, str] | None = None  # (file, name there) of the data, reached without external links
 
     def read_sample(self, index: int) -> bytes:
         return bytes(self._open().dset[index])
@@ -308,8 +265,9 @@ class HDF5BytesIndex(_HDF5Index):
 
     def to_segment(self) -> Segment:
         """The targets and where the data is (file, dataset, cache size), for a daemon's workers:
-        each opens the file itself on its first read."""
-        place = {"root": self.root, "dataset": self.dataset, "cache_bytes": self.cache_bytes}
+        each opens the file that holds the data itself on its first read."""
+        root, dataset = self.holder or (self.root, self.dataset)
+        place = {"root": root, "dataset": dataset, "cache_bytes": self.cache_bytes}
         where = json.dumps(place).encode()
         labels = self.labels
         width = int(labels.shape[1]) if labels.ndim == 2 else 0
@@ -324,15 +282,17 @@ class HDF5BytesIndex(_HDF5Index):
 
     @classmethod
     def from_segment(cls, segment: Segment, root: str = "", beneath: Beneath | None = None) -> HDF5BytesIndex:
-        """An index over a segment made by `to_segment` (the targets viewed, not copied), opening
-        its file through `beneath` when given."""
+        """An index over a segment made by `to_segment` (the targets viewed, not copied), whose
+        reads follow no external link (NOTE [a daemon's workers follow no external link]) and
+        open its file through `beneath` when given."""
         n, width, dtype_code, where_len = _BYTES_HEAD.unpack_from(segment.buf, 0)
         where = json.loads(bytes(segment.buf[_BYTES_HEAD.size : _BYTES_HEAD.size + where_len]))
         at = _BYTES_HEAD.size + where_len
         at += -at % 8
         shape = (n, width) if width else (n,)
         labels = np.ndarray(shape, TARGET_DTYPES[dtype_code], buffer=segment.buf, offset=at)
-        return cls(str(where["root"]), str(where["dataset"]), (), labels, int(where["cache_bytes"]), beneath)
+        place = (str(where["root"]), str(where["dataset"]))
+        return cls(*place, (), labels, int(where["cache_bytes"]), beneath, external_links=False, holder=place)
 
 
 # A shared HDF5BytesIndex: (samples, target width (0: class indices), target dtype code, JSON bytes).
@@ -365,7 +325,7 @@ class HDF5ArrayIndex(_HDF5Index):
         read = self._read_filled if self.fill else self._read_selected
         return int(read(reader, indices, out) * self.storage_ratio)
 
-    def _read_filled(self, reader: _Reader, indices: np.ndarray, out: np.ndarray) -> int:
+    def _read_filled(self, reader: Reader, indices: np.ndarray, out: np.ndarray) -> int:
         """Decode the blocks of the batch not decoded yet (each once, whole), then gather."""
         if reader.decoded is None or reader.have is None:
             reader.decoded = np.empty((len(self), *self.row_shape), self.row_dtype)  # pages on first write
@@ -383,7 +343,7 @@ class HDF5ArrayIndex(_HDF5Index):
         np.take(reader.decoded, indices, axis=0, out=out, mode="clip")
         return read
 
-    def _read_selected(self, reader: _Reader, indices: np.ndarray, out: np.ndarray) -> int:
+    def _read_selected(self, reader: Reader, indices: np.ndarray, out: np.ndarray) -> int:
         """One sorted selection through HDF5's chunk cache (each chunk read once), then in batch order."""
         dset = reader.dset
         unique, inverse = np.unique(indices, return_inverse=True)
@@ -420,7 +380,7 @@ def _array_index(
         cache_bytes,
         row_shape=row_shape,
         row_dtype=row_dtype,
-        mapped=_mapped_rows(dset, path),
+        mapped=_mapped_rows(dset, os.path.abspath(dset.file.filename)),  # the file holding it (links)
         block_rows=int(dset.chunks[0]) if dset.chunks else max(1, _BLOCK_BYTES // row_bytes),
         fill=decoded_bytes <= cache_bytes,
         storage_ratio=stored / decoded_bytes if stored else 1.0,
