@@ -166,3 +166,24 @@ def test_stream_counts_past_the_streams_end_resume_at_its_end_at_once(workers: i
     with FastLoader(Stream(), batch_size=3, num_workers=workers, seed=5) as restored:
         restored.load_state_dict(state)
         assert [torch.as_tensor(b).tolist() for b in restored] == []
+
+
+class EpochStream(IterableDataset[int]):
+    """Six numbers from the global random state, which fastload seeds per (seed, epoch, stream)."""
+
+    def __iter__(self) -> Any:
+        import numpy as np
+
+        return iter([int(np.random.randint(1000)) for _ in range(6)])
+
+
+def test_a_stream_state_saved_at_its_epochs_end_resumes_at_the_next_epoch() -> None:
+    """It gave an empty epoch, then the saved epoch again (its samples and augmentations twice)."""
+    with FastLoader(EpochStream(), batch_size=3, num_workers=0, seed=5) as saver:
+        list(saver)
+        state = saver.state_dict()
+        following = [b.tolist() for b in saver]
+    with FastLoader(EpochStream(), batch_size=3, num_workers=0, seed=5) as restored:
+        restored.load_state_dict(state)
+        assert [b.tolist() for b in restored] == []  # the rest of the saved epoch: nothing
+        assert [b.tolist() for b in restored] == following
