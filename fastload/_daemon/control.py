@@ -19,6 +19,7 @@ import zmq
 from fastload._daemon import daemon_link as wire
 from fastload._daemon.addresses import default_address, no_daemon_at, resolve_address
 from fastload._errors import ConfigError, DaemonError
+from fastload._labels import label
 from fastload._machine import SHM_DIR, usable_cores
 from fastload._sizes import format_size, parse_size, shown
 
@@ -239,7 +240,7 @@ def status(address: str | None, out: TextIO | None = None, as_json: bool = False
         )
     for d in s["datasets"]:
         out.write(
-            f"dataset {d['path']}: {d['state']}, {d['images']} images, {format_size(d['bytes'])}, "
+            f"dataset {label(d['path'])}: {d['state']}, {d['images']} images, {format_size(d['bytes'])}, "
             f"{d['sessions']} session(s)\n"
         )
     if s["sessions"]:
@@ -252,7 +253,7 @@ def status(address: str | None, out: TextIO | None = None, as_json: bool = False
             out.write(
                 f"{x['session']:>7} {x['pid']:>7} {x['rank']:>3}/{x['world_size']:<3} {position:>11} "
                 f"{x['images']:>9} {x['images_per_s']:>8.0f} {x['memory_bytes'] / 2**20:>6.0f}  "
-                f"{x['dataset']}\n"
+                f"{label(x['dataset'])}\n"
             )
     return 0 if healthy else 1
 

@@ -18,8 +18,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from fastload._daemon.confine import Refused, Roots, source_name
 from fastload._daemon.opener import Opened, Opener, Opening, OpenLimits
 from fastload._errors import DatasetError
+from fastload._labels import label
 from fastload._loading.shm import Segment
 from fastload._sizes import format_size
 from fastload.sources import ImageFolder, Source
@@ -53,6 +55,7 @@ class DatasetIndexes:
     ) -> None:
         self.limits = limits
         self.idle_s = idle_s
+        self.roots = roots
         self._ready: dict[str, IndexEntry] = {}
         # (key, source, memory it may use, confined to the roots)
         self._waiting: deque[tuple[str, Source, int, bool]] = deque()
@@ -60,11 +63,24 @@ class DatasetIndexes:
         self._opener = Opener(roots, limits)
         self._closed = False
 
-    @staticmethod
-    def key(source: Source) -> str:
+    # NOTE [no resolution before the roots]: a folder's index is known by its real path, so that
+    # two names of one folder share it. Resolving a peer's path before the allowlist resolved
+    # anything it named (`/proc/self/cwd`: the daemon's working directory; an in-root link: its
+    # target outside), and the resolution showed in `status`. A confined hello's folder is now
+    # checked against the roots first, in the daemon (links followed, nothing read): outside, it
+    # is refused there with the public text (`confine.Refused`), and only a path under the roots
+    # is ever resolved. The opening child still checks every file the source names.
+    def key(self, source: Source, confined: bool = False) -> str:
         """What identifies a source's index: a folder's real path (with a mark when it keeps empty
-        classes: the same folder may be refused without), else its description."""
+        classes: the same folder may be refused without), else its description. `confined`: a
+        folder outside the roots is refused first (NOTE [no resolution before the roots])."""
         if isinstance(source, ImageFolder):
+            if confined and self.roots is not None:
+                try:
+                    Roots(self.roots).check(source.root, source_name(source), "its root")
+                except Refused as e:
+                    log.info("refused %s: %s", label(source_name(source)), label(e.detail))
+                    raise
             return os.path.realpath(source.root) + (" (allow_empty=True)" if source.allow_empty else "")
         return source.resolved().to_json()
 
@@ -107,7 +123,8 @@ class DatasetIndexes:
     def _outcome(self, key: str, opening: Opening, pinned: bool = False) -> IndexEntry | Exception:
         result = opening.result
         if not isinstance(result, Opened):
-            return result if isinstance(result, Exception) else DatasetError(f"indexing {key} failed")
+            failed = DatasetError(f"indexing {opening.name} failed")  # never the key: a real path
+            return result if isinstance(result, Exception) else failed
         try:
             index = SHARED_INDEX_TYPES[result.index_type].from_segment(result.segment, result.root)
             if len(index) != result.count:
@@ -124,7 +141,7 @@ class DatasetIndexes:
         )
         self._ready[key] = entry
         seconds = time.monotonic() - opening.started_at
-        log.info("indexed %s: %d images in %.1f s", opening.name, len(index), seconds)
+        log.info("indexed %s: %d images in %.1f s", label(opening.name), len(index), seconds)
         return entry
 
     def warm(self, path: str, max_bytes: int, confined: bool = False) -> IndexEntry:
@@ -188,7 +205,8 @@ class DatasetIndexes:
             del self._ready[entry.path]
             entry.segment.close()
             freed += entry.size
-            log.info("evicted the index of %s (unused for %.0f s%s)", entry.path, now - entry.idle_since, why)
+            unused = now - entry.idle_since
+            log.info("evicted the index of %s (unused for %.0f s%s)", label(entry.path), unused, why)
         return freed
 
     @property

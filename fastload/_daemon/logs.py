@@ -4,6 +4,12 @@ The events an operator acts on carry a name and fields (`extra={"event": ..., "f
 `session_start`, `session_end`, `worker_replaced`, `refusal`; in JSON they become keys of the
 line (`{"time": ..., "level": "INFO", "event": "session_start", "session": 3, ...}`), so a log
 pipeline filters them without parsing prose. Other lines keep their message and level.
+
+NOTE [one record, one line]: a log reader (a person, a pipeline) takes each line for one record.
+A message may quote what a peer chose (a dataset label, a source's name): in the text format its
+control characters are escaped (`_labels.label`, unbounded here) and a traceback's lines after
+the first are indented, so no peer's text can start a line that looks like a record of its own;
+JSON escapes them itself. How long a peer's text may be is bounded where it is logged (`label`).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import time
 from typing import Any
 
 from fastload._errors import ConfigError
+from fastload._labels import label
 
 FORMATS = ("text", "json")
 
@@ -39,6 +46,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """Plain lines, one per record (NOTE [one record, one line])."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = label(record.message, limit=1 << 62)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
 def event(name: str, **fields: Any) -> dict[str, Any]:
     """The `extra=` of a log call that records event `name` with `fields`."""
     return {"event": name, "fields": fields}
@@ -52,5 +77,5 @@ def configure(log_format: str) -> None:
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s fastload %(levelname)s %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s fastload %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)

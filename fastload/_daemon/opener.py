@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastload._errors import DatasetError, FastloadError
+from fastload._labels import label
 from fastload._loading.shm import PREFIX, Segment, own_segments, unlink
 from fastload._machine import SHM_DIR
 from fastload._sizes import format_size
@@ -201,7 +202,10 @@ class Opening:
         said = self._stderr_tail.decode("utf-8", "replace").strip().splitlines()[-5:]
         if not said:
             return OpenFailed(public, public)
-        log.warning("opening %s: its process died (%s), last writing:\n%s", self.name, code, "\n".join(said))
+        log.warning(
+            "opening %s: its process died (%s), last writing: %s", label(self.name), code,
+            " | ".join(label(line, limit=500) for line in said),
+        )
         # NOTE [refusals carry no content]: what it wrote may quote a file: local peers only.
         return OpenFailed(f"{public}; it last wrote: " + " | ".join(line.strip() for line in said), public)
 
@@ -216,7 +220,10 @@ class Opening:
         if reply.get("ok") is not True:
             message, public = str(reply.get("message", ""))[:2000], str(reply.get("public", ""))[:2000]
             kind = str(reply.get("type", "error"))[:100]
-            log.warning("opening %s failed: %s %s", self.name, message, str(reply.get("detail", ""))[:2000])
+            detail = str(reply.get("detail", ""))
+            log.warning(
+                "opening %s failed: %s %s", label(self.name), label(message, 1000), label(detail, 1000)
+            )
             if not message.startswith((self.name, f"cannot open {self.name}")):
                 message = f"cannot open {self.name}: {message}"
             if public and not public.startswith(self.name):

@@ -42,8 +42,9 @@ from fastload._daemon.listeners import Listeners
 from fastload._daemon.logs import event as log_event
 from fastload._daemon.peers import Peer
 from fastload._daemon.scheduler import Scheduler
-from fastload._daemon.sessions import PendingHello, Session, batch_frames, check_hello, status_row
+from fastload._daemon.sessions import PendingHello, Session, batch_frames, check_hello, peer_view, status_row
 from fastload._errors import DaemonError, FastloadError, WorkerError
+from fastload._labels import label
 from fastload._loading.engine import Engine
 from fastload._loading.executor import Done, Event, Failure
 from fastload._loading.jobs import ImageJob
@@ -299,8 +300,10 @@ class Daemon:
             self._pending.pop((id(sock), identity), None)
             if session is not None:
                 self._end_session(session)
-        elif op == "status":
-            self._reply(sock, identity, "status_reply", **self.status())
+        elif op == "status":  # NOTE [what a TCP peer sees]
+            key = None if local else self._doors.trackers[id(sock)].identify(frames[0]).key
+            status = self.status() if local else peer_view(self.status(), self._sessions.values(), key)
+            self._reply(sock, identity, "status_reply", **status)
         elif op == "stop":
             if not local:
                 raise wire.WireError("stop is only accepted on the local socket")
@@ -326,7 +329,7 @@ class Daemon:
         confined = self._confined(local)
         if not local and not confined:  # check_roots forbids it; never serve TCP unconfined
             raise DaemonError("this daemon has no dataset roots: it serves no source over TCP")
-        key = DatasetIndexes.key(source)
+        key = self._indexes.key(source, confined)  # NOTE [no resolution before the roots]
         # NOTE [two policies]: with roots and ipc_any_path, an index opened unchecked for a local
         # session is keyed apart, so that a TCP session of the same source opens (and checks) its own.
         if self.config.roots is not None and not confined:
@@ -371,8 +374,8 @@ class Daemon:
             if now - hello.progress_at >= _PROGRESS_EVERY_S:
                 hello.progress_at = now
                 seconds = self._indexes.scanning(hello.key) or 0.0
-                # A folder is known by its real path; another source by its main file.
-                path = hello.fields["dataset"] if "source" in hello.fields else hello.key
+                # As the trainer named it: never as the daemon resolved it.
+                path = hello.fields["dataset"]
                 self._reply(hello.sock, hello.identity, "indexing", path=path, seconds=round(seconds, 1))
 
     def _open_session(
@@ -426,6 +429,7 @@ class Daemon:
             batch_size=batch_size,
             connection=peer.connection,
             peer=peer.name,
+            key=peer.key,
             index_key=entry.path,
             layout=job.layout,
         )
@@ -452,13 +456,13 @@ class Daemon:
             peer.name,
             session.rank,
             session.world_size,
-            f["dataset"],
+            label(f["dataset"]),
             slots,
             session.slot_bytes >> 10,
             extra=log_event(
                 "session_start", session=session_id, peer=peer.name, pid=pid, local=local, rank=session.rank,
-                world_size=session.world_size, dataset=f["dataset"], batch_size=batch_size, slots=slots,
-                slot_bytes=session.slot_bytes,
+                world_size=session.world_size, dataset=label(f["dataset"]), batch_size=batch_size,
+                slots=slots, slot_bytes=session.slot_bytes,
             ),
         )
         self._reply(
@@ -589,6 +593,7 @@ class Daemon:
 
     def _refused(self, message: str, local: bool, peer: str | None, request: str) -> None:
         self._totals["refusals"] += 1
+        message = label(message, limit=1000)  # it may quote the hello (NOTE [one record, one line])
         log.info(
             "refused %s%s: %s", request, f" from {peer}" if peer else "", message,
             extra=log_event("refusal", request=request, peer=peer, local=local, reason=message),

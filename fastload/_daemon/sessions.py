@@ -2,7 +2,8 @@
 
 `check_hello` is what a session must ask for to be admitted; `Session` is what the daemon keeps per
 attached trainer; `PendingHello` a hello waiting for its folder's index; `batch_frames` the rows a
-TCP trainer receives inside its `done` message; `status_row` the line `fastload status` shows.
+TCP trainer receives inside its `done` message; `status_row` the line `fastload status` shows, and
+`peer_view` what of `status` a TCP peer is told.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +52,7 @@ class Session:
     connection: int  # the connection it said hello on (`peers`): the session ends with it
     peer: str
     index_key: str
+    key: str | None = None  # a TCP trainer's CURVE public key (`peers`): whose `status` lists it
     pending: deque[Task] = field(default_factory=deque)
     client_seq: dict[int, int] = field(default_factory=dict)  # daemon seq -> trainer seq
     started: float = field(default_factory=time.monotonic)
@@ -134,6 +137,33 @@ def status_row(s: Session, now: float) -> dict[str, Any]:
         "running": len(s.client_seq) - len(s.pending),  # in the pool, not yet done
         "epoch": s.epoch,
         "batch": s.batch,
+    }
+
+
+# NOTE [what a TCP peer sees]: the local socket's peers run as the daemon's user (its socket is in
+# a 0700 directory), and `fastload status` and iostat read every session there. A TCP peer is
+# another machine's trainer: its `status` lists only the sessions of its own CURVE key, with the
+# datasets as it named them, and the daemon's health (pid, workers, budget, draining, workers
+# replaced); no other session, pid or peer, no resolved path (an index is known by its real path),
+# no totals of others' work, no metrics endpoint (which lists every session).
+def peer_view(status: dict[str, Any], sessions: Iterable[Session], key: str | None) -> dict[str, Any]:
+    """`status` (the daemon's whole) as the TCP peer of CURVE key `key` sees it."""
+    own = [s for s in sessions if not s.local and key is not None and s.key == key]
+    datasets: dict[str, dict[str, Any]] = {}
+    for s in own:
+        row = datasets.setdefault(
+            s.dataset,
+            {"path": s.dataset, "images": s.num_samples, "bytes": 0, "sessions": 0, "state": "ready"},
+        )
+        row["sessions"] += 1
+    mine = {s.id for s in own}
+    return {
+        **status,
+        "used_bytes": sum(s.memory for s in own),
+        "metrics": None,
+        "totals": {},
+        "datasets": list(datasets.values()),
+        "sessions": [row for row in status["sessions"] if row["session"] in mine],
     }
 
 

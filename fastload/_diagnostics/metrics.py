@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from fastload._diagnostics import sysinfo
 from fastload._diagnostics.iostat import LoaderRates, MachineRates, classify, loader_rates
 from fastload._errors import ConfigError
+from fastload._labels import label
 from fastload._loading.stats import LoaderStats, find_loaders, read_block
 from fastload._machine import SHM_DIR, usable_cores
 
@@ -343,7 +344,7 @@ def add_daemon(
                 **labels,
                 "pid": str(row["pid"]),
                 "world_size": str(row["world_size"]),
-                "dataset": row["dataset"],
+                "dataset": label(row["dataset"]),  # a peer's text (NOTE [one record, one line])
             },
             1.0,
         )
@@ -468,7 +469,7 @@ class LoaderCollector:
                     "A loader: its dataset, mode and device (value 1).",
                     {
                         **labels,
-                        "dataset": stats.dataset,
+                        "dataset": label(stats.dataset),
                         "mode": stats.mode,
                         "device": stats.device,
                         "pid": str(stats.pid),

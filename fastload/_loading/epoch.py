@@ -164,6 +164,9 @@ class EpochIterator(Iterator[Any]):
                 lane = self._lane
                 if lane.exhausted and not lane.batch_of_ticket and self._next_yield not in lane.ready:
                     self._active = False  # done; what it decoded ahead waits for the next iteration
+                    # Its end puts the epoch under way even if it yielded nothing (a stream resumed
+                    # at its end): the next iteration runs the next epoch (NOTE [drawn epochs]).
+                    self._on_yield(lane.epoch, self._next_yield, None)
                     raise StopIteration
                 if pipe.grow_if_starved(len(self._lane.ready)):
                     continue  # a slot is free again: submit into it rather than wait for nothing

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload._errors import ConfigError
 from fastload._loading.bad_samples import SkippedSample
 from fastload._loading.executor import Done, Task
 from fastload._loading.jobs import (
@@ -79,7 +80,7 @@ class IterablePlan:
         ended = self._ended[epoch] = set()
         base = self._resume.pop(epoch, [0] * self.streams)
         self._yielded[epoch] = list(base)
-        for k in itertools.count():
+        for k in itertools.count(min(base, default=0)):  # no lap of batches all streams passed
             live = [s for s in range(self.streams) if s not in ended]
             if not live:
                 return
@@ -101,8 +102,8 @@ class IterablePlan:
 
     def resume_from(self, epoch: int, counts: list[int]) -> None:
         """Make `epoch`'s next iteration start each stream after the batches `counts` says."""
-        if len(counts) != self.streams:
-            raise ValueError(f"the state has {len(counts)} streams, this loader {self.streams} workers")
+        if len(counts) != self.streams:  # `resume.check_state` refuses such a state first
+            raise ConfigError(f"the state has {len(counts)} streams, this loader {self.streams} workers")
         self._resume[epoch] = [int(c) for c in counts]
 
 
@@ -153,7 +154,9 @@ class IterableJob:
             elif stream.rng is not None:
                 set_rng_state(stream.rng)
             while stream.produced < k:  # replay up to batch k (NOTE [iterable streams])
-                self._take(stream, self.batch_size, task)
+                if len(self._take(stream, self.batch_size, task)) < self.batch_size:
+                    stream.produced = k + 1  # it ended before batch k: so has every batch after
+                    return []
                 stream.produced += 1
             samples = self._take(stream, count, task)
             stream.produced += 1

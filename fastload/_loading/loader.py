@@ -29,7 +29,7 @@ from fastload._loading.jobs import DatasetJob, ImageJob, Job
 from fastload._loading.pipeline import Pipeline
 from fastload._loading.plan import BatchSampler, SamplerPlan, ShuffledPlan
 from fastload._loading.read_ahead import ReadAhead, read_ahead
-from fastload._loading.resume import check_settings, convert, fingerprint, plain
+from fastload._loading.resume import STATE_VERSION, check_state, convert, fingerprint, plain
 from fastload._loading.ring import EXTRA_SLOTS
 from fastload._loading.sanity import check_settings_sense
 from fastload._loading.shm import preflight
@@ -38,9 +38,6 @@ from fastload._loading.stats import LoaderStats, format_summary
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._index import SampleIndex
 from fastload.transforms import Transform, to_config
-
-_STATE_VERSION = 2  # 2: what the position depends on, and the position in samples (`_loading.resume`)
-_OLD_VERSIONS = (1,)  # {version, seed, epoch, batches_yielded}: still loaded, unchecked, as before
 
 
 class FastLoader:
@@ -428,7 +425,7 @@ class FastLoader:
         fingerprint, the transform chain) and the position counted in samples (`_loading.resume`)."""
         epoch, yielded = self._position
         state: dict[str, Any] = {
-            "version": _STATE_VERSION, "seed": self.seed, "epoch": epoch, "batches_yielded": yielded
+            "version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "batches_yielded": yielded
         }
         if isinstance(self._plan, IterablePlan):  # how far each worker's stream got
             state["stream_batches"] = self._plan.state(epoch)
@@ -482,45 +479,35 @@ class FastLoader:
         converted where it falls on a batch boundary of the new layout (an unblocked order), and
         refused otherwise. The state's seed wins over this loader's: the seed given to a loader is
         where a fresh run starts, and a resumed run goes on with the run it came from (its order and
-        augmentations), as a StatefulDataLoader restores its generator's state. States of version 1
-        load unchecked, as before.
+        augmentations), as a StatefulDataLoader restores its generator's state. Every field of a
+        state is checked first, and a state no loader could have saved is a ConfigError naming the
+        field, with the loader left as it was (NOTE [checked states]); version 1 states' settings
+        are not checked, as before (they hold none).
 
         A user's sampler with `set_epoch` is set to the epoch resumed: its order is replayed up to
         the position, so it must be that epoch's."""
-        version = state.get("version")
-        if version != _STATE_VERSION and version not in _OLD_VERSIONS:
-            raise ConfigError(f"unknown FastLoader state version {version!r}")
-        epoch_batches = state.get("epoch_batches")
-        epoch_over = epoch_batches is not None and int(state["batches_yielded"]) >= epoch_batches
-        if version == _STATE_VERSION:
-            check_settings(state, self._settings(), epoch_over=epoch_over)
-        seed = int(state["seed"])
-        if seed != self.seed:
+        epoch_over = check_state(state, self._plan, self._settings())
+        epoch, yielded = state["epoch"], state["batches_yielded"]
+        streams = isinstance(self._plan, IterablePlan)
+        if not streams and not epoch_over and state["version"] == STATE_VERSION:
+            yielded = convert(  # a ConfigError here too leaves the loader as it was
+                state, batch_size=self.batch_size, world_size=self._spec.world_size,
+                convertible=self._not_convertible(),
+            )
+        if state["seed"] != self.seed:
             # Workers (or a daemon session) were started with the old seed: start afresh.
             self._close_pipeline()
-            self._spec = self._spec.with_seed(seed)
+            self._spec = self._spec.with_seed(state["seed"])
             if self._spec.daemon is None:
                 self._open_source()  # a job of the new seed (the source's index is kept)
             self._plan = self._make_plan()
-        epoch, yielded = int(state["epoch"]), int(state["batches_yielded"])
         if isinstance(self._plan, IterablePlan):
-            saved_b = state.get("batch_size", self.batch_size)
-            if saved_b != self.batch_size:
-                raise ConfigError(
-                    f"this state was saved by an IterableDataset loader with other batches (batch_size: "
-                    f"{saved_b} -> {self.batch_size}), and its streams' positions are counted in "
-                    f"batches: build the loader with batch_size={saved_b} to resume"
-                )
-            self._plan.resume_from(epoch, list(state.get("stream_batches", [])))
+            self._plan.resume_from(epoch, state["stream_batches"])
         elif epoch_over:
             epoch, yielded = epoch + 1, 0  # the saved epoch was over: the next starts afresh in any layout
         else:
-            if version == _STATE_VERSION:
-                yielded = convert(
-                    state, batch_size=self.batch_size, world_size=self._spec.world_size,
-                    convertible=self._not_convertible(),
-                )
-            if yielded >= len(self._plan):
+            batches = self._epoch_batches()
+            if batches is not None and yielded >= batches:
                 epoch, yielded = epoch + 1, 0
         self._epoch, self._resume_at = epoch, yielded
         self._position = (epoch, yielded)
