@@ -18,7 +18,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from fastload._daemon.opener import Opened, Opener, Opening, OpenLimits
+from fastload._daemon.opener import Opened, Opener, OpenFailed, Opening, OpenLimits
 from fastload._errors import DatasetError
 from fastload._loading.shm import Segment
 from fastload._sizes import format_size
@@ -57,6 +57,7 @@ class DatasetIndexes:
         # (key, source, memory it may use, confined to the roots)
         self._waiting: deque[tuple[str, Source, int, bool]] = deque()
         self._running: dict[str, Opening] = {}
+        self._unstarted: list[tuple[str, Exception]] = []  # opens that failed to start: `finished`
         self._opener = Opener(roots, limits)
         self._closed = False
 
@@ -65,7 +66,11 @@ class DatasetIndexes:
         """What identifies a source's index: a folder's real path (with a mark when it keeps empty
         classes: the same folder may be refused without), else its description."""
         if isinstance(source, ImageFolder):
-            return os.path.realpath(source.root) + (" (allow_empty=True)" if source.allow_empty else "")
+            try:
+                path = os.path.realpath(source.root)
+            except OSError:  # a link it may not read (/proc/1/cwd): its open, in a child, says why
+                path = os.path.abspath(source.root)
+            return path + (" (allow_empty=True)" if source.allow_empty else "")
         return source.resolved().to_json()
 
     def get(self, key: str) -> IndexEntry | None:
@@ -85,7 +90,12 @@ class DatasetIndexes:
     def _start_next(self) -> None:
         while len(self._running) < self.limits.parallel and self._waiting and not self._closed:
             key, source, max_bytes, confined = self._waiting.popleft()
-            self._running[key] = self._opener.start(key, source, confined, max_bytes)
+            try:
+                self._running[key] = self._opener.start(key, source, confined, max_bytes)
+            except Exception as e:  # its hellos are answered (`finished`), never left waiting
+                log.exception("cannot start opening %s", key)
+                public = f"the daemon could not start opening it ({type(e).__name__}; its log says why)"
+                self._unstarted.append((key, OpenFailed(f"cannot start opening {key}: {e}", public)))
 
     def scanning(self, key: str) -> float | None:
         """Seconds the open of `key` has run, None when it is not running."""
@@ -94,7 +104,8 @@ class DatasetIndexes:
 
     def finished(self) -> list[tuple[str, IndexEntry | Exception]]:
         """Opens that ended since the last call: the ready entry, or why there is none."""
-        done: list[tuple[str, IndexEntry | Exception]] = []
+        done: list[tuple[str, IndexEntry | Exception]] = list(self._unstarted)
+        self._unstarted.clear()
         for key, opening in list(self._running.items()):
             if not opening.poll():
                 continue

@@ -251,7 +251,7 @@ class Daemon:
                 self._reply(sock, identity, "error", message=str(e))
             except Exception as e:  # a bug must not take the daemon down with every session
                 log.exception("error while handling a client message")
-                self._reply(sock, identity, "error", message=f"internal error: {type(e).__name__}: {e}")
+                self._reply(sock, identity, "error", message=_internal_error(e, local))
 
     def _reply(self, sock: Any, identity: bytes, op: str, *extra: Any, **fields: Any) -> None:
         # copy=False: a TCP batch's frames are views of its slot; pyzmq copies small frames anyway.
@@ -348,7 +348,7 @@ class Daemon:
                     self._reply(hello.sock, hello.identity, "error", message=message)
                 except Exception as e:
                     log.exception("error while opening a session")
-                    self._reply(hello.sock, hello.identity, "error", message=f"internal error: {e}")
+                    self._reply(hello.sock, hello.identity, "error", message=_internal_error(e, hello.local))
         # An index just made may have taken the memory of idle ones: back within the budget.
         self._indexes.evict_for(self._used_bytes() - self.config.memory_budget_bytes)
         now = time.monotonic()
@@ -356,8 +356,9 @@ class Daemon:
             if now - hello.progress_at >= _PROGRESS_EVERY_S:
                 hello.progress_at = now
                 seconds = self._indexes.scanning(hello.key) or 0.0
-                # A folder is known by its real path; another source by its main file.
-                path = hello.fields["dataset"] if "source" in hello.fields else hello.key
+                # The dataset as the client named it: never where its links lead (a peer naming
+                # /proc/1/cwd would learn that process's directory).
+                path = hello.fields["dataset"]
                 self._reply(hello.sock, hello.identity, "indexing", path=path, seconds=round(seconds, 1))
 
     def _open_session(
@@ -586,3 +587,11 @@ class Daemon:
             "worker_deaths": {cause.name.lower(): n for cause, n in self.engine.deaths.items()},
             "sessions": [status_row(s, now) for s in self._sessions.values()],
         }
+
+
+def _internal_error(e: Exception, local: bool) -> str:
+    """The reply to a request that hit a bug (the daemon's log has the traceback): its text only
+    to a local peer (NOTE [refusals carry no content]: it may quote a path or a file's content)."""
+    if local:
+        return f"internal error: {type(e).__name__}: {e}"
+    return f"internal error ({type(e).__name__}): the daemon's log says more"

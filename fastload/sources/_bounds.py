@@ -19,6 +19,8 @@ NOTE [source bounds]: the limits, and why they are where they are:
 - labels are ASCII decimal integers in [0, 2^63): `1_000` and non-ASCII digits, which Python's
   `int()` takes, are refused, and so is anything past int64.
 - `MAX_MESSAGE_CHARS` (300): a value quoted in an error (a label, a key) is clipped to this.
+- `MAX_FIELD_CHARS` (4096, PATH_MAX): a string field of a source description a daemon is sent
+  (NOTE [fields from a peer] in `_base`).
 """
 
 from __future__ import annotations
@@ -34,8 +36,23 @@ MAX_SHARDS = 1 << 20
 MAX_TARGET_BYTES = 2 << 30
 MAX_LABEL = (1 << 63) - 1
 MAX_MESSAGE_CHARS = 300
+MAX_FIELD_CHARS = 4096
 
 _ASCII_INT = re.compile(r"[+-]?[0-9]{1,19}")
+
+
+def field_text_problem(text: str) -> str:
+    """What makes `text`, a string field a peer sent (a path, a name), unusable: too long, a NUL,
+    not a file name (a lone surrogate that surrogateescape does not make); "" when nothing."""
+    if len(text) > MAX_FIELD_CHARS:
+        return f"is {len(text):,} characters long, over the limit of {MAX_FIELD_CHARS:,}"
+    if "\0" in text:
+        return "holds a NUL character"
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return "is not a valid file name (it holds a lone surrogate)"
+    return ""
 
 
 def clip(value: object, limit: int = MAX_MESSAGE_CHARS) -> str:
