@@ -3,10 +3,11 @@ configured dataset roots, links followed.
 
 `Roots` resolves paths (`os.path.realpath`, a directory's resolution cached, so a million-file
 index costs one `lstat` per file) and says whether each lands under a root. `check_before_open`
-runs before a source reads anything (its own files: a list, a shard pattern's matches, a pack's
-directory, an HDF5 file and everything that file points at: external storage, virtual datasets'
-sources, external links); `check_index` after, on every file the opened index will make a worker
-read (each sample of a folder or a file list, each shard, each data file of a pack).
+runs before a source reads anything (its own files: a list, a shard pattern's matches, once the
+names of all its patterns are counted against `sources._bounds`, a pack's directory, an HDF5
+file and everything that file points at: external storage, virtual datasets' sources, external
+links); `check_index` after, on every file the opened index will make a worker read (each
+sample of a folder or a file list, each shard, each data file of a pack).
 
 NOTE [refusals carry no content]: a refusal names the source as the client sent it and which of
 its parts is outside (the list's sample number, the shard's number, the HDF5 object's name inside
@@ -27,7 +28,7 @@ from typing import Any
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources import Source
 from fastload.sources._remote import is_url
-from fastload.sources._tar import expand_braces
+from fastload.sources._tar import check_shard_patterns, expand_braces
 
 # HDF5's own prefixes for relative names (the workers' library reads the same environment).
 _HDF5_PREFIX_VARS = ("HDF5_EXTFILE_PREFIX", "HDF5_VDS_PREFIX", "HDF5_EXT_PREFIX")
@@ -109,6 +110,7 @@ def check_before_open(source: Source, roots: Roots) -> None:
     kind = source.kind
     if kind == "tar":
         patterns = [source.paths] if isinstance(source.paths, str) else list(source.paths)  # type: ignore[attr-defined]
+        check_shard_patterns(patterns)  # every pattern's names counted before any is walked
         for p, pattern in enumerate(patterns):
             for expanded in expand_braces(pattern):
                 if glob.has_magic(expanded):
