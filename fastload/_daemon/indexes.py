@@ -4,8 +4,10 @@ A hello names a source (an image folder, a file list, ...); its index (every sam
 target) is made once and shared with the workers through a shared-memory segment. Each source is
 opened in a child process (`opener`: several at a time, a deadline, a memory limit, the
 allowlist of `confine`), so the daemon keeps serving (and obeys SIGTERM) while a huge tree is
-walked, and a file that crashes or hangs its parser fails only its own hellos. An index no session
-uses is evicted after `idle_s` (`index_idle`), or before that when the memory budget is wanted
+walked, and a file that crashes or hangs its parser fails only its own hellos; an open no hello
+waits for any more (their peers gone, or `bye`) is stopped (`cancel`: its child killed, its slot
+given to the next), so a peer that leaves holds no opening slot. An index no session uses is
+evicted after `idle_s` (`index_idle`), or before that when the memory budget is wanted
 for another index or a ring (`evict_for`: the longest idle first, only as many as needed), except
 those the configuration warms.
 """
@@ -96,6 +98,25 @@ class DatasetIndexes:
                 log.exception("cannot start opening %s", key)
                 public = f"the daemon could not start opening it ({type(e).__name__}; its log says why)"
                 self._unstarted.append((key, OpenFailed(f"cannot start opening {key}: {e}", public)))
+
+    def cancel(self, key: str) -> bool:
+        """Stop making the index of `key` (every hello waiting for it is gone): its child killed
+        and its opening slot given to the next open; False when it was not being made."""
+        waiting = [w for w in self._waiting if w[0] == key]
+        for w in waiting:
+            self._waiting.remove(w)
+        opening = self._running.get(key)
+        if opening is not None and opening.starting:
+            opening = None  # no process to kill yet: it runs to its end (or deadline), unwanted
+        if opening is not None:
+            del self._running[key]
+            opening.close()
+            log.info(
+                "stopped opening %s after %.1f s: every hello waiting for it is gone",
+                opening.name, time.monotonic() - opening.started_at,
+            )
+            self._start_next()
+        return opening is not None or bool(waiting)
 
     def scanning(self, key: str) -> float | None:
         """Seconds the open of `key` has run, None when it is not running."""

@@ -281,7 +281,7 @@ class Daemon:
         elif op == "ping":
             self._reply(sock, identity, "pong")
         elif op == "bye":
-            self._pending.pop((id(sock), identity), None)
+            self._forget_hellos([(id(sock), identity)])
             if session is not None:
                 self._end_session(session)
         elif op == "status":
@@ -524,9 +524,16 @@ class Daemon:
             for session in list(self._sessions.values()):
                 if id(session.sock) == sock_id and session.connection in closed:
                     self._end_session(session, why="its connection closed")
-            for where, hello in list(self._pending.items()):
-                if id(hello.sock) == sock_id and hello.peer.connection in closed:
-                    del self._pending[where]
+            self._forget_hellos(
+                [w for w, h in self._pending.items() if id(h.sock) == sock_id and h.peer.connection in closed]
+            )
+
+    def _forget_hellos(self, hellos: list[tuple[int, bytes]]) -> None:
+        """Forget waiting hellos whose peer is gone (or said bye), and stop the opens that no
+        hello waits for any more: a peer that leaves holds no opening slot (`index_parallel`)."""
+        keys = {self._pending.pop(where).key for where in hellos if where in self._pending}
+        for key in keys - {hello.key for hello in self._pending.values()}:
+            self._indexes.cancel(key)
 
     def _reap_dead_sessions(self) -> None:
         for session in list(self._sessions.values()):
