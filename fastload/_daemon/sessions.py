@@ -53,6 +53,7 @@ class Session:
     index_key: str
     pending: deque[Task] = field(default_factory=deque)
     client_seq: dict[int, int] = field(default_factory=dict)  # daemon seq -> trainer seq
+    rows_out: int = 0  # samples its tasks queued or running hold (NOTE [tasks bounded by slots])
     started: float = field(default_factory=time.monotonic)
     images: int = 0
     # What its tasks cost, as the workers report them (`record`): `status` and the metrics show it.
