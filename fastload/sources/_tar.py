@@ -231,7 +231,7 @@ def check_shard_patterns(patterns: list[str]) -> None:
     for pattern in patterns:
         count = _brace_count(pattern)
         names += count
-        if glob.has_magic(_BRACE.sub("", pattern)):
+        if not is_url(pattern) and glob.has_magic(_BRACE.sub("", pattern)):  # URLs are never listed
             globs += count
         if names > MAX_SHARDS:
             what = "expands" if len(patterns) == 1 else f"with the other {len(patterns) - 1} patterns expands"
