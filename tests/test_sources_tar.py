@@ -2,7 +2,8 @@
 
 Protects: a loader over shards written from a folder (in the folder's order) gives the folder's
 batches bit for bit, for any worker count, names its samples `SHARD.tar:KEY` and resumes from a
-state_dict; shard patterns (brace, glob, list) expand in order; a batch's neighbouring extents are
+state_dict; shard patterns (brace, glob, list) expand in order, their names bounded all together
+before any is made; a batch's neighbouring extents are
 read with one pread, and readahead is asked only for stretches a batch reads several samples of;
 a damaged sample is a SampleError naming `shard:key`, and a shard that breaks the layout
 (missing label or image, compressed, not a tar) a DatasetError at construction.
@@ -92,6 +93,20 @@ def test_patterns_expand_in_order(shards: list[Path]) -> None:
         sources.TarShards(str(directory / "train-{000000..000003}.tar")).open()
     with pytest.raises(DatasetError, match="no tar shards match"):
         sources.TarShards(str(directory / "valid-*.tar")).open()
+
+
+def test_the_names_of_all_patterns_are_bounded_together_before_any_is_made(tmp_path: Path) -> None:
+    """Issue 29: 64 patterns of a million names each passed a bound per pattern, and a daemon's
+    allowlist then made and checked 64 M names. Refused when the source is made, in microseconds."""
+    million = str(tmp_path / "s-{0..999999}.tar")
+    assert len(sources.TarShards(million).paths) == len(million)  # one pattern: within the bound
+    with pytest.raises(DatasetError, match=r"with the other 63 patterns expands to over 1,048,576"):
+        sources.TarShards([million] * 64)
+    with pytest.raises(DatasetError, match="over 4,096 wildcard patterns"):  # each a directory listed
+        sources.TarShards(str(tmp_path / "s-{0..4096}-*.tar"))
+    # Signed URLs hold a '?' but are never listed: named one by one, they are no wildcards.
+    urls = [f"https://store.example/s-{k}.tar?sig=x" for k in range(5000)]
+    assert len(sources.TarShards(urls).paths) == 5000
 
 
 def test_json_labels(image_folder: Path, tmp_path: Path) -> None:

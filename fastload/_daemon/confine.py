@@ -3,10 +3,11 @@ configured dataset roots, links followed.
 
 `Roots` resolves paths (`os.path.realpath`, a directory's resolution cached, so a million-file
 index costs one `lstat` per file) and says whether each lands under a root. `check_before_open`
-runs before a source reads anything (its own files: a list, a shard pattern's matches, a pack's
-directory, an HDF5 file and every file HDF5 may open for it, recursively and wherever HDF5 may
-look: external storage, virtual datasets' sources, external links, and each reached file's own;
-only regular files, so no FIFO holds an opening slot); `check_index` after, on every file the
+runs before a source reads anything (its own files: a list, a shard pattern's matches, once the
+names of all its patterns are counted against `sources._bounds`, a pack's directory, an HDF5
+file and every file HDF5 may open for it, recursively and wherever HDF5 may look: external
+storage, virtual datasets' sources, external links, and each reached file's own; only regular
+files, so no FIFO holds an opening slot); `check_index` after, on every file the
 opened index will make a worker read (each sample of a folder or a file list, each shard, each
 data file of a pack, the file that holds an HDF5 source's data).
 
@@ -50,7 +51,7 @@ from fastload.sources import Source
 from fastload.sources._beneath import Beneath
 from fastload.sources._bounds import identity
 from fastload.sources._remote import is_url
-from fastload.sources._tar import expand_braces
+from fastload.sources._tar import check_shard_patterns, expand_braces
 
 
 class Refused(DatasetError):
@@ -167,6 +168,7 @@ def check_before_open(source: Source, roots: Roots) -> None:
     kind = source.kind
     if kind == "tar":
         patterns = [source.paths] if isinstance(source.paths, str) else list(source.paths)  # type: ignore[attr-defined]
+        check_shard_patterns(patterns)  # every pattern's names counted before any is walked
         for p, pattern in enumerate(patterns):
             for expanded in expand_braces(pattern):
                 if glob.has_magic(expanded):

@@ -4,8 +4,10 @@ A hello names a source (an image folder, a file list, ...); its index (every sam
 target) is made once and shared with the workers through a shared-memory segment. Each source is
 opened in a child process (`opener`: several at a time, a deadline, a memory limit, the
 allowlist of `confine`), so the daemon keeps serving (and obeys SIGTERM) while a huge tree is
-walked, and a file that crashes or hangs its parser fails only its own hellos. An index no session
-uses is evicted after `idle_s` (`index_idle`), or before that when the memory budget is wanted
+walked, and a file that crashes or hangs its parser fails only its own hellos; an open no hello
+waits for any more (their peers gone, or `bye`) is stopped (`cancel`: its child killed, its slot
+given to the next), so a peer that leaves holds no opening slot. An index no session uses is
+evicted after `idle_s` (`index_idle`), or before that when the memory budget is wanted
 for another index or a ring (`evict_for`: the longest idle first, only as many as needed), except
 those the configuration warms.
 """
@@ -19,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from fastload._daemon.confine import Refused, Roots, source_name
-from fastload._daemon.opener import Opened, Opener, Opening, OpenLimits
+from fastload._daemon.opener import Opened, Opener, OpenFailed, Opening, OpenLimits
 from fastload._errors import DatasetError
 from fastload._labels import label
 from fastload._loading.shm import Segment
@@ -60,6 +62,7 @@ class DatasetIndexes:
         # (key, source, memory it may use, confined to the roots)
         self._waiting: deque[tuple[str, Source, int, bool]] = deque()
         self._running: dict[str, Opening] = {}
+        self._unstarted: list[tuple[str, Exception]] = []  # opens that failed to start: `finished`
         self._opener = Opener(roots, limits)
         self._closed = False
 
@@ -81,7 +84,11 @@ class DatasetIndexes:
                 except Refused as e:
                     log.info("refused %s: %s", label(source_name(source)), label(e.detail))
                     raise
-            return os.path.realpath(source.root) + (" (allow_empty=True)" if source.allow_empty else "")
+            try:
+                path = os.path.realpath(source.root)
+            except OSError:  # a link it may not read (/proc/1/cwd): its open, in a child, says why
+                path = os.path.abspath(source.root)
+            return path + (" (allow_empty=True)" if source.allow_empty else "")
         return source.resolved().to_json()
 
     def get(self, key: str) -> IndexEntry | None:
@@ -101,7 +108,31 @@ class DatasetIndexes:
     def _start_next(self) -> None:
         while len(self._running) < self.limits.parallel and self._waiting and not self._closed:
             key, source, max_bytes, confined = self._waiting.popleft()
-            self._running[key] = self._opener.start(key, source, confined, max_bytes)
+            try:
+                self._running[key] = self._opener.start(key, source, confined, max_bytes)
+            except Exception as e:  # its hellos are answered (`finished`), never left waiting
+                log.exception("cannot start opening %s", key)
+                public = f"the daemon could not start opening it ({type(e).__name__}; its log says why)"
+                self._unstarted.append((key, OpenFailed(f"cannot start opening {key}: {e}", public)))
+
+    def cancel(self, key: str) -> bool:
+        """Stop making the index of `key` (every hello waiting for it is gone): its child killed
+        and its opening slot given to the next open; False when it was not being made."""
+        waiting = [w for w in self._waiting if w[0] == key]
+        for w in waiting:
+            self._waiting.remove(w)
+        opening = self._running.get(key)
+        if opening is not None and opening.starting:
+            opening = None  # no process to kill yet: it runs to its end (or deadline), unwanted
+        if opening is not None:
+            del self._running[key]
+            opening.close()
+            log.info(
+                "stopped opening %s after %.1f s: every hello waiting for it is gone",
+                opening.name, time.monotonic() - opening.started_at,
+            )
+            self._start_next()
+        return opening is not None or bool(waiting)
 
     def scanning(self, key: str) -> float | None:
         """Seconds the open of `key` has run, None when it is not running."""
@@ -110,7 +141,8 @@ class DatasetIndexes:
 
     def finished(self) -> list[tuple[str, IndexEntry | Exception]]:
         """Opens that ended since the last call: the ready entry, or why there is none."""
-        done: list[tuple[str, IndexEntry | Exception]] = []
+        done: list[tuple[str, IndexEntry | Exception]] = list(self._unstarted)
+        self._unstarted.clear()
         for key, opening in list(self._running.items()):
             if not opening.poll():
                 continue

@@ -141,6 +141,11 @@ class Opening:
         )
         self._starter.start()
 
+    @property
+    def starting(self) -> bool:
+        """Its process is still being started (NOTE [starting off the loop]): not yet one to kill."""
+        return self._starter.is_alive()
+
     def _start_child(self, child_conn: Any, child_stderr: Any) -> None:
         try:
             self.process.start()

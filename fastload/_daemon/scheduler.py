@@ -2,6 +2,14 @@
 are fed to the shared pool round-robin across sessions (so a trainer that queued its whole epoch
 cannot starve one that just arrived), and each finished task's event is traced back to its
 session and the seq its trainer knows it by.
+
+NOTE [tasks bounded by slots]: what a session may make the daemon hold is bounded by its ring. A
+trainer sends a batch's tasks only into a slot it holds, one per part (NOTE [split batches]: at
+most one part per daemon worker, together at most the batch's rows), and sends into that slot
+again only once every part's event has come back. So a session has at most slots x workers tasks
+queued or running, holding at most slots x batch_size sample indices; a task beyond either is
+refused with an error naming the bound (the session lives on), and a raw client flooding tasks
+on its own slot holds no more memory than a real trainer's full window.
 """
 
 from __future__ import annotations
@@ -22,8 +30,10 @@ class Scheduler:
     def __init__(self, engine: Engine, workers: int) -> None:
         self._engine = engine
         self._limit = 2 * max(1, workers)  # tasks in the pool at once: two per worker
+        self._parts = max(1, workers)  # the most tasks a trainer splits one batch into
         self._seqs = itertools.count()
         self._owner: dict[int, Session] = {}  # engine seq -> the session whose task it is
+        self._rows: dict[int, int] = {}  # engine seq -> its sample count (NOTE [tasks bounded by slots])
         self._rr = 0
 
     def accept(self, session: Session, fields: dict[str, Any], extra: list[bytes]) -> None:
@@ -38,11 +48,26 @@ class Scheduler:
         row = fields["row"]
         if row < 0 or row + len(indices) > session.batch_size:
             raise wire.WireError(f"rows {row}..{row + len(indices)} exceed the batch of {session.batch_size}")
+        slots = len(session.segments)
+        if len(session.client_seq) >= slots * self._parts:
+            raise wire.WireError(
+                f"this session already has {len(session.client_seq)} tasks queued or running, the most its "
+                f"{slots} slots allow ({self._parts} per slot: one per daemon worker); wait for a batch's "
+                "events before sending more (NOTE [tasks bounded by slots])"
+            )
+        if session.rows_out + len(indices) > slots * session.batch_size:
+            raise wire.WireError(
+                f"this session's tasks queued or running already hold {session.rows_out} samples; "
+                f"{len(indices)} more exceed its {slots} slots of {session.batch_size} "
+                "(NOTE [tasks bounded by slots])"
+            )
         position = (fields["epoch"], fields["batch_index"])
         session.epoch, session.batch = max((session.epoch, session.batch), position)
         seq = next(self._seqs)
         session.client_seq[seq] = fields["seq"]
         self._owner[seq] = session
+        self._rows[seq] = len(indices)
+        session.rows_out += len(indices)
         if not session.local:
             session.task_rows[seq] = (fields["slot"], row)
         session.pending.append(
@@ -73,13 +98,17 @@ class Scheduler:
             if not isinstance(event, (Done, Failure)):
                 continue
             session = self._owner.pop(event.seq, None)
+            rows = self._rows.pop(event.seq, 0)
             if session is None or event.seq not in session.client_seq:
                 continue
+            session.rows_out -= rows
             yield session, event, session.client_seq.pop(event.seq)
 
     def forget(self, session: Session) -> None:
         """An ended session's tasks: their events, when they come, go nowhere."""
         for seq in session.client_seq:
             self._owner.pop(seq, None)
+            self._rows.pop(seq, None)
         session.client_seq.clear()
         session.pending.clear()
+        session.rows_out = 0

@@ -267,7 +267,7 @@ class Daemon:
                 self._reply(sock, identity, "error", message=str(e))
             except Exception as e:  # a bug must not take the daemon down with every session
                 log.exception("error while handling a client message")
-                self._reply(sock, identity, "error", message=f"internal error: {type(e).__name__}: {e}")
+                self._reply(sock, identity, "error", message=_internal_error(e, local))
 
     def _reply(self, sock: Any, identity: bytes, op: str, *extra: Any, **fields: Any) -> None:
         # copy=False: a TCP batch's frames are views of its slot; pyzmq copies small frames anyway.
@@ -297,7 +297,7 @@ class Daemon:
         elif op == "ping":
             self._reply(sock, identity, "pong")
         elif op == "bye":
-            self._pending.pop((id(sock), identity), None)
+            self._forget_hellos([(id(sock), identity)])
             if session is not None:
                 self._end_session(session)
         elif op == "status":  # NOTE [what a TCP peer sees]
@@ -366,7 +366,7 @@ class Daemon:
                     self._reply(hello.sock, hello.identity, "error", message=message)
                 except Exception as e:
                     log.exception("error while opening a session")
-                    self._reply(hello.sock, hello.identity, "error", message=f"internal error: {e}")
+                    self._reply(hello.sock, hello.identity, "error", message=_internal_error(e, hello.local))
         # An index just made may have taken the memory of idle ones: back within the budget.
         self._indexes.evict_for(self._used_bytes() - self.config.memory_budget_bytes)
         now = time.monotonic()
@@ -374,7 +374,8 @@ class Daemon:
             if now - hello.progress_at >= _PROGRESS_EVERY_S:
                 hello.progress_at = now
                 seconds = self._indexes.scanning(hello.key) or 0.0
-                # As the trainer named it: never as the daemon resolved it.
+                # The dataset as the client named it: never where its links lead (a peer naming
+                # /proc/1/cwd would learn that process's directory).
                 path = hello.fields["dataset"]
                 self._reply(hello.sock, hello.identity, "indexing", path=path, seconds=round(seconds, 1))
 
@@ -549,9 +550,16 @@ class Daemon:
             for session in list(self._sessions.values()):
                 if id(session.sock) == sock_id and session.connection in closed:
                     self._end_session(session, why="its connection closed")
-            for where, hello in list(self._pending.items()):
-                if id(hello.sock) == sock_id and hello.peer.connection in closed:
-                    del self._pending[where]
+            self._forget_hellos(
+                [w for w, h in self._pending.items() if id(h.sock) == sock_id and h.peer.connection in closed]
+            )
+
+    def _forget_hellos(self, hellos: list[tuple[int, bytes]]) -> None:
+        """Forget waiting hellos whose peer is gone (or said bye), and stop the opens that no
+        hello waits for any more: a peer that leaves holds no opening slot (`index_parallel`)."""
+        keys = {self._pending.pop(where).key for where in hellos if where in self._pending}
+        for key in keys - {hello.key for hello in self._pending.values()}:
+            self._indexes.cancel(key)
 
     def _reap_dead_sessions(self) -> None:
         for session in list(self._sessions.values()):
@@ -613,3 +621,11 @@ class Daemon:
             "worker_deaths": {cause.name.lower(): n for cause, n in self.engine.deaths.items()},
             "sessions": [status_row(s, now) for s in self._sessions.values()],
         }
+
+
+def _internal_error(e: Exception, local: bool) -> str:
+    """The reply to a request that hit a bug (the daemon's log has the traceback): its text only
+    to a local peer (NOTE [refusals carry no content]: it may quote a path or a file's content)."""
+    if local:
+        return f"internal error: {type(e).__name__}: {e}"
+    return f"internal error ({type(e).__name__}): the daemon's log says more"

@@ -27,6 +27,7 @@ from fastload._loading.ring import MAX_PREFETCH
 from fastload._loading.shm import Segment
 from fastload._sizes import format_size
 from fastload.sources import DAEMON_SOURCE_KINDS, ImageFolder, Source, source_from_config
+from fastload.sources._bounds import field_text_problem
 from fastload.sources._remote import is_url
 from fastload.transforms import TransformPlan, compile_transforms, from_config
 
@@ -55,6 +56,7 @@ class Session:
     key: str | None = None  # a TCP trainer's CURVE public key (`peers`): whose `status` lists it
     pending: deque[Task] = field(default_factory=deque)
     client_seq: dict[int, int] = field(default_factory=dict)  # daemon seq -> trainer seq
+    rows_out: int = 0  # samples its tasks queued or running hold (NOTE [tasks bounded by slots])
     started: float = field(default_factory=time.monotonic)
     images: int = 0
     # What its tasks cost, as the workers report them (`record`): `status` and the metrics show it.
@@ -184,6 +186,9 @@ def check_hello(f: dict[str, Any], budget_bytes: int) -> tuple[TransformPlan, So
         raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}")
     if not (os.path.isabs(f["dataset"]) or is_url(f["dataset"])) or "\0" in f["dataset"]:
         raise ConfigError("dataset must be an absolute path (the daemon's working directory is not ours)")
+    problem = field_text_problem(f["dataset"])  # NOTE [fields from a peer]
+    if problem:
+        raise ConfigError(f"dataset {problem}")
     source = _hello_source(f)
     plan = compile_transforms(from_config(f["transforms"]))
     if plan.out_height * plan.out_width * 3 * batch_size > budget_bytes:

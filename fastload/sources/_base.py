@@ -12,12 +12,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import types
+import typing
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, cast
 
 from fastload._errors import ConfigError, DatasetError
 from fastload._sizes import parse_optional_size, shown
 from fastload.sources._arrays import ArrayIndex
+from fastload.sources._bounds import field_text_problem
 from fastload.sources._index import SampleIndex
 from fastload.sources._remote import is_url
 
@@ -123,18 +126,69 @@ def absolute(path: str) -> str:
 
 def source_from_config(config: Any) -> Source:
     """The source `Source.to_config` described (ConfigError for an unknown kind or field); the
-    config may come from a peer, so anything but a JSON object of known fields is refused."""
+    config may come from a peer, so anything but a JSON object of known fields, each of the type
+    its class declares (NOTE [fields from a peer]), is refused."""
     if not isinstance(config, dict):
         raise ConfigError(f"a source description is a JSON object, got {type(config).__name__}")
     fields = dict(config)
     kind = fields.pop("kind", None)
-    cls = _REGISTRY.get(str(kind))
+    cls = _REGISTRY.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ConfigError(f"unknown source kind {kind!r}; known: {', '.join(sorted(_REGISTRY))}")
+        raise ConfigError(f"unknown source kind {shown(kind)}; known: {', '.join(sorted(_REGISTRY))}")
+    declared = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
+    for name, value in fields.items():
+        if name not in declared:
+            raise ConfigError(f"{kind} source has no field {shown(name)}; its fields: {', '.join(declared)}")
+        _check_field(kind, name, hints.get(name), value)
     try:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
         raise ConfigError(f"bad {kind} source description: {e}") from e
+
+
+# NOTE [fields from a peer]: a daemon rebuilds a hello's source from JSON a peer wrote, and every
+# value then reaches path functions, the allowlist and the opening process. Each field must be of
+# the type its class declares (a list of strings for a `tuple[str, ...]`; a bool is not an int),
+# and every string in it a usable path (`_bounds.field_text_problem`: at most MAX_FIELD_CHARS,
+# PATH_MAX, no NUL, no lone surrogate), or the hello is refused naming the field. A declared
+# type this check does not know is left to the class's own `__post_init__`.
+
+
+def _check_field(kind: str, name: str, hint: Any, value: Any) -> None:
+    if hint is not None and not _accepts(hint, value):
+        raise ConfigError(f"{kind} source field {name} must be {_describe(hint)}, got {shown(value)}")
+    for text in value if isinstance(value, list) else [value]:
+        problem = field_text_problem(text) if isinstance(text, str) else ""
+        if problem:
+            raise ConfigError(f"{kind} source field {name} {problem}")
+
+
+def _accepts(hint: Any, value: Any) -> bool:
+    """Whether JSON `value` is of the declared type `hint` (a type it does not know: True)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_accepts(h, value) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint in (bool, int, str):
+        return isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
+    if typing.get_origin(hint) is tuple:
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return isinstance(value, list) and all(_accepts(args[0], v) for v in value)
+        return False
+    return True
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(h) for h in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {_describe(typing.get_args(hint)[0])[2:]}s"
+    names = {type(None): "null", bool: "true or false", int: "an integer", str: "a string"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def as_source(dataset: str | os.PathLike[str] | Source) -> Source:

@@ -12,13 +12,19 @@ NOTE [source bounds]: the limits, and why they are where they are:
   are 1 GiB. A sample must be a regular file (or a range of one): a device (`/dev/zero`), a FIFO
   or a socket is refused when opened (opened non-blocking, so a FIFO with no writer cannot wait).
 - `MAX_LIST_BYTES` (1 GiB): a file list (ImageNet's is ~40 MB; 20 M lines fit).
-- `MAX_SHARDS` (2^20): the paths a shard pattern expands to, counted before any is made.
+- `MAX_SHARDS` (2^20): the paths a source's shard patterns expand to, all patterns together,
+  counted before any is made (64 patterns of a million names each would pass a bound per pattern).
 - `MAX_TARGET_BYTES` (2 GiB): the targets held in memory (int64 class indices or float32
   multi-hot rows), counted from declared shapes before allocation: 268 M class indices, or
   ImageNet-21k's 14 M images x 38 classes of dense rows; beyond, targets need another form.
 - labels are ASCII decimal integers in [0, 2^63): `1_000` and non-ASCII digits, which Python's
   `int()` takes, are refused, and so is anything past int64.
 - `MAX_MESSAGE_CHARS` (300): a value quoted in an error (a label, a key) is clipped to this.
+- `MAX_FIELD_CHARS` (4096, PATH_MAX): a string field of a source description a daemon is sent
+  (NOTE [fields from a peer] in `_base`).
+- `MAX_SHARD_GLOBS` (4096): the expanded shard patterns with a wildcard, each a directory listed
+  (`train-{0000..0999}-*.tar` is 1000); counted with `MAX_SHARDS` across all of a source's
+  patterns, before any name is made or any directory listed.
 """
 
 from __future__ import annotations
@@ -38,8 +44,24 @@ MAX_SHARDS = 1 << 20
 MAX_TARGET_BYTES = 2 << 30
 MAX_LABEL = (1 << 63) - 1
 MAX_MESSAGE_CHARS = 300
+MAX_FIELD_CHARS = 4096
+MAX_SHARD_GLOBS = 1 << 12
 
 _ASCII_INT = re.compile(r"[+-]?[0-9]{1,19}")
+
+
+def field_text_problem(text: str) -> str:
+    """What makes `text`, a string field a peer sent (a path, a name), unusable: too long, a NUL,
+    not a file name (a lone surrogate that surrogateescape does not make); "" when nothing."""
+    if len(text) > MAX_FIELD_CHARS:
+        return f"is {len(text):,} characters long, over the limit of {MAX_FIELD_CHARS:,}"
+    if "\0" in text:
+        return "holds a NUL character"
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return "is not a valid file name (it holds a lone surrogate)"
+    return ""
 
 
 def clip(value: object, limit: int = MAX_MESSAGE_CHARS) -> str:

@@ -44,6 +44,7 @@ from fastload._errors import DatasetError
 from fastload.sources._base import COMPRESSED_TAR_SUFFIXES, Source, absolute
 from fastload.sources._bounds import (
     MAX_SAMPLE_BYTES,
+    MAX_SHARD_GLOBS,
     MAX_SHARDS,
     clip,
     identity,
@@ -95,6 +96,8 @@ class TarShards(Source):
         self._parse_sizes()
         if not isinstance(self.paths, str):
             object.__setattr__(self, "paths", tuple(os.fspath(p) for p in self.paths))
+        # Bounded before anything is expanded or walked, here and wherever a daemon is sent it.
+        check_shard_patterns([self.paths] if isinstance(self.paths, str) else list(self.paths))
 
     @property
     def where(self) -> str:
@@ -106,6 +109,7 @@ class TarShards(Source):
         patterns = [self.paths] if isinstance(self.paths, str) else list(self.paths)
         if not patterns:
             raise DatasetError("TarShards needs at least one shard path")
+        check_shard_patterns(patterns)
         shards: list[str] = []
         for pattern in patterns:
             for expanded in expand_braces(pattern):
@@ -188,17 +192,8 @@ class TarShards(Source):
 def expand_braces(pattern: str) -> list[str]:
     """WebDataset's brace notation: `{000..099}` (zero-padded as written) and `{a,b,c}`, every
     brace expanded, in order; at most `MAX_SHARDS` names, counted before any is made."""
+    check_shard_patterns([pattern])
     parts = _BRACE.split(pattern)  # literal, brace body, literal, ...
-    total = 1
-    for i, part in enumerate(parts):
-        if i % 2:
-            numbers = _RANGE.match(part)
-            total *= int(numbers.group(2)) - int(numbers.group(1)) + 1 if numbers else part.count(",") + 1
-            if total > MAX_SHARDS:
-                raise DatasetError(
-                    f"{clip(pattern)} expands to over {MAX_SHARDS:,} shard names (NOTE [source bounds]): "
-                    "check its braces"
-                )
     choices: list[list[str]] = []
     for i, part in enumerate(parts):
         if i % 2 == 0:
@@ -214,6 +209,42 @@ def expand_braces(pattern: str) -> list[str]:
         width = len(lo) if lo.startswith("0") else 0
         choices.append([str(k).zfill(width) for k in range(int(lo), int(hi) + 1)])
     return ["".join(combination) for combination in itertools.product(*choices)]
+
+
+def _brace_count(pattern: str) -> int:
+    """How many names `pattern`'s braces expand to, counted without making any (at most just
+    over MAX_SHARDS: counting stops there)."""
+    parts = _BRACE.split(pattern)
+    total = 1
+    for part in parts[1::2]:
+        numbers = _RANGE.match(part)
+        total *= max(0, int(numbers.group(2)) - int(numbers.group(1)) + 1) if numbers else part.count(",") + 1
+        if total > MAX_SHARDS:
+            return MAX_SHARDS + 1
+    return total
+
+
+def check_shard_patterns(patterns: list[str]) -> None:
+    """DatasetError when `patterns`, all together, expand to over MAX_SHARDS names, or to over
+    MAX_SHARD_GLOBS names with a wildcard (each a directory to list): counted before any name is
+    made or any directory listed (NOTE [source bounds])."""
+    names = globs = 0
+    for pattern in patterns:
+        count = _brace_count(pattern)
+        names += count
+        if not is_url(pattern) and glob.has_magic(_BRACE.sub("", pattern)):  # URLs are never listed
+            globs += count
+        if names > MAX_SHARDS:
+            what = "expands" if len(patterns) == 1 else f"with the other {len(patterns) - 1} patterns expands"
+            raise DatasetError(
+                f"{clip(pattern)} {what} to over {MAX_SHARDS:,} shard names (NOTE [source bounds]): "
+                "check its braces"
+            )
+        if globs > MAX_SHARD_GLOBS:
+            raise DatasetError(
+                f"{clip(pattern)} makes over {MAX_SHARD_GLOBS:,} wildcard patterns, each a directory to "
+                "list (NOTE [source bounds]): put the wildcard outside the braces, or name the shards"
+            )
 
 
 def cache_dir() -> str | None:

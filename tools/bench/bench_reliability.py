@@ -9,12 +9,15 @@ memory over a soak. Each phase checks its invariant and reports what it did; not
 3. fuzz, fuzz-tcp: N seeded messages (valid ones mutated: bytes flipped, fields replaced, frames
    added, truncated, random bytes, oversized frames) on the daemon's local socket, and over
    loopback TCP as an allowed CURVE client; it must answer `status` after every 500.
+   fuzz-hellos, fuzz-hellos-tcp: H hellos of every source kind with fields mutated, replaced or
+   typed wrong (`fuzz_hellos.py`): every one answered, none with "internal error", none hanging.
 4. sessions: P connections each say hello claiming pid 1 and are closed; all sessions must be
    reclaimed; then a real trainer must attach.
 5. soak: for S seconds trainers attach, load four batches and leave; daemon RSS sampled each
    second: first, last, max (flat memory: nothing per session is kept after it ends).
 
     .venv/bin/python tools/bench/bench_reliability.py --data DIR [--seconds 300] [--fuzz 13000]
+        [--fuzz-hellos 10000]
 (--data: an ImageNet-layout folder; default: a generated demo folder in a temporary directory)
 """
 
@@ -42,6 +45,9 @@ import zmq
 from fastload import FastLoader
 from fastload import transforms as T
 from fastload._daemon import daemon_link as wire
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fuzz_hellos import fuzz_hellos
 
 RESIZE = [T.Resize((32, 32))]
 
@@ -397,10 +403,15 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=0.1, help="seconds between worker kills")
     parser.add_argument("--trainers", type=int, default=3)
     parser.add_argument("--fuzz", type=int, default=13000)
+    parser.add_argument("--fuzz-hellos", type=int, default=10000, help="fuzzed hellos per transport")
     parser.add_argument("--peers", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=300.0, help="length of the soak")
     parser.add_argument(
-        "--only", choices=["kills-local", "kills-daemon", "fuzz", "fuzz-tcp", "sessions", "soak"]
+        "--only",
+        choices=[
+            "kills-local", "kills-daemon", "fuzz", "fuzz-tcp", "fuzz-hellos", "fuzz-hellos-tcp",
+            "sessions", "soak",
+        ],
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fastload-rel-") as tmp:
@@ -417,6 +428,8 @@ def main() -> None:
             ),
             "fuzz": lambda: fuzz(data, base, args.fuzz, tcp=False),
             "fuzz-tcp": lambda: fuzz(data, base, args.fuzz, tcp=True),
+            "fuzz-hellos": lambda: fuzz_hellos(data, base, args.fuzz_hellos, tcp=False),
+            "fuzz-hellos-tcp": lambda: fuzz_hellos(data, base, args.fuzz_hellos, tcp=True),
             "sessions": lambda: sessions(data, base, args.peers),
             "soak": lambda: soak(data, base, args.seconds),
         }
