@@ -27,6 +27,7 @@ from daemon_helpers import (
     serve_command,
 )
 
+from fastload._daemon.confine import Roots
 from fastload.sources import HDF5, FileList, Source
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
@@ -110,6 +111,23 @@ def test_tcp_peer_cannot_read_a_file_outside_the_roots(
         op, fields = hello_reply(client, _source_hello(FileList(str(listing))))
         assert op == "welcome" and fields["num_samples"] == 2, fields
     assert daemon.status()["pid"] == daemon.pid
+
+
+def test_dot_dot_after_a_link_is_resolved_as_the_kernel_does(places: tuple[Path, Path]) -> None:
+    """`inside/dirlink/../secret.txt`, dirlink leading to `outside/sub`: the kernel opens
+    `outside/secret.txt` (`..` taken after the link); as text it was `inside/secret.txt`, which
+    the roots allowed. And a link the daemon may not read (EACCES) is allowed nowhere."""
+    inside, outside = places
+    (outside / "sub").mkdir()
+    (inside / "dirlink").symlink_to(outside / "sub")
+    (inside / "secret.txt").write_text("a decoy the text resolution found\n")
+    sneaky = f"{inside}/dirlink/../secret.txt"
+    assert Path(sneaky).read_text() == (outside / "secret.txt").read_text()
+    roots = Roots((str(inside),))
+    assert not roots.allows(sneaky)
+    assert roots.allows(f"{inside}/dirlink/../../{inside.name}/0.jpg")  # out and back in: inside
+    assert roots.allows(f"{inside}/./0.jpg") and roots.allows(f"{inside}/x/../0.jpg")
+    assert not roots.allows("/proc/1/cwd/0.jpg")  # unreadable link (EACCES) or another place
 
 
 def test_a_file_list_inside_naming_a_file_outside_is_refused(

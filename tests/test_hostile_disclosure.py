@@ -21,7 +21,15 @@ from typing import Any
 
 import pytest
 import zmq
-from daemon_helpers import REPLY_TIMEOUT_S, DaemonPool, DaemonProcess, RawClient, curve_client, hello_fields
+from daemon_helpers import (
+    REPLY_TIMEOUT_S,
+    DaemonPool,
+    DaemonProcess,
+    RawClient,
+    curve_client,
+    hello_fields,
+    hello_reply,
+)
 from helpers import build_folder, wait_until
 
 from fastload._daemon import daemon_link as wire
@@ -180,12 +188,18 @@ def test_a_newline_in_a_dataset_label_cannot_forge_a_log_line(
     assert any("\\n2030-01-01" in line for line in lines), daemon.log()
 
 
-def test_a_60kb_label_is_bounded_in_the_log_and_the_scrape(
+def test_a_long_label_is_bounded_in_the_log_and_the_scrape(
     daemon_pool: DaemonPool, image_folder: Path
 ) -> None:
+    """A 60 KB label is refused at hello (a field's text is bounded: NOTE [fields from a peer]);
+    one just under that bound is welcomed, and clipped in every log line and scrape."""
     daemon = daemon_pool.start(workers=1, extra=["--metrics", "0"])
-    label = "/" + "x" * 60_000 + "-end"
     source = json.dumps({"kind": "folder", "root": str(image_folder)})
+    with RawClient(daemon.address) as trainer:
+        huge = hello_fields(image_folder, dataset="/" + "x" * 60_000, source=source)
+        op, fields = hello_reply(trainer, huge)
+        assert op == "error" and "over the limit" in fields["message"], (op, fields)
+    label = "/" + "x" * 4_000 + "-end"
     with RawClient(daemon.address) as trainer:
         session = _welcome(trainer, hello_fields(image_folder, dataset=label, source=source))["session"]
         url = daemon.status()["metrics"]

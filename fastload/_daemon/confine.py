@@ -108,17 +108,24 @@ class Roots:
         (NOTE [object-storage roots])."""
         if "\0" in path or is_url(path):
             return _plain_url(path.split("\0", 1)[0]) or ""
-        head, tail = os.path.split(os.path.abspath(path))
-        real_head = self._dirs.get(head)
-        if real_head is None:
-            real_head = self._dirs[head] = os.path.realpath(head)
-        full = os.path.join(real_head, tail)
         try:
-            if not stat.S_ISLNK(os.lstat(full).st_mode):
-                return full
+            if "/../" in f"/{path}/":
+                # The kernel takes `..` after the links before it (`root/link/../x` is beside the
+                # link's target), `abspath` as text: resolved whole, never cut as text.
+                return os.path.realpath(os.path.join(os.getcwd(), path))
+            head, tail = os.path.split(os.path.abspath(path))
+            real_head = self._dirs.get(head)
+            if real_head is None:
+                real_head = self._dirs[head] = os.path.realpath(head)
+            full = os.path.join(real_head, tail)
+            try:
+                if not stat.S_ISLNK(os.lstat(full).st_mode):
+                    return full
+            except OSError:
+                return full  # missing: its read fails later, under this name
+            return os.path.realpath(full)
         except OSError:
-            return full  # missing: its read fails later, under this name
-        return os.path.realpath(full)
+            return ""  # a link it may not read (/proc/1/cwd): where it leads is unknown, so nowhere
 
     def allows(self, path: str) -> bool:
         real = self.resolve(path)
