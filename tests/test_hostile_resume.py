@@ -187,3 +187,28 @@ def test_a_stream_state_saved_at_its_epochs_end_resumes_at_the_next_epoch() -> N
         restored.load_state_dict(state)
         assert [b.tolist() for b in restored] == []  # the rest of the saved epoch: nothing
         assert [b.tolist() for b in restored] == following
+
+
+@pytest.mark.parametrize("seed", [-1, 2**128, True, 1.5, "3"])
+def test_a_seed_out_of_range_is_refused_at_construction(seed: Any) -> None:
+    """The seed's range is a resume state's (0..2**128-1): -1 failed at the first batch with
+    numpy's words, True and 1.5 were taken as 1 and 1."""
+    with pytest.raises(ConfigError, match=r"seed must be an integer 0\.\.2\*\*128-1"):
+        _loader(seed=seed)
+
+
+@pytest.mark.parametrize("epoch", [-1, 2**63, 2**62 + 1, True, 1.5])
+def test_an_epoch_out_of_range_is_refused_by_set_epoch(epoch: Any) -> None:
+    """-1 failed in the workers with numpy's words, 2**63 overflowed their int64."""
+    said = r"set_epoch takes an integer epoch 0\.\.2\*\*62"
+    with _loader() as loader, pytest.raises(ConfigError, match=said):
+        loader.set_epoch(epoch)
+
+
+def test_integer_seeds_and_epochs_of_numpy_and_torch_are_taken() -> None:
+    import numpy as np
+
+    with _loader(seed=np.int64(5)) as a, _loader(seed=5) as b:
+        a.set_epoch(np.int64(3))
+        b.set_epoch(torch.tensor(3))
+        assert _ids(a) == _ids(b)

@@ -14,6 +14,37 @@ import torch
 from fastload._errors import ConfigError
 from fastload._sizes import shown
 
+# The ranges of a loader's seed and of an epoch (or a count of batches or samples), one place for
+# the arguments and for resume states (NOTE [checked states] in `resume`): a seed is never
+# negative (SeedSequence takes 128 bits of entropy); epochs and counts stay within int64 with room
+# to add one (workers carry them as int64).
+SEED_LIMIT = 2**128
+COUNT_LIMIT = 2**62
+
+
+def _integer(value: object) -> int | None:
+    """`value` as an int when it is an integer (numpy's and torch's too; not a bool or a float)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        return None
+    return int(value.__index__())
+
+
+def check_seed(seed: object) -> None:
+    """`seed` (None: drawn) is an integer 0..2**128-1."""
+    value = _integer(seed)
+    if seed is not None and (value is None or not 0 <= value < SEED_LIMIT):
+        raise ConfigError(
+            f"seed must be an integer 0..2**128-1 (or None: drawn as DataLoader does), got {shown(seed)}"
+        )
+
+
+def check_epoch(epoch: object) -> int:
+    """`epoch` as `set_epoch` takes it: an integer 0..2**62, as an int."""
+    value = _integer(epoch)
+    if value is None or not 0 <= value <= COUNT_LIMIT:
+        raise ConfigError(f"set_epoch takes an integer epoch 0..2**62, got {shown(epoch)}")
+    return value
+
 
 def check_workers(
     num_workers: object,  # as given to FastLoader: checked here to be an int

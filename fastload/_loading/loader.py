@@ -19,6 +19,7 @@ import torch
 
 from fastload._daemon.client import DaemonSession
 from fastload._errors import ConfigError
+from fastload._loading.arguments import check_epoch
 from fastload._loading.array_job import ArrayJob
 from fastload._loading.bad_samples import DEFAULT_MAX_SKIPPED, SkipAccount
 from fastload._loading.epoch import EpochIterator
@@ -338,7 +339,7 @@ class FastLoader:
         DataLoader that Accelerate prepared. After `load_state_dict`, naming the epoch being
         resumed keeps the position in it; naming another starts that one at its first batch.
         """
-        epoch = int(epoch)
+        epoch = check_epoch(epoch)
         if epoch != self._epoch:
             self._resume_at = 0
         self._epoch = epoch

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError
+from fastload._loading.arguments import COUNT_LIMIT, SEED_LIMIT
 from fastload._loading.iterable import IterablePlan
 from fastload._loading.plan import SamplerPlan, ShuffledPlan
 
@@ -169,8 +170,8 @@ def convert(
 # state's batch layout (a smaller one would declare the epoch over and skip its rest), and
 # `samples_yielded` what that many batches hold (another layout resumes from it). A negative
 # position replayed samples, a negative world size repeated them, -2**63 ran for ever.
-_COUNT_LIMIT = 2**62
-_SEED_LIMIT = 2**128  # any seed a loader takes (SeedSequence's entropy is 128 bits); never negative
+_COUNT_LIMIT = COUNT_LIMIT  # epochs and counts (`arguments`: one range for arguments and states)
+_SEED_LIMIT = SEED_LIMIT
 _POSITION = ("version", "seed", "epoch", "batches_yielded")  # a version-1 state: these alone
 _SETTINGS = (
     "shuffle", "shuffle_block", "shuffle_window", "drop_last", "source", "transforms", "excluded",

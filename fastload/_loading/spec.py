@@ -24,6 +24,7 @@ from fastload._loading.arguments import (
     check_device,
     check_iterable,
     check_mp_context,
+    check_seed,
     check_workers,
     normalize_values,
 )
@@ -261,6 +262,7 @@ def build_spec(
     check_workers(num_workers, timeout, hang_timeout, prefetch_factor, persistent_workers)
     check_mp_context(multiprocessing_context, num_workers)
     check_batching(batch_size, shuffle, sampler, batch_sampler, drop_last)
+    check_seed(seed)
     if is_source and (sampler is not None or batch_sampler is not None or collate_fn is not None):
         raise ConfigError(
             "sampler, batch_sampler and collate_fn apply to Dataset inputs, not to folders and other sources"
