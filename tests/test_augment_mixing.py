@@ -27,7 +27,7 @@ from fastload import transforms as T
 from fastload._augment import mixing
 from fastload._augment.ops import to_device
 from fastload._augment.program import TrainerStages
-from fastload._loading.sample_random import BATCH_STREAM, TENSOR_STREAM, sample_uniforms
+from fastload._sample_random import BATCH_STREAM, TENSOR_STREAM, sample_uniforms
 
 
 def tv_v2() -> types.ModuleType:

@@ -25,7 +25,7 @@ from fastload import transforms as T
 from fastload._augment import affine, draws, groups, policies
 from fastload._augment.ops import to_device
 from fastload._augment.program import SampleProgram, sample_op
-from fastload._loading.sample_random import PIXELS_STREAM
+from fastload._sample_random import PIXELS_STREAM
 from fastload.transforms._policies import fill_values
 
 FILLS = [None, 0, (10, 20.5, 30)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastload._loading.sample_random import DRAWS, SampleDraws
+from fastload._sample_random import DRAWS, SampleDraws
 from fastload.transforms import (
     CenterCrop,
     RandomHorizontalFlip,

@@ -29,7 +29,7 @@ from helpers import epoch_outcomes, split_outcomes, undefined_huffman_table, wri
 from fastload import ConfigError, FastLoader, SampleError, sources
 from fastload import transforms as T
 from fastload._loading.backends import SampleFailure, boxes, make_backend
-from fastload._loading.sample_random import sample_randoms
+from fastload._sample_random import sample_randoms
 from fastload.transforms import compile_transforms
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed: `pip install fastload[dali]`")

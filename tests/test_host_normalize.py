@@ -14,7 +14,7 @@ import torch
 
 from fastload._loading.delivery import ImageOutput
 from fastload._loading.host_normalize import HostNormalizer
-from fastload._loading.native import native_jpeg
+from fastload._native_jpeg import native_jpeg
 
 OUTPUT = ImageOutput(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
 needs_native = pytest.mark.skipif(native_jpeg() is None, reason="the native extension is not built")

@@ -27,8 +27,8 @@ from helpers import wait_until
 
 from fastload import ConfigError, FastLoader
 from fastload._diagnostics.metrics import VERDICTS, DaemonCollector, MetricsServer, parse_address, servers
-from fastload._loading.shm import STATS_TAG
 from fastload._machine import SHM_DIR
+from fastload._shm import STATS_TAG
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 

@@ -26,7 +26,7 @@ from fastload import ConfigError, DatasetError, FastLoader, sources
 from fastload import transforms as T
 from fastload.__main__ import main
 from fastload._diagnostics.verify import verify
-from fastload._loading.exclusion import write_list
+from fastload._exclusion import write_list
 from fastload.sources import _pack_writer, _reencode
 from fastload.sources._image_bytes import damage
 

@@ -29,7 +29,7 @@ from daemon_helpers import DaemonPool
 
 from fastload import FastLoader
 from fastload import transforms as T
-from fastload._loading.native import built_native_jpeg
+from fastload._native_jpeg import built_native_jpeg
 from fastload.sources import HDF5, ImageFolder, Packed, TarShards, pack
 
 FIXTURE = Path(__file__).parent / "fixtures" / "golden"

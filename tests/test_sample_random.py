@@ -1,11 +1,11 @@
-"""Per-sample random numbers (`_loading.sample_random`): a sample's draws depend on (seed, epoch,
+"""Per-sample random numbers (`_sample_random`): a sample's draws depend on (seed, epoch,
 index) alone, whatever else is in its task, and look uniform."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from fastload._loading.sample_random import DRAWS, SampleRandom, sample_randoms, sample_uniforms
+from fastload._sample_random import DRAWS, SampleRandom, sample_randoms, sample_uniforms
 
 
 def test_a_samples_draws_do_not_depend_on_its_task() -> None:

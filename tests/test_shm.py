@@ -27,9 +27,9 @@ import pytest
 from helpers import SHM_DIR, fastload_segments, live_children, pid_alive, unlink_segments, wait_until
 from torch.utils.data import Dataset
 
+import fastload._shm as _shm
 from fastload import FastLoader, SharedMemoryError
 from fastload import transforms as T
-from fastload._loading import shm as _shm
 from fastload._paths import reap_engine_dirs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -344,7 +344,7 @@ def test_sigterm_handler_chains_to_the_programs_own(tmp_path: Path) -> None:
 FD_SCRIPT = """
 import os, resource, sys
 from fastload import SharedMemoryError
-from fastload._loading import shm as _shm
+import fastload._shm as _shm
 from fastload._loading.ring import Ring
 
 mode, slots = sys.argv[1], int(sys.argv[2])

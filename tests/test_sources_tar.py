@@ -27,7 +27,7 @@ from helpers import epoch_with_ids, write_tar_shards
 
 from fastload import DatasetError, FastLoader, SampleError, sources
 from fastload import transforms as T
-from fastload._loading.shm import Segment
+from fastload._shm import Segment
 from fastload.sources import _extents
 from fastload.sources import _tar as tar_module
 from fastload.sources._extents import ExtentIndex

@@ -21,7 +21,7 @@ from helpers import build_folder, write_tar_shards
 
 from fastload import ConfigError, FastLoader
 from fastload._diagnostics.verify import verify
-from fastload._loading.exclusion import read_list, write_list
+from fastload._exclusion import read_list, write_list
 from fastload.sources import TarShards
 
 pytestmark = pytest.mark.timeout(120)

@@ -26,7 +26,7 @@ from fastload._augment.color import (
     solarize,
 )
 from fastload._augment.ops import DeviceParams, Params, SampleOp
-from fastload._loading.native import native_pass
+from fastload._native_jpeg import native_pass
 from fastload.transforms._color import (
     ColorJitter,
     GaussianBlur,

@@ -4,7 +4,7 @@ Gamma, and the Dirichlet and Beta weights AugMix mixes with.
 A sample's parameters must depend on its uniforms alone (`fastload._augment.ops`), but Gamma
 variates of an arbitrary shape have no closed-form inverse CDF, and exact samplers reject a
 random number of candidates. So one uniform per sample keys a counter-based stream (SplitMix64's
-finalizer over (key, counter), the generator of `fastload._loading.sample_random`) with as many
+finalizer over (key, counter), the generator of `fastload._sample_random`) with as many
 further uniforms as the sampler needs, and Marsaglia & Tsang's method (ACM TOMS 26(3), 2000)
 runs on all the pending variates of a batch at once, round after round, until each has accepted a
 candidate (more than 95% do in every round). The variates are exact Gamma draws (to double
@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from fastload._loading.sample_random import SPLITMIX_GAMMA, splitmix64
+from fastload._sample_random import SPLITMIX_GAMMA, splitmix64
 
 _U53 = 2.0**-53
 _TRIES = 1 << 10  # rounds before giving up on a variate: never reached (rejection < 5% a round)

@@ -18,8 +18,8 @@ import torch
 
 from fastload._augment.ops import BatchOp, DeviceParams, Params, SampleOp
 from fastload._errors import ConfigError
-from fastload._loading.native import native_pass
-from fastload._loading.sample_random import uniform_integers
+from fastload._native_jpeg import native_pass
+from fastload._sample_random import uniform_integers
 from fastload.transforms import CutMix, MixUp, RandomChoice, RandomErasing
 
 _TRIES = 10  # torchvision's RandomErasing.get_params tries this many boxes before giving up

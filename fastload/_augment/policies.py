@@ -44,7 +44,7 @@ from fastload._augment.spaces import (
     TRIVIALAUGMENT_SPACE,
     Operation,
 )
-from fastload._loading.sample_random import uniform_integers
+from fastload._sample_random import uniform_integers
 from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide, fill_values
 
 # Kernels: what each photometric operation runs, and its parameter from the signed magnitude

@@ -14,7 +14,7 @@ import torch
 from fastload._augment import color_ops, mixing, policies, timm_ops
 from fastload._augment.ops import BatchOp, Params, SampleOp, to_device
 from fastload._errors import ConfigError
-from fastload._loading.sample_random import BATCH_STREAM, PIXELS_STREAM, TENSOR_STREAM, sample_uniforms
+from fastload._sample_random import BATCH_STREAM, PIXELS_STREAM, TENSOR_STREAM, sample_uniforms
 from fastload.transforms import Transform, TransformPlan
 
 _SAMPLE_OPS: dict[type, Callable[[Any], SampleOp]] = {

@@ -22,7 +22,7 @@ from fastload._augment.affine import Fill, policy_op_
 from fastload._augment.mixing import _beta, _check_batch
 from fastload._augment.ops import BatchOp, DeviceParams, Params, SampleOp
 from fastload._augment.policies import _bound
-from fastload._loading.sample_random import uniform_integers
+from fastload._sample_random import uniform_integers
 from fastload.transforms._policies import fill_values
 from fastload.transforms._timm_transforms import RandomApply, TimmMixup, TimmRandAugment
 

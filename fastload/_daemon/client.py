@@ -26,8 +26,8 @@ from fastload._errors import DaemonError
 from fastload._loading.executor import Event, Failure, Task
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import Ring
-from fastload._loading.shm import Segment
 from fastload._machine import pid_alive
+from fastload._shm import Segment
 
 CONNECT_TIMEOUT_S = 5.0
 _PING_EVERY_S = 1.0

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from fastload._bad_samples import SkippedSample
 from fastload._errors import WireError as WireError  # raised by the checks here; `wire.WireError` to callers
-from fastload._loading.bad_samples import SkippedSample
 from fastload._loading.executor import Done, Failure
 
 VERSION = 1

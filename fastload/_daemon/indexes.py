@@ -24,7 +24,7 @@ from fastload._daemon.confine import Refused, Roots, source_name
 from fastload._daemon.opener import Opened, Opener, OpenFailed, Opening, OpenLimits
 from fastload._errors import DatasetError
 from fastload._labels import label
-from fastload._loading.shm import Segment
+from fastload._shm import Segment
 from fastload._sizes import format_size
 from fastload.sources import ImageFolder, Source
 from fastload.sources._index import SHARED_INDEX_TYPES, SampleIndex

@@ -51,8 +51,8 @@ from typing import Any
 
 from fastload._errors import DatasetError, FastloadError
 from fastload._labels import label
-from fastload._loading.shm import PREFIX, Segment, own_segments, unlink
 from fastload._machine import SHM_DIR
+from fastload._shm import PREFIX, Segment, own_segments, unlink
 from fastload._sizes import format_size
 
 log = logging.getLogger("fastload.daemon")

@@ -50,9 +50,9 @@ from fastload._loading.executor import Done, Event, Failure
 from fastload._loading.jobs import ImageJob
 from fastload._loading.read_ahead import task_read_ahead
 from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
-from fastload._loading.shm import Segment, ensure_fd_room, preflight, reap_orphans
 from fastload._machine import pid_alive
 from fastload._paths import private_dir, reap_engine_dirs, runtime_dir
+from fastload._shm import Segment, ensure_fd_room, preflight, reap_orphans
 from fastload._sizes import format_size
 from fastload.transforms import TransformPlan
 

@@ -248,7 +248,7 @@ def decode_rate(
     through `plan` (a compiled chain: its decode-time crops, then its pixel stage)."""
     from fastload._augment.program import SampleProgram
     from fastload._loading.backends import SampleFailure, make_backend
-    from fastload._loading.sample_random import PIXELS_STREAM, sample_randoms
+    from fastload._sample_random import PIXELS_STREAM, sample_randoms
 
     backend = make_backend("native", plan)
     pixels = SampleProgram(plan.pixels, PIXELS_STREAM)

@@ -4,7 +4,7 @@ A dataset of millions of images is checked once, before a week of training, not 
 at a time during it. Every sample is read and decoded whole (a resize to a thumbnail: libjpeg's
 DCT scaling still entropy-decodes every block, so a damaged or cut file fails as it would in
 training) by the loader's own workers, with `on_error="skip"`; the broken ones are written as an
-exclusion list (`_loading.exclusion`) that `FastLoader(exclude=...)` reads.
+exclusion list (`_exclusion`) that `FastLoader(exclude=...)` reads.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from fastload._errors import ConfigError, SampleError
-from fastload._loading.exclusion import write_list
+from fastload._exclusion import write_list
 from fastload._progress import ProgressLine
 
 # Small batches: a broken sample makes its batch load again with a stand-in (NOTE [bad samples]).

@@ -61,7 +61,7 @@ from fastload._loading.host_normalize import HostNormalizer
 from fastload._loading.jobs import failure_of
 from fastload._loading.layout import BatchLayout
 from fastload._loading.nvjpeg_decoder import NvjpegDecoder
-from fastload._loading.sample_random import sample_randoms
+from fastload._sample_random import sample_randoms
 from fastload.sources._index import ReadBuffer, ReadFailure, SampleIndex
 from fastload.transforms import TransformPlan
 

@@ -29,7 +29,7 @@ from fastload._augment.program import TrainerStages
 from fastload._loading.host_normalize import HostNormalizer
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import Ring
-from fastload._loading.shm import Segment
+from fastload._shm import Segment
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from fastload._loading.bad_samples import SkippedSample
+from fastload._bad_samples import SkippedSample
 
 if TYPE_CHECKING:  # not at run time: layout imports torch, which `fastload status` must not pay
     from fastload._loading.layout import BatchLayout

@@ -16,7 +16,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from fastload._loading.native import native_pass
+from fastload._native_jpeg import native_pass
 
 # NOTE [reused outputs]: a batch handed to the user is a view of `np.frombuffer(buffer)`; torch
 # keeps that array alive while any view of the batch lives (also slices the user keeps), so the

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from fastload._bad_samples import SkippedSample
 from fastload._errors import ConfigError
-from fastload._loading.bad_samples import SkippedSample
 from fastload._loading.executor import Done, Task
 from fastload._loading.jobs import (
     JobFailed,

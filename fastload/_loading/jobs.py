@@ -20,16 +20,16 @@ import numpy as np
 import torch
 
 from fastload._augment.program import SampleProgram
+from fastload._bad_samples import MAX_ATTEMPTS, SkippedSample, reason_of, replacement
 from fastload._errors import exception_type_name
 from fastload._loading.backends import SampleFailure, make_backend
-from fastload._loading.bad_samples import MAX_ATTEMPTS, SkippedSample, reason_of, replacement
 from fastload._loading.executor import Done, Event, Failure, Opaque, Probed, Task
 from fastload._loading.host_normalize import HostNormalizer
 from fastload._loading.layout import BatchLayout, LayoutMismatch
 from fastload._loading.plan import batch_seed
-from fastload._loading.sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
-from fastload._loading.shm import Segment
 from fastload._machine import run_delay_since, thread_run_delay_ns
+from fastload._sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
+from fastload._shm import Segment
 from fastload.sources._beneath import Beneath
 from fastload.sources._index import (
     SHARED_INDEX_TYPES,

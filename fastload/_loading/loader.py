@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastload._bad_samples import DEFAULT_MAX_SKIPPED, SkipAccount
 from fastload._daemon.client import DaemonSession
 from fastload._errors import ConfigError
+from fastload._exclusion import ExcludeArg, kept_indices
+from fastload._exclusion import digest as exclusion_digest
 from fastload._loading.arguments import check_epoch
 from fastload._loading.array_job import ArrayJob
-from fastload._loading.bad_samples import DEFAULT_MAX_SKIPPED, SkipAccount
 from fastload._loading.epoch import EpochIterator
-from fastload._loading.exclusion import ExcludeArg, kept_indices
-from fastload._loading.exclusion import digest as exclusion_digest
 from fastload._loading.iterable import IterableJob, IterablePlan
 from fastload._loading.jobs import DatasetJob, ImageJob, Job
 from fastload._loading.pipeline import Pipeline
@@ -33,9 +33,9 @@ from fastload._loading.read_ahead import ReadAhead, read_ahead
 from fastload._loading.resume import STATE_VERSION, check_state, convert, fingerprint, plain
 from fastload._loading.ring import EXTRA_SLOTS
 from fastload._loading.sanity import check_settings_sense
-from fastload._loading.shm import preflight
 from fastload._loading.spec import build_spec
 from fastload._loading.stats import LoaderStats, format_summary
+from fastload._shm import preflight
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._index import SampleIndex
 from fastload.transforms import Transform, to_config

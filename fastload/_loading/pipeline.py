@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from fastload._augment.program import TrainerStages
+from fastload._bad_samples import SkipAccount, SkippedSample, stand_ins
 from fastload._errors import LoaderTimeout
-from fastload._loading.bad_samples import SkipAccount, SkippedSample, stand_ins
 from fastload._loading.delivery import CpuDelivery, CudaDelivery, make_delivery
 from fastload._loading.engine import Engine, raise_failure
 from fastload._loading.executor import Done, Event, Executor, Failure, Opaque, Probed, RemoteExecutor, Task
@@ -33,10 +33,10 @@ from fastload._loading.inline import InlineExecutor
 from fastload._loading.jobs import Job
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import EXTRA_SLOTS, Ring
-from fastload._loading.shm import install_signal_cleanup, preflight, reap_orphans
 from fastload._loading.spec import LoaderSpec
 from fastload._loading.stats import StatsWriter
 from fastload._paths import reap_engine_dirs
+from fastload._shm import install_signal_cleanup, preflight, reap_orphans
 
 _POLL_S = 0.05
 # A cold batch is split so that each part keeps at least this many rows.
@@ -473,8 +473,8 @@ def _dali_executor(job: Job, spec: LoaderSpec) -> Executor:
     """The in-process GPU-decoding executor for a source's image job (`spec.decodes_in_trainer`)."""
     from fastload._loading.dali_executor import DaliExecutor
     from fastload._loading.jobs import ImageJob
-    from fastload._loading.native import built_native_jpeg
     from fastload._loading.nvjpeg_decoder import NVJPEG_READ_THREADS
+    from fastload._native_jpeg import built_native_jpeg
 
     if not isinstance(job, ImageJob) or spec.transforms is None or spec.images is None:
         raise ValueError("the DALI executor runs sources of encoded images only")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from fastload._loading.shm import Segment, ensure_fd_room, preflight
+from fastload._shm import Segment, ensure_fd_room, preflight
 
 # Ring slots beyond `prefetch`: the batch the user holds while asking for the next, and one spare.
 EXTRA_SLOTS = 2
@@ -43,7 +43,7 @@ def _create_slot(slot_bytes: int) -> Segment:
 
 class Ring:
     """Slots of `slot_bytes` each, made up front (after /dev/shm capacity and file-descriptor
-    checks: before Python 3.13 every mapped slot holds one fd, see fastload._loading.shm) by `allocate`.
+    checks: before Python 3.13 every mapped slot holds one fd, see fastload._shm) by `allocate`.
 
     In local mode the trainer creates its slots; attached to a daemon, `allocate` asks the daemon
     for one more slot of the session's ring and attaches it.

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from fastload._bad_samples import DEFAULT_MAX_SKIPPED, check_policy
 from fastload._daemon.addresses import resolve_address
 from fastload._errors import ConfigError
 from fastload._loading.arguments import (
@@ -29,7 +30,6 @@ from fastload._loading.arguments import (
     normalize_values,
 )
 from fastload._loading.backends import BACKENDS
-from fastload._loading.bad_samples import DEFAULT_MAX_SKIPPED, check_policy
 from fastload._loading.delivery import ImageOutput
 from fastload._loading.plan import GeneratorShuffle
 from fastload._loading.ranks import process_position

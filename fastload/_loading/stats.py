@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastload._loading.shm import STATS_TAG, Segment, own_segments
 from fastload._machine import pid_alive
+from fastload._shm import STATS_TAG, Segment, own_segments
 
 MAGIC = b"FLSTATS1"
 VERSION = 6  # 2: read_runq_ns; 3: epochs, epoch_start_wait_ns; 4: augment_ns; 5: skipped; 6: net_*, cache_*

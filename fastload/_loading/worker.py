@@ -27,7 +27,7 @@ from fastload._loading import worker_link as proto
 from fastload._loading.executor import Event
 from fastload._loading.jobs import ImageJob, Job, failure_of, run_task
 from fastload._loading.layout import BatchLayout
-from fastload._loading.shm import Segment
+from fastload._shm import Segment
 
 _PARENT_CHECK_MS = 1000
 

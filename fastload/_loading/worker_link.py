@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload._loading.bad_samples import SkippedSample
+from fastload._bad_samples import SkippedSample
 from fastload._loading.executor import Done, Event, Failure, Opaque, Probed, Task
 from fastload._loading.layout import BatchLayout
 

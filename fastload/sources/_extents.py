@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fastload._errors import DatasetError, SourceChanged
-from fastload._loading.shm import Segment
+from fastload._shm import Segment
 from fastload.sources._beneath import Beneath, open_file
 from fastload.sources._bounds import check_regular, clip, identity
 from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure, pack_strings

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload._loading.shm import Segment
+from fastload._shm import Segment
 from fastload.sources._arrays import MappedRows, PerProcess
 from fastload.sources._base import Source
 from fastload.sources._beneath import Beneath

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from fastload._loading.shm import Segment
+from fastload._shm import Segment
 from fastload.sources._bounds import MAX_SAMPLE_BYTES, open_regular, read_bounded
 
 if TYPE_CHECKING:

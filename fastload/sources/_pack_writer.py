@@ -42,9 +42,9 @@ from typing import Any
 
 import numpy as np
 
+from fastload._bad_samples import ON_ERROR
 from fastload._errors import ConfigError, DatasetError, FastloadError
-from fastload._loading.bad_samples import ON_ERROR
-from fastload._loading.exclusion import ExcludeArg, kept_indices
+from fastload._exclusion import ExcludeArg, kept_indices
 from fastload._sizes import parse_size
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._base import Source, as_source

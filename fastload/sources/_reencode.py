@@ -49,7 +49,7 @@ import numpy as np
 from fastload._encoded_bytes import JPEG_MAGIC
 from fastload._errors import ConfigError, DatasetError
 from fastload._loading.backends.undecodable import describe
-from fastload._loading.native import built_native_jpeg
+from fastload._native_jpeg import built_native_jpeg
 from fastload.sources._image_bytes import damage
 from fastload.sources._index import ReadFailure, SampleIndex
 

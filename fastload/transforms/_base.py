@@ -36,7 +36,7 @@ class Transform:
 
 class RandomSource(Protocol):
     """Where a sample's random choices come from: a numpy Generator, or (in workers) the
-    counter-based `SampleRandom` of `fastload._loading.sample_random`."""
+    counter-based `SampleRandom` of `fastload._sample_random`."""
 
     def random(self) -> float: ...
     def uniform(self, low: float, high: float) -> float: ...

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastload._loading.sample_random import uniform_integers
+from fastload._sample_random import uniform_integers
 from fastload.transforms._base import pair
 from fastload.transforms._geometric import (
     CenterCrop,

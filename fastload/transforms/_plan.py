@@ -117,7 +117,7 @@ class TransformPlan:
 # slots] in `_loading.jobs`); otherwise the tensor stage runs in the trainer's process on the
 # batch's device, after normalization. The batch stage always runs in the trainer's process, since
 # it needs the whole batch, where a worker has only its rows.
-# Every random choice comes from (seed, epoch, sample index) (`_loading.sample_random`), so a
+# Every random choice comes from (seed, epoch, sample index) (`_sample_random`), so a
 # batch is the same whichever worker, device or stage ran it (within float rounding on a GPU).
 # torchvision lets colour transforms come before a crop; here they come after the geometry, and
 # a chain in another order is refused (contrast, autocontrast and equalize read the whole image,

@@ -34,7 +34,7 @@ def measure(data: str, epochs: int, cpu: int) -> list[dict[str, float]]:
     os.sched_setaffinity(0, {cpu})
     import fastload
     import fastload._loading.backends.native as native_backend
-    from fastload._loading.native import native_jpeg
+    from fastload._native_jpeg import native_jpeg
     from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop
 
     jpeg = native_jpeg()

@@ -46,7 +46,7 @@ def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
     """Return the backend called `name`, configured with `plan`."""
     draft = False  # backend="pil": torchvision's pixels on PIL images (NOTE [Pillow's pixels])
     if name == "native":
-        from fastload._loading.native import native_jpeg
+        from fastload._native_jpeg import native_jpeg
 
         jpeg = native_jpeg()
         if jpeg is not None:
@@ -73,7 +73,7 @@ def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
                 "`pip install fastload[dali]` (or `pip install nvidia-dali-cuda120`), or use "
                 "backend='native'"
             ) from e
-        from fastload._loading.native import built_native_jpeg
+        from fastload._native_jpeg import built_native_jpeg
 
         return DaliBackend(plan, built_native_jpeg())
     if name == "nvjpeg":

@@ -97,7 +97,7 @@ class DaliBackend:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from fastload._loading.native import built_native_jpeg
+        from fastload._native_jpeg import built_native_jpeg
 
         self.__dict__.update(state)
         self._jpeg = built_native_jpeg()

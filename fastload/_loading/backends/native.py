@@ -15,7 +15,7 @@ import numpy as np
 
 from fastload._encoded_bytes import JPEG_MAGIC
 from fastload._loading.backends.undecodable import sample_failure
-from fastload._loading.sample_random import SampleDraws
+from fastload._sample_random import SampleDraws
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
 from fastload.transforms._batch_geometry import sample_batch
 
