@@ -18,9 +18,8 @@ from helpers import build_folder
 
 from fastload import ConfigError, DatasetError, FastLoader, SampleError
 from fastload._bad_samples import SkippedSample, replacement
-from fastload._daemon import daemon_link
 from fastload._errors import WireError
-from fastload._loading import worker_link
+from fastload._loading import daemon_link, worker_link
 from fastload._loading.executor import Done, Opaque
 
 pytestmark = pytest.mark.timeout(120)

@@ -44,8 +44,8 @@ from hypothesis import strategies as st
 
 from fastload import DaemonError, FastLoader
 from fastload import transforms as T
-from fastload._daemon import daemon_link as wire
-from fastload._daemon.addresses import default_address
+from fastload._loading import daemon_link as wire
+from fastload._loading.daemon_addresses import default_address
 from fastload._paths import runtime_dir
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(90)]

@@ -22,7 +22,7 @@ import pytest
 from daemon_helpers import DaemonProcess, hello_fields
 
 from fastload import transforms as T
-from fastload._daemon.client import DaemonSession
+from fastload._loading.daemon_client import DaemonSession
 from fastload._loading.engine import Engine
 from fastload._loading.executor import Done, Event, Executor, Failure, Task
 from fastload._loading.inline import InlineExecutor

@@ -20,8 +20,8 @@ import pytest
 import zmq
 from daemon_helpers import REPLY_TIMEOUT_S, DaemonPool, RawClient, curve_client, hello_fields, hello_reply
 
-from fastload._daemon import daemon_link as wire
 from fastload._daemon.confine import Refused, Roots, check_hdf5
+from fastload._loading import daemon_link as wire
 from fastload.sources import HDF5
 from fastload.sources._hdf5 import HDF5BytesIndex
 

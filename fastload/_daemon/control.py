@@ -16,10 +16,10 @@ from typing import Any, TextIO
 
 import zmq
 
-from fastload._daemon import daemon_link as wire
-from fastload._daemon.addresses import default_address, no_daemon_at, resolve_address
 from fastload._errors import ConfigError, DaemonError
 from fastload._labels import label
+from fastload._loading import daemon_link as wire
+from fastload._loading.daemon_addresses import default_address, no_daemon_at, resolve_address
 from fastload._machine import SHM_DIR, usable_cores
 from fastload._sizes import format_size, parse_size, shown
 

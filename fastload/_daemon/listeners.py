@@ -11,9 +11,9 @@ from typing import Any
 
 import zmq
 
-from fastload._daemon import daemon_link as wire
 from fastload._daemon.peers import ConnectionTracker
 from fastload._errors import ConfigError, DaemonError
+from fastload._loading import daemon_link as wire
 from fastload._machine import pid_alive
 from fastload._paths import remove_if_fallback
 

@@ -18,8 +18,8 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from fastload._daemon import daemon_link as wire
 from fastload._daemon.sessions import Session
+from fastload._loading import daemon_link as wire
 from fastload._loading.engine import Engine
 from fastload._loading.executor import Done, Event, Failure, Task
 

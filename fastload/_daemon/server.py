@@ -35,7 +35,6 @@ from typing import Any
 
 import zmq
 
-from fastload._daemon import daemon_link as wire
 from fastload._daemon.confine import check_roots
 from fastload._daemon.indexes import DatasetIndexes, IndexEntry, IndexLimits
 from fastload._daemon.listeners import Listeners
@@ -45,6 +44,7 @@ from fastload._daemon.scheduler import Scheduler
 from fastload._daemon.sessions import PendingHello, Session, batch_frames, check_hello, peer_view, status_row
 from fastload._errors import DaemonError, FastloadError, WorkerError
 from fastload._labels import label
+from fastload._loading import daemon_link as wire
 from fastload._loading.engine import Engine
 from fastload._loading.executor import Done, Event, Failure
 from fastload._loading.jobs import ImageJob

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastload._bad_samples import ON_ERROR
-from fastload._daemon.daemon_link import MAX_BATCH
 from fastload._daemon.peers import Peer
 from fastload._errors import ConfigError, DaemonError
+from fastload._loading.daemon_link import MAX_BATCH
 from fastload._loading.executor import Done, Failure, Task
 from fastload._loading.layout import BatchLayout
 from fastload._loading.read_ahead import TaskReadAhead

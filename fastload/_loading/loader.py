@@ -18,12 +18,12 @@ import numpy as np
 import torch
 
 from fastload._bad_samples import DEFAULT_MAX_SKIPPED, SkipAccount
-from fastload._daemon.client import DaemonSession
 from fastload._errors import ConfigError
 from fastload._exclusion import ExcludeArg, kept_indices
 from fastload._exclusion import digest as exclusion_digest
 from fastload._loading.arguments import check_epoch
 from fastload._loading.array_job import ArrayJob
+from fastload._loading.daemon_client import DaemonSession
 from fastload._loading.epoch import EpochIterator
 from fastload._loading.iterable import IterableJob, IterablePlan
 from fastload._loading.jobs import DatasetJob, ImageJob, Job

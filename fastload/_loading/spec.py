@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from fastload._bad_samples import DEFAULT_MAX_SKIPPED, check_policy
-from fastload._daemon.addresses import resolve_address
 from fastload._errors import ConfigError
 from fastload._loading.arguments import (
     check_batching,
@@ -30,6 +29,7 @@ from fastload._loading.arguments import (
     normalize_values,
 )
 from fastload._loading.backends import BACKENDS
+from fastload._loading.daemon_addresses import resolve_address
 from fastload._loading.delivery import ImageOutput
 from fastload._loading.plan import GeneratorShuffle
 from fastload._loading.ranks import process_position
@@ -192,7 +192,7 @@ class LoaderSpec:
         return dataclasses.replace(self, seed=seed)
 
     def hello(self) -> dict[str, Any]:
-        """The daemon `hello` for this spec (`_daemon.daemon_link`); prefetch 0: the daemon sizes the ring."""
+        """The daemon `hello` for this spec (`daemon_link`); prefetch 0: the daemon sizes the ring."""
         assert self.source is not None and self.transforms is not None and self.batch_size is not None
         return {
             "dataset": self.source.where,

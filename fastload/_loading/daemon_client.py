@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import zmq
 
-from fastload._daemon import daemon_link as wire
-from fastload._daemon.addresses import no_daemon_at
 from fastload._errors import DaemonError
+from fastload._loading import daemon_link as wire
+from fastload._loading.daemon_addresses import no_daemon_at
 from fastload._loading.executor import Event, Failure, Task
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import Ring
