@@ -28,6 +28,18 @@ from fastload._errors import (
     WireError,
     WorkerError,
 )
+from fastload._metrics_seam import plug_exporter as _plug_exporter
+
+
+def _export_loader(loader: object, address: tuple[str, int], rank: int) -> object:
+    """The loaders' Prometheus exporter, imported only when a loader asks for metrics (NOTE [the
+    exporter seam] in `_metrics_seam`): `import fastload` imports no diagnostics."""
+    from fastload._diagnostics.metrics import export_loader
+
+    return export_loader(loader, address, rank)
+
+
+_plug_exporter(_export_loader)
 
 if _typing.TYPE_CHECKING:
     from fastload import sources, transforms

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from fastload.__main__ import _build_parser
-from fastload._diagnostics.metrics import parse_address
+from fastload._metrics_seam import parse_address
 
 yaml = pytest.importorskip("yaml")
 DOCKER = Path(__file__).resolve().parent.parent / "docker"

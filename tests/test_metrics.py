@@ -26,8 +26,9 @@ from daemon_helpers import RESIZE, DaemonPool, serve_command
 from helpers import wait_until
 
 from fastload import ConfigError, FastLoader
-from fastload._diagnostics.metrics import VERDICTS, DaemonCollector, MetricsServer, parse_address, servers
+from fastload._diagnostics.metrics import VERDICTS, DaemonCollector, MetricsServer, servers
 from fastload._machine import SHM_DIR
+from fastload._metrics_seam import parse_address
 from fastload._shm import STATS_TAG
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")

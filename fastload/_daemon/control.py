@@ -112,7 +112,7 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
     check_roots(listen, roots)
     metrics = table.get("metrics")
     if metrics is not None:
-        from fastload._diagnostics.metrics import parse_address
+        from fastload._metrics_seam import parse_address
 
         metrics = parse_address(metrics)
     config = DaemonConfig(

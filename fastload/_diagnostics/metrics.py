@@ -17,7 +17,6 @@ current one and 0 for the others, so its set of series is fixed.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import threading
 import time
@@ -36,8 +35,6 @@ from fastload._machine import SHM_DIR, usable_cores
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-ENV = "FASTLOAD_METRICS"  # a launcher's way to turn metrics on: PORT or HOST:PORT, + LOCAL_RANK
-LOOPBACK = "127.0.0.1"
 VERDICTS = (
     "idle",
     "not the bottleneck",
@@ -50,32 +47,6 @@ VERDICTS = (
 )
 STAGES = ("read", "decode", "augment", "slot_wait", "h2d")
 _RATE_WINDOW_S = 1.0  # per-second figures and the verdict cover at least this much time
-
-
-def parse_address(value: str | int) -> tuple[str, int]:
-    """`9400` or "9400" -> (127.0.0.1, 9400): loopback unless a host is named ("0.0.0.0:9400",
-    "[::]:9400", "node7:9400"); ConfigError for anything else."""
-    text = str(value).strip()
-    host, sep, port_text = text.rpartition(":")
-    bracketed = host.startswith("[") and host.endswith("]")
-    if not sep:
-        host = LOOPBACK
-    elif bracketed:
-        host = host[1:-1]
-    valid_host = bool(host) and (_ipv6(host) if bracketed else ":" not in host and "/" not in host)
-    if not (port_text.isdigit() and int(port_text) <= 65535 and valid_host):
-        raise ConfigError(
-            f"metrics address {value!r} is not PORT or HOST:PORT (e.g. 9400, 127.0.0.1:9400, 0.0.0.0:9400, "
-            "[::1]:9400); a port is 0..65535"
-        )
-    return host, int(port_text)
-
-
-def _ipv6(host: str) -> bool:
-    try:
-        return isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address)
-    except ValueError:
-        return False
 
 
 def _prometheus() -> Any:
@@ -552,21 +523,6 @@ class LoaderExport:
             if self.server.collector.remove(self.entry):
                 _servers.pop(self.key, None)
                 self.server.close()
-
-
-def metrics_setting(metrics: str | int | None) -> tuple[str, int] | None:
-    """FastLoader's `metrics=` checked, or else the launcher's FASTLOAD_METRICS (its port plus
-    LOCAL_RANK, so that each rank of a machine serves its own)."""
-    if metrics is not None:
-        return parse_address(metrics)
-    value = os.environ.get(ENV, "").strip()
-    if not value:
-        return None
-    host, port = parse_address(value)
-    local_rank = os.environ.get("LOCAL_RANK", "0")
-    if port and local_rank.isdigit():
-        port += int(local_rank)
-    return host, port
 
 
 def export_loader(loader: Any, address: tuple[str, int] | None, rank: int) -> LoaderExport | None:

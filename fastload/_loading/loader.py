@@ -35,6 +35,7 @@ from fastload._loading.ring import EXTRA_SLOTS
 from fastload._loading.sanity import check_settings_sense
 from fastload._loading.spec import build_spec
 from fastload._loading.stats import LoaderStats, format_summary
+from fastload._metrics_seam import export_loader
 from fastload._shm import preflight
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._index import SampleIndex
@@ -202,7 +203,7 @@ class FastLoader:
         self._undrawn: tuple[int, int] | None = None  # (epoch, resume_at) before an iteration's first batch
         self._fingerprint: dict[str, Any] | None = None  # the source's, for state_dict (computed once)
         self._closed = False
-        self._metrics = _export_metrics(self, self._spec.metrics, self._spec.rank)
+        self._metrics = export_loader(self, self._spec.metrics, self._spec.rank)  # NOTE [the exporter seam]
 
     # DataLoader's attributes, read from the spec.
     @property
@@ -576,13 +577,3 @@ class FastLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _export_metrics(loader: FastLoader, address: tuple[str, int] | None, rank: int) -> Any:
-    """Serve `loader`'s statistics to Prometheus on `address` (`_diagnostics.metrics`, imported only
-    then: `import fastload` imports no diagnostics); None when not asked for."""
-    if address is None:
-        return None
-    from fastload._diagnostics.metrics import export_loader
-
-    return export_loader(loader, address, rank)

@@ -35,6 +35,7 @@ from fastload._loading.plan import GeneratorShuffle
 from fastload._loading.ranks import process_position
 from fastload._loading.ring import MAX_PREFETCH, default_prefetch
 from fastload._machine import usable_cores
+from fastload._metrics_seam import metrics_setting
 from fastload.sources import DAEMON_SOURCE_KINDS, ImageFolder, Source, as_source
 from fastload.transforms import (
     Transform,
@@ -309,11 +310,7 @@ def build_spec(
         if source is not None and source.kind not in DAEMON_SOURCE_KINDS:
             raise ConfigError(f"a daemon does not serve {source.kind} sources: load them without daemon=")
         daemon = resolve_address(daemon)
-    metrics_address = None
-    if metrics is not None or os.environ.get("FASTLOAD_METRICS"):  # diagnostics only when asked for
-        from fastload._diagnostics.metrics import metrics_setting
-
-        metrics_address = metrics_setting(metrics)
+    metrics_address = metrics_setting(metrics)
     if generator is not None and shuffle and not is_source and sampler is None and batch_sampler is None:
         # DataLoader's order from `generator` (NOTE [DataLoader's order from a generator]).
         if seed is None:
