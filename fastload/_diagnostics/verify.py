@@ -44,8 +44,8 @@ def verify(
 ) -> Verified:
     """Load every sample of the source at `path` once; `progress(done, total, broken, seconds)`
     about once a second."""
-    from fastload import FastLoader
     from fastload import transforms as T
+    from fastload._loading.loader import FastLoader
 
     started = last = time.monotonic()
     failed: dict[str, str] = {}  # batches whose stand-ins were all broken too: named by their error
