@@ -6,11 +6,15 @@ Two users build on it: the backends, to say why a decoder refused a sample
 (`_loading/backends/undecodable.py`: "empty file (0 bytes)", "not an image: starts with
 b'hello wo' (text?)", "truncated JPEG: no end-of-image marker", rather than a decoder's
 "cannot identify image file <_io.BytesIO object at 0x...>"), and `fastload pack`, to keep broken
-samples out of a pack without decoding them (`sources/_image_bytes.py`). A foundation: it imports
-nothing of fastload's.
+samples out of a pack without decoding them (`sources/_image_bytes.py`). `describe` puts a decoder's refusal
+and what the bytes are in one line of words. A foundation: it imports only `_errors`.
 """
 
 from __future__ import annotations
+
+import re
+
+from fastload._errors import FastloadError
 
 JPEG_MAGIC = b"\xff\xd8\xff"  # how every decoder tells a JPEG from other formats
 
@@ -86,3 +90,20 @@ def plainly_broken(blob: bytes | memoryview) -> str | None:
     if kind == "JPEG" and jpeg_cut_short(blob):
         return f"truncated JPEG: no end-of-image marker ({size} bytes)"
     return None
+
+
+_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-fA-F]+>")  # "<_io.BytesIO object at 0x7f...>"
+
+
+def describe(blob: bytes | memoryview, error: BaseException | str) -> str:
+    """What is wrong with `blob`, which a decoder refused with `error`, in one line of words (a
+    fastload error, such as a CenterCrop larger than the image, already is: its own message)."""
+    if isinstance(error, FastloadError):
+        return str(error)
+    plain = plainly_broken(blob)
+    if plain is not None:
+        return plain
+    words = _REPR.sub("", str(error)).replace("\n", " ").strip()
+    for prefix in ("corrupt JPEG: ", "DALI could not decode the image: "):
+        words = words.removeprefix(prefix)
+    return f"cannot decode this {image_format(blob)} ({len(blob)} bytes): {words or type(error).__name__}"

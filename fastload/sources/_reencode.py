@@ -46,9 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from fastload._encoded_bytes import JPEG_MAGIC
+from fastload._encoded_bytes import JPEG_MAGIC, describe
 from fastload._errors import ConfigError, DatasetError
-from fastload._loading.backends.undecodable import describe
 from fastload._native_jpeg import built_native_jpeg
 from fastload.sources._image_bytes import damage
 from fastload.sources._index import ReadFailure, SampleIndex

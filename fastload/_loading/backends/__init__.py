@@ -17,17 +17,12 @@ from typing import Protocol
 import numpy as np
 
 from fastload._errors import ConfigError
+from fastload._loading.backends.undecodable import SampleFailure
 from fastload.transforms import RandomSource, TransformPlan
 
+__all__ = ["BACKENDS", "ImageBackend", "SampleFailure", "make_backend"]
+
 BACKENDS = ("native", "pil", "dali", "nvjpeg")
-
-
-class SampleFailure(Exception):
-    """Decoding the sample at `position` in the batch failed; `__cause__` says why."""
-
-    def __init__(self, position: int, message: str) -> None:
-        super().__init__(message)
-        self.position = position
 
 
 class ImageBackend(Protocol):

@@ -9,37 +9,26 @@ marker after its scan), or an image of a known format its decoder refused (with 
 words, scrubbed of Python object reprs). The `SampleFailure` keeps the decoder's
 exception as its cause, so `SampleError`'s class (`except OSError`, ...) is unchanged.
 
-What the bytes alone say is `_encoded_bytes`' (the one owner of signatures and the cut-short
-check, shared with `fastload pack`); its `jpeg_cut_short` is also asked before a JPEG is handed to
-DALI or nvJPEG (`boxes.sample_inputs`): their decoders log every failure on the process's stderr
-from C++ (NOTE [DALI's stderr]).
+`SampleFailure` is defined here, beside the words, so that each backend imports this module and
+never the package's `__init__` (which imports the backends). What the bytes alone say, and
+`describe`'s words for a refused sample, are `_encoded_bytes`' (a foundation: the one owner of
+signatures and the cut-short check, shared with `fastload pack`); its `jpeg_cut_short` is also
+asked before a JPEG is handed to DALI or nvJPEG (`boxes.sample_inputs`): their decoders log
+every failure on the process's stderr from C++ (NOTE [DALI's stderr]).
 """
 
 from __future__ import annotations
 
-import re
+from fastload._encoded_bytes import describe
 
-from fastload._encoded_bytes import image_format, plainly_broken
-from fastload._errors import FastloadError
-from fastload._loading.backends import SampleFailure
+__all__ = ["SampleFailure", "describe", "sample_failure"]
 
-__all__ = ["describe", "sample_failure"]
+class SampleFailure(Exception):
+    """Decoding the sample at `position` in the batch failed; `__cause__` says why."""
 
-_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-fA-F]+>")  # "<_io.BytesIO object at 0x7f...>"
-
-
-def describe(blob: bytes | memoryview, error: BaseException | str) -> str:
-    """What is wrong with `blob`, which a decoder refused with `error`, in one line of words (a
-    fastload error, such as a CenterCrop larger than the image, already is: its own message)."""
-    if isinstance(error, FastloadError):
-        return str(error)
-    plain = plainly_broken(blob)
-    if plain is not None:
-        return plain
-    words = _REPR.sub("", str(error)).replace("\n", " ").strip()
-    for prefix in ("corrupt JPEG: ", "DALI could not decode the image: "):
-        words = words.removeprefix(prefix)
-    return f"cannot decode this {image_format(blob)} ({len(blob)} bytes): {words or type(error).__name__}"
+    def __init__(self, position: int, message: str) -> None:
+        super().__init__(message)
+        self.position = position
 
 
 def sample_failure(position: int, blob: bytes | memoryview, error: BaseException) -> SampleFailure:
