@@ -25,6 +25,9 @@ _BATCH_OPS: dict[type, Callable[[Any], BatchOp]] = {**mixing.BATCH_OPS, **timm_o
 
 def sample_op(t: Transform) -> SampleOp:
     """The batched kernel of a per-sample transform."""
+    composite = timm_ops.COMPOSITE_OPS.get(type(t))
+    if composite is not None:  # a kernel over its members' kernels, made with this registry
+        return composite(t, sample_op)
     make = _SAMPLE_OPS.get(type(t))
     if make is None:
         raise ConfigError(f"{type(t).__name__} has no batched kernel yet")

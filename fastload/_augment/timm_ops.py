@@ -1,5 +1,6 @@
 """The kernels of `fastload.transforms._timm_transforms`: timm's RandAugment (a `SampleOp` on uint8
-batches), timm's Mixup (a `BatchOp`) and RandomApply (a `SampleOp` over its members' kernels),
+batches), timm's Mixup (a `BatchOp`) and RandomApply (a `SampleOp` over its members' kernels, which
+the registry, `program.sample_op`, hands it: this module does not import the registry),
 their randomness drawn from the uniforms they are given, as the policies' and mixing's are.
 
 timm's RandAugment runs on PIL images; here its operations are fastload's batched kernels
@@ -231,9 +232,9 @@ class RandomApplyOp:
     """RandomApply: a sample whose first uniform is < p runs every member, on the others' rows
     taken out of the batch; the members draw from the sample's remaining uniforms."""
 
-    def __init__(self, t: RandomApply) -> None:
-        from fastload._augment.program import sample_op  # the registry of kernels (it imports this module)
-
+    def __init__(self, t: RandomApply, sample_op: Callable[[Any], SampleOp]) -> None:
+        """`sample_op`: the registry's kernel of a member (`program.sample_op`, handed down, never
+        imported: the registry imports this module)."""
         self.p = float(t.p)
         self.ops: list[SampleOp] = [sample_op(member) for member in t.transforms]
         self.draws = 1 + sum(op.draws for op in self.ops)
@@ -262,5 +263,7 @@ class RandomApplyOp:
         return groups.apply_to(x, p["chosen"], members)
 
 
-OPS: dict[type, Callable[[Any], SampleOp]] = {TimmRandAugment: TimmRandAugmentOp, RandomApply: RandomApplyOp}
+OPS: dict[type, Callable[[Any], SampleOp]] = {TimmRandAugment: TimmRandAugmentOp}
+# Kernels over members' kernels: made with the registry's `sample_op` (program.py) handed to them.
+COMPOSITE_OPS: dict[type, Callable[[Any, Callable[[Any], SampleOp]], SampleOp]] = {RandomApply: RandomApplyOp}
 BATCH_OPS: dict[type, Callable[[Any], BatchOp]] = {TimmMixup: TimmMixupOp}
