@@ -33,13 +33,17 @@ import errno
 import os
 import re
 import stat
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from fastload.sources._beneath import Beneath
+from typing import Protocol
 
 MAX_SAMPLE_BYTES = 1 << 30
 MAX_LIST_BYTES = 1 << 30
+
+
+class Opener(Protocol):
+    """What `open_regular` opens through: `_beneath.Beneath` (a confined daemon's roots), typed by
+    what is called so that this module does not import `_beneath` (which imports it)."""
+
+    def open(self, path: str) -> int: ...
 MAX_SHARDS = 1 << 20
 MAX_TARGET_BYTES = 2 << 30
 MAX_LABEL = (1 << 63) - 1
@@ -95,7 +99,7 @@ def is_int_text(text: str) -> bool:
 
 
 def open_regular(
-    path: str, limit: int, what: str = "sample", beneath: Beneath | None = None
+    path: str, limit: int, what: str = "sample", beneath: Opener | None = None
 ) -> tuple[int, os.stat_result]:
     """A read-only descriptor of `path` and its fstat, when it is a regular file of at most
     `limit` bytes; OSError otherwise (ENODEV-like for a device, FIFO or socket; EFBIG when too

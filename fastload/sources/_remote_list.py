@@ -13,8 +13,9 @@ for an object outside it (or for http(s)://, which cannot be listed), 16 at a ti
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -25,13 +26,30 @@ from fastload.sources._extents import ExtentIndex, remote_file
 from fastload.sources._index import pack_strings
 from fastload.sources._list_rows import read_rows
 
-if TYPE_CHECKING:
-    from fastload.sources._filelist import FileList
-
 HEAD_REQUESTS = 16  # objects outside the listing, sized at once
 
 
-def open_remote_list(source: FileList) -> ExtentIndex:
+class ListAtURL(Protocol):
+    """What a list at a URL is opened with: `_filelist.FileList` is one (typed here by what is
+    read, so that this module does not import `_filelist`, which imports it)."""
+
+    @property
+    def where(self) -> str: ...
+    @property
+    def root(self) -> str | None: ...
+    @property
+    def delimiter(self) -> str | None: ...
+    @property
+    def header(self) -> bool | None: ...
+    @property
+    def cache_dir(self) -> str | None: ...
+    def size(self, name: str) -> int | None: ...
+    def _targets(
+        self, list_path: str, rows: Sequence[tuple[int, str, list[str]]]
+    ) -> tuple[tuple[str, ...], np.ndarray]: ...
+
+
+def open_remote_list(source: ListAtURL) -> ExtentIndex:
     """The index of the objects a list at a URL names (see the module docstring)."""
     url = source.where
     root = source.root if source.root is not None else url.rsplit("/", 1)[0]
