@@ -1,4 +1,4 @@
-"""Writing a pack (the format: `_packed.py`): `pack` copies any source's encoded samples, in the
+"""Writing a pack (the format: `_pack_format.py`): `pack` copies any source's encoded samples, in the
 source's order or one shuffled once, checked and re-encoded when `max_side` asks (`_reencode.py`,
 or Ray tasks: `_ray_pack.py`), into aligned data files, then writes the index and the manifest
 (`_pack_manifest.py`).
@@ -49,9 +49,11 @@ from fastload._sizes import parse_size
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._base import Source, as_source
 from fastload.sources._index import SampleIndex, pack_strings
+from fastload.sources._pack_format import ALIGN, INDEX_FILES, MANIFEST, data_file_name, read_manifest
 from fastload.sources._pack_manifest import check_same, new_manifest
 from fastload.sources._pack_progress import Progress
-from fastload.sources._packed import ALIGN, INDEX_FILES, MANIFEST, Packed, data_file_name, read_manifest
+from fastload.sources._pack_upload import staging_for, upload_staged
+from fastload.sources._packed import Packed
 from fastload.sources._reencode import (
     DEFAULT_QUALITY,
     Blob,
@@ -109,7 +111,7 @@ def pack(
     DatasetError naming it; the samples packed so far are kept) or "skip" (left out, listed in
     the manifest's `skipped`, and reported at the end).
     A `dst` at a URL (`s3://bucket/prefix`) is packed in a local staging directory first (resumed
-    there when run again), then uploaded, its manifest last (`_remote_pack.pack_to_url`)."""
+    there when run again), then uploaded, its manifest last (`_pack_upload.py`)."""
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error={on_error!r}: it takes 'raise' (the default) or 'skip'")
     shard_bytes = parse_size(shard_bytes, "shard_bytes (--shard-size)", minimum=ALIGN)
@@ -117,12 +119,14 @@ def pack(
         from fastload.sources._ray_pack import import_ray
 
         import_ray()  # before any work: what to install
-    if is_url(os.fspath(dst)):  # packed on local disk next to the cache, then uploaded
-        from fastload.sources._remote_pack import pack_to_url
-
+    if is_url(os.fspath(dst)):  # packed on local disk next to the cache, then uploaded (`_pack_upload`)
+        url = os.fspath(dst)
+        staging = staging_for(url)
         options: dict[str, Any] = {"shuffle_seed": shuffle_seed, "max_side": max_side, "quality": quality}
         options.update(workers=workers, ray=ray, exclude=exclude, on_error=on_error)
-        return pack_to_url(source, os.fspath(dst), shard_bytes=shard_bytes, progress=progress, **options)
+        pack(source, staging, shard_bytes=shard_bytes, progress=progress, **options)
+        upload_staged(staging, url, progress)
+        return Packed(url)
     src = as_source(source)
     setting = _reencoding(max_side, quality, workers)
     root = os.path.abspath(os.fspath(dst))

@@ -143,7 +143,7 @@ def main() -> int:
     folder = sources.ImageFolder(str(args.folder)).open()
     packed = sources.Packed(str(args.packed)).open()
     folder_files = [folder.path(i) for i in range(len(folder))]
-    packed_files = [*packed.files, *(str(args.packed / f"{n}.npy") for n in sources._packed.INDEX_FILES)]
+    packed_files = [*packed.files, *(str(args.packed / f"{n}.npy") for n in sources._pack_format.INDEX_FILES)]
     n, batch = len(folder), args.batch_size
     full = ShuffledPlan(n, batch, shuffle=True, drop_last=False, seed=0)
     block = ShuffledPlan(
