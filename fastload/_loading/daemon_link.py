@@ -102,7 +102,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "index": _INT,
         "exc_type": (str,),
         "traceback": (str,),
-        "exc_class": (str,),  # "module:qualname"; a trainer only uses builtins ones (`client`)
+        "exc_class": (str,),  # "module:qualname"; a trainer only uses builtins ones (`daemon_client`)
     },
     "slot": {"name": (str,)},
     "pong": {},

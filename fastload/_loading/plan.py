@@ -3,7 +3,7 @@
 Batches are enumerated lazily (`iter_batches`) so a resumed epoch can start at any batch without
 replaying the ones before it. A batch's global random state is seeded with numpy's SeedSequence
 from (seed, epoch, batch index), and a sample's augmentation from (seed, epoch, index)
-(`sample_random`): never from worker identity or timing, which is what makes every worker count
+(`_sample_random`): never from worker identity or timing, which is what makes every worker count
 give the same batches bit for bit.
 
 `ShuffledPlan(..., block=R)` orders an epoch by runs of R consecutive samples instead of single

@@ -87,7 +87,7 @@ class LoaderSpec:
     # A testing aid: FASTLOAD_DALI_IN_TRAINER=1 runs backend="dali" (or "nvjpeg") on the CPU in the
     # trainer's process, as with CUDA (`decodes_in_trainer`), so that path is tested where no GPU is.
     dali_in_trainer: bool = False
-    # NOTE [bad samples] in `bad_samples`: what a sample that cannot be loaded does.
+    # NOTE [bad samples] in `_bad_samples`: what a sample that cannot be loaded does.
     on_error: str = "raise"
     max_skipped: float | int = DEFAULT_MAX_SKIPPED
     # Where this loader serves Prometheus metrics (`_diagnostics.metrics`): None, not at all.
