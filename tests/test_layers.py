@@ -14,6 +14,7 @@ modules of its own layer or below (and, within a layer, without a cycle).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,9 @@ def _imports(path: Path, package: str, known: set[str]) -> set[tuple[str, int]]:
     return found
 
 
+@functools.cache
 def _graph() -> dict[str, dict[str, int]]:
+    """Module -> {fastload module it imports: the line of that import} (parsed once per run)."""
     modules = _modules()
     known = set(modules)
     graph: dict[str, dict[str, int]] = {}
