@@ -9,12 +9,14 @@ test, stops every one still running and checks that none left a process or a seg
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -364,3 +366,66 @@ def curve_client(port: int, server_public: bytes, keys: tuple[bytes, bytes]) -> 
     client.sock.curve_publickey, client.sock.curve_secretkey = keys
     client.sock.connect(f"tcp://127.0.0.1:{port}")
     return client
+
+
+# A confined TCP daemon shared by a module's tests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ConfinedTcpDaemon:
+    """One daemon (1 worker) on loopback TCP with CURVE, confined to `rooms` dataset roots, for the
+    tests of a module that only send it hellos and tasks (a daemon start costs seconds of CPU:
+    `fastload serve` imports torch). Each test takes a room of its own (`room()`): a fresh
+    directory whose `root_name` subdirectory is one of the daemon's roots and whose other entries
+    are outside every root, as a per-test daemon confined to that subdirectory would see them.
+    `cwd`: the daemon's working directory. A test that kills or configures a daemon starts its own."""
+
+    def __init__(
+        self, pool: DaemonPool, base: Path, *, rooms: int, root_name: str = "root", cwd: Path | None = None
+    ) -> None:
+        self.server_public, server_secret = zmq.curve_keypair()
+        self.keys = zmq.curve_keypair()
+        self.port = free_port()
+        self._rooms = [base / f"room{k}" for k in range(rooms)]
+        self._root_name = root_name
+        for room in self._rooms:
+            (room / root_name).mkdir(parents=True)
+        table = {
+            "curve_public_key": self.server_public.decode(),
+            "curve_secret_key": server_secret.decode(),
+            "curve_clients": [self.keys[0].decode()],
+            "roots": [str(room / root_name) for room in self._rooms],
+        }
+        config = base / "tcp.toml"
+        config.write_text("[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
+        self.daemon = pool.start(
+            base / "sock", workers=1, cwd=cwd,
+            extra=["--listen", f"tcp://127.0.0.1:{self.port}", "--config", str(config)],
+        )
+
+    def room(self) -> Path:
+        """A directory of the test's own; `room / root_name` is a (still empty) root of the daemon."""
+        if not self._rooms:
+            raise AssertionError("ConfinedTcpDaemon: more tests than rooms; raise `rooms`")
+        return self._rooms.pop(0)
+
+    def client(self) -> RawClient:
+        return curve_client(self.port, self.server_public, self.keys)
+
+
+@contextlib.contextmanager
+def confined_tcp_daemon(base: Path, **kwargs: Any) -> Iterator[ConfinedTcpDaemon]:
+    """A ConfinedTcpDaemon, stopped and checked for leaks after the module (for a module-scoped
+    fixture: `with confined_tcp_daemon(tmp_path_factory.mktemp("tcp"), rooms=N) as shared: yield shared`)."""
+    pool = DaemonPool(base)
+    try:
+        yield ConfinedTcpDaemon(pool, base, **kwargs)
+    finally:
+        problems = pool.close()
+    if problems:
+        raise AssertionError("\n".join(problems))
