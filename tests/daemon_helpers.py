@@ -391,6 +391,7 @@ class ConfinedTcpDaemon:
         self.server_public, server_secret = zmq.curve_keypair()
         self.keys = zmq.curve_keypair()
         self.port = free_port()
+        self.cwd = cwd
         self._rooms = [base / f"room{k}" for k in range(rooms)]
         self._root_name = root_name
         for room in self._rooms:
