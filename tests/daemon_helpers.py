@@ -15,7 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -430,3 +432,48 @@ def confined_tcp_daemon(base: Path, **kwargs: Any) -> Iterator[ConfinedTcpDaemon
         problems = pool.close()
     if problems:
         raise AssertionError("\n".join(problems))
+
+
+def refused_serve(command: Sequence[str], timeout_s: float = START_TIMEOUT_S) -> tuple[int, str]:
+    """Run a `serve_command(...)` as the command line does (`fastload.__main__.main`), in a child
+    forked from this test process, for a configuration the daemon must refuse before it starts:
+    (its exit status, its stderr). A fresh `python -m fastload serve` spends ~1.7 s of CPU on
+    imports (torch) before it reads its configuration; the fork has them already. A child still
+    running at `timeout_s` (a daemon that started instead of refusing) is killed: status -9."""
+    assert list(command[1:4]) == ["-m", "fastload", "serve"], command
+    with tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 70
+            try:
+                os.dup2(err.fileno(), 2)
+                devnull = os.open(os.devnull, os.O_RDWR)
+                os.dup2(devnull, 0)
+                os.dup2(devnull, 1)
+                # pytest's capture stands in for sys.stdout/stderr: write to the descriptors instead.
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                from fastload.__main__ import main
+
+                code = main(list(command[3:]))
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(BaseException):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                code = -signal.SIGKILL
+                break
+            time.sleep(0.01)
+        err.seek(0)
+        return code, err.read().decode(errors="replace")

@@ -7,8 +7,6 @@ carry no content of the files it refused.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from daemon_helpers import (
     free_port,
     hello_fields,
     hello_reply,
+    refused_serve,
     serve_command,
 )
 
@@ -205,19 +204,11 @@ def test_a_tcp_listener_needs_roots(tmp_path: Path) -> None:
     sock_dir = tmp_path / "sock"
     sock_dir.mkdir(mode=0o700)
     extra = ["--listen", f"tcp://127.0.0.1:{free_port()}", "--config", str(config)]
-    result = subprocess.run(
-        serve_command(sock_dir, workers=1, extra=extra), capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 1
-    assert "needs dataset roots" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    code, stderr = refused_serve(serve_command(sock_dir, workers=1, extra=extra))
+    assert code == 1
+    assert "needs dataset roots" in stderr and "Traceback" not in stderr, stderr
     assert list(sock_dir.iterdir()) == []
     for bad in ([str(tmp_path / "missing")], ["relative"], []):
         config = _config(tmp_path / "bad.toml", roots=bad)
-        result = subprocess.run(
-            serve_command(sock_dir, workers=1, extra=["--config", str(config)]),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ},
-        )
-        assert result.returncode == 1 and "root" in result.stderr, result.stderr
+        code, stderr = refused_serve(serve_command(sock_dir, workers=1, extra=["--config", str(config)]))
+        assert code == 1 and "root" in stderr, stderr

@@ -35,6 +35,7 @@ from daemon_helpers import (
     assert_same_batches,
     hello_fields,
     local_epoch,
+    refused_serve,
     serve_command,
     take,
 )
@@ -205,13 +206,11 @@ def test_listen_without_curve_keys_refuses_to_start(tmp_path: Path, keys: str) -
             tmp_path / "fastload.toml", curve_public_key=public.decode(), curve_secret_key=secret.decode()
         )
         extra += ["--config", str(config)]
-    result = subprocess.run(
-        serve_command(sock_dir, workers=1, extra=extra), capture_output=True, text=True, timeout=30
-    )
-    assert result.returncode == 1
+    code, stderr = refused_serve(serve_command(sock_dir, workers=1, extra=extra))
+    assert code == 1
     expected = "needs CURVE keys" if keys == "none" else "needs at least one allowed client key"
-    assert re.search(rf"fastload: error: --listen tcp://\.\.\. {expected}", result.stderr), result.stderr
-    assert "Traceback" not in result.stderr
+    assert re.search(rf"fastload: error: --listen tcp://\.\.\. {expected}", stderr), stderr
+    assert "Traceback" not in stderr
     assert list(sock_dir.iterdir()) == [], "a refused daemon left its socket or pid file"
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # nobody took the port
