@@ -4,6 +4,11 @@
 answers `status` (so its worker processes exist), stopped with SIGTERM (SIGKILL if it does not
 exit). `DaemonPool` starts daemons for one test or module and, at teardown, also after a failed
 test, stops every one still running and checks that none left a process or a segment behind.
+`ConfinedTcpDaemon` is one CURVE daemon with a dataset root per test, shared by a module's tests
+that only send it hellos (a daemon start costs ~1.7 s of CPU, mostly importing torch); a test
+that kills, pauses or configures its daemon starts its own. `refused_serve` runs a configuration
+`fastload serve` must refuse through the command line's `main` in a forked child (no fresh
+interpreter to import torch into).
 """
 
 from __future__ import annotations
