@@ -4,17 +4,26 @@
 answers `status` (so its worker processes exist), stopped with SIGTERM (SIGKILL if it does not
 exit). `DaemonPool` starts daemons for one test or module and, at teardown, also after a failed
 test, stops every one still running and checks that none left a process or a segment behind.
+`ConfinedTcpDaemon` is one CURVE daemon with a dataset root per test, shared by a module's tests
+that only send it hellos (a daemon start costs ~1.7 s of CPU, mostly importing torch); a test
+that kills, pauses or configures its daemon starts its own. `refused_serve` runs a configuration
+`fastload serve` must refuse through the command line's `main` in a forked child (no fresh
+interpreter to import torch into).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -364,3 +373,112 @@ def curve_client(port: int, server_public: bytes, keys: tuple[bytes, bytes]) -> 
     client.sock.curve_publickey, client.sock.curve_secretkey = keys
     client.sock.connect(f"tcp://127.0.0.1:{port}")
     return client
+
+
+# A confined TCP daemon shared by a module's tests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ConfinedTcpDaemon:
+    """One daemon (1 worker) on loopback TCP with CURVE, confined to `rooms` dataset roots, for the
+    tests of a module that only send it hellos and tasks (a daemon start costs seconds of CPU:
+    `fastload serve` imports torch). Each test takes a room of its own (`room()`): a fresh
+    directory whose `root_name` subdirectory is one of the daemon's roots and whose other entries
+    are outside every root, as a per-test daemon confined to that subdirectory would see them.
+    `cwd`: the daemon's working directory. A test that kills or configures a daemon starts its own."""
+
+    def __init__(
+        self, pool: DaemonPool, base: Path, *, rooms: int, root_name: str = "root", cwd: Path | None = None
+    ) -> None:
+        self.server_public, server_secret = zmq.curve_keypair()
+        self.keys = zmq.curve_keypair()
+        self.port = free_port()
+        self.cwd = cwd
+        self._rooms = [base / f"room{k}" for k in range(rooms)]
+        self._root_name = root_name
+        for room in self._rooms:
+            (room / root_name).mkdir(parents=True)
+        table = {
+            "curve_public_key": self.server_public.decode(),
+            "curve_secret_key": server_secret.decode(),
+            "curve_clients": [self.keys[0].decode()],
+            "roots": [str(room / root_name) for room in self._rooms],
+        }
+        config = base / "tcp.toml"
+        config.write_text("[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
+        self.daemon = pool.start(
+            base / "sock", workers=1, cwd=cwd,
+            extra=["--listen", f"tcp://127.0.0.1:{self.port}", "--config", str(config)],
+        )
+
+    def room(self) -> Path:
+        """A directory of the test's own; `room / root_name` is a (still empty) root of the daemon."""
+        if not self._rooms:
+            raise AssertionError("ConfinedTcpDaemon: more tests than rooms; raise `rooms`")
+        return self._rooms.pop(0)
+
+    def client(self) -> RawClient:
+        return curve_client(self.port, self.server_public, self.keys)
+
+
+@contextlib.contextmanager
+def confined_tcp_daemon(base: Path, **kwargs: Any) -> Iterator[ConfinedTcpDaemon]:
+    """A ConfinedTcpDaemon, stopped and checked for leaks after the module (for a module-scoped
+    fixture: `with confined_tcp_daemon(tmp_path_factory.mktemp("tcp"), rooms=N) as shared: yield shared`)."""
+    pool = DaemonPool(base)
+    try:
+        yield ConfinedTcpDaemon(pool, base, **kwargs)
+    finally:
+        problems = pool.close()
+    if problems:
+        raise AssertionError("\n".join(problems))
+
+
+def refused_serve(command: Sequence[str], timeout_s: float = START_TIMEOUT_S) -> tuple[int, str]:
+    """Run a `serve_command(...)` as the command line does (`fastload.__main__.main`), in a child
+    forked from this test process, for a configuration the daemon must refuse before it starts:
+    (its exit status, its stderr). A fresh `python -m fastload serve` spends ~1.7 s of CPU on
+    imports (torch) before it reads its configuration; the fork has them already. A child still
+    running at `timeout_s` (a daemon that started instead of refusing) is killed: status -9."""
+    assert list(command[1:4]) == ["-m", "fastload", "serve"], command
+    with tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 70
+            try:
+                os.dup2(err.fileno(), 2)
+                devnull = os.open(os.devnull, os.O_RDWR)
+                os.dup2(devnull, 0)
+                os.dup2(devnull, 1)
+                # pytest's capture stands in for sys.stdout/stderr: write to the descriptors instead.
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                from fastload.__main__ import main
+
+                code = main(list(command[3:]))
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(BaseException):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                code = -signal.SIGKILL
+                break
+            time.sleep(0.01)
+        err.seek(0)
+        return code, err.read().decode(errors="replace")

@@ -7,9 +7,7 @@ carry no content of the files it refused.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +16,14 @@ import numpy as np
 import pytest
 import zmq
 from daemon_helpers import (
+    ConfinedTcpDaemon,
     DaemonPool,
-    DaemonProcess,
     RawClient,
-    curve_client,
+    confined_tcp_daemon,
+    free_port,
     hello_fields,
     hello_reply,
+    refused_serve,
     serve_command,
 )
 
@@ -35,12 +35,6 @@ pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 SECRET = "PRIVATE-LINE-7f3a9c"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _config(path: Path, **table: Any) -> Path:
     path.write_text("[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
     return path
@@ -50,11 +44,8 @@ def _source_hello(source: Source) -> dict[str, Any]:
     return hello_fields(Path(source.where), source=json.dumps(source.resolved().to_config()))
 
 
-@pytest.fixture
-def places(tmp_path: Path, image_folder: Path) -> tuple[Path, Path]:
+def _fill(inside: Path, outside: Path, image_folder: Path) -> tuple[Path, Path]:
     """(inside, outside): the daemon's root, with a copy of two images, and a private folder."""
-    inside, outside = tmp_path / "inside", tmp_path / "outside"
-    inside.mkdir()
     outside.mkdir(mode=0o700)
     for k, image in enumerate(sorted(image_folder.glob("*/*.jpg"))[:2]):
         (inside / f"{k}.jpg").write_bytes(image.read_bytes())
@@ -63,21 +54,26 @@ def places(tmp_path: Path, image_folder: Path) -> tuple[Path, Path]:
     return inside, outside
 
 
-def _tcp_daemon(daemon_pool: DaemonPool, tmp_path: Path, root: Path) -> tuple[DaemonProcess, RawClient]:
-    server_public, server_secret = zmq.curve_keypair()
-    client_keys = zmq.curve_keypair()
-    port = _free_port()
-    config = _config(
-        tmp_path / "tcp.toml",
-        curve_public_key=server_public.decode(),
-        curve_secret_key=server_secret.decode(),
-        curve_clients=[client_keys[0].decode()],
-        roots=[str(root)],
-    )
-    daemon = daemon_pool.start(
-        workers=1, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)]
-    )
-    return daemon, curve_client(port, server_public, client_keys)
+@pytest.fixture
+def places(tmp_path: Path, image_folder: Path) -> tuple[Path, Path]:
+    """(inside, outside) for the tests that start no TCP daemon (or one of their own)."""
+    (tmp_path / "inside").mkdir()
+    return _fill(tmp_path / "inside", tmp_path / "outside", image_folder)
+
+
+@pytest.fixture(scope="module")
+def tcp_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConfinedTcpDaemon]:
+    """One daemon over TCP with CURVE for the module's tests that only send it hellos: each has a
+    room of its own, `inside` (its root) and `outside` (beside it, under no root)."""
+    with confined_tcp_daemon(tmp_path_factory.mktemp("tcp"), rooms=5, root_name="inside") as shared:
+        yield shared
+
+
+@pytest.fixture
+def tcp_places(tcp_daemon: ConfinedTcpDaemon, image_folder: Path) -> tuple[Path, Path]:
+    """(inside, outside) in a room of `tcp_daemon`: its root, with two images, and a private folder."""
+    room = tcp_daemon.room()
+    return _fill(room / "inside", room / "outside", image_folder)
 
 
 def _assert_refused(reply: tuple[str, dict[str, Any]], *absent: str) -> str:
@@ -91,12 +87,12 @@ def _assert_refused(reply: tuple[str, dict[str, Any]], *absent: str) -> str:
 
 
 def test_tcp_peer_cannot_read_a_file_outside_the_roots(
-    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path]
+    tcp_daemon: ConfinedTcpDaemon, tcp_places: tuple[Path, Path]
 ) -> None:
-    inside, outside = places
+    inside, outside = tcp_places
     listing = inside / "list.txt"
     listing.write_text("".join(f"{p.name} 0\n" for p in sorted(inside.glob("*.jpg"))))
-    daemon, client = _tcp_daemon(daemon_pool, tmp_path, inside)
+    daemon, client = tcp_daemon.daemon, tcp_daemon.client()
     with client:
         secret = FileList(str(outside / "secret.txt"))
         message = _assert_refused(hello_reply(client, _source_hello(secret)))
@@ -131,14 +127,14 @@ def test_dot_dot_after_a_link_is_resolved_as_the_kernel_does(places: tuple[Path,
 
 
 def test_a_file_list_inside_naming_a_file_outside_is_refused(
-    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path]
+    tcp_daemon: ConfinedTcpDaemon, tcp_places: tuple[Path, Path]
 ) -> None:
-    inside, outside = places
+    inside, outside = tcp_places
     private = outside / "photo.jpg"
     private.write_bytes((inside / "0.jpg").read_bytes())
     listing = inside / "list.txt"
     listing.write_text(f"0.jpg 0\n{private} 1\n")
-    daemon, client = _tcp_daemon(daemon_pool, tmp_path, inside)
+    daemon, client = tcp_daemon.daemon, tcp_daemon.client()
     with client:
         message = _assert_refused(hello_reply(client, _source_hello(FileList(str(listing)))), str(private))
         assert "sample 1's file is outside" in message, message
@@ -172,11 +168,11 @@ def _hdf5_pointing_outside(inside: Path, outside: Path, how: str) -> Path:
 
 @pytest.mark.parametrize("how", ["external storage", "external link", "virtual"])
 def test_an_hdf5_file_reaching_outside_the_roots_is_refused(
-    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path], how: str
+    tcp_daemon: ConfinedTcpDaemon, tcp_places: tuple[Path, Path], how: str
 ) -> None:
-    inside, outside = places
+    inside, outside = tcp_places
     path = _hdf5_pointing_outside(inside, outside, how)
-    daemon, client = _tcp_daemon(daemon_pool, tmp_path, inside)
+    daemon, client = tcp_daemon.daemon, tcp_daemon.client()
     with client:
         message = _assert_refused(hello_reply(client, _source_hello(HDF5(str(path)))), str(outside))
         assert "outside the daemon's dataset roots" in message, message
@@ -207,20 +203,12 @@ def test_a_tcp_listener_needs_roots(tmp_path: Path) -> None:
     )
     sock_dir = tmp_path / "sock"
     sock_dir.mkdir(mode=0o700)
-    extra = ["--listen", f"tcp://127.0.0.1:{_free_port()}", "--config", str(config)]
-    result = subprocess.run(
-        serve_command(sock_dir, workers=1, extra=extra), capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 1
-    assert "needs dataset roots" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    extra = ["--listen", f"tcp://127.0.0.1:{free_port()}", "--config", str(config)]
+    code, stderr = refused_serve(serve_command(sock_dir, workers=1, extra=extra))
+    assert code == 1
+    assert "needs dataset roots" in stderr and "Traceback" not in stderr, stderr
     assert list(sock_dir.iterdir()) == []
     for bad in ([str(tmp_path / "missing")], ["relative"], []):
         config = _config(tmp_path / "bad.toml", roots=bad)
-        result = subprocess.run(
-            serve_command(sock_dir, workers=1, extra=["--config", str(config)]),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ},
-        )
-        assert result.returncode == 1 and "root" in result.stderr, result.stderr
+        code, stderr = refused_serve(serve_command(sock_dir, workers=1, extra=["--config", str(config)]))
+        assert code == 1 and "root" in stderr, stderr

@@ -17,6 +17,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from daemon_helpers import (
     assert_same_batches,
     hello_fields,
     local_epoch,
+    refused_serve,
     serve_command,
     take,
 )
@@ -205,13 +207,11 @@ def test_listen_without_curve_keys_refuses_to_start(tmp_path: Path, keys: str) -
             tmp_path / "fastload.toml", curve_public_key=public.decode(), curve_secret_key=secret.decode()
         )
         extra += ["--config", str(config)]
-    result = subprocess.run(
-        serve_command(sock_dir, workers=1, extra=extra), capture_output=True, text=True, timeout=30
-    )
-    assert result.returncode == 1
+    code, stderr = refused_serve(serve_command(sock_dir, workers=1, extra=extra))
+    assert code == 1
     expected = "needs CURVE keys" if keys == "none" else "needs at least one allowed client key"
-    assert re.search(rf"fastload: error: --listen tcp://\.\.\. {expected}", result.stderr), result.stderr
-    assert "Traceback" not in result.stderr
+    assert re.search(rf"fastload: error: --listen tcp://\.\.\. {expected}", stderr), stderr
+    assert "Traceback" not in stderr
     assert list(sock_dir.iterdir()) == [], "a refused daemon left its socket or pid file"
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # nobody took the port
@@ -244,29 +244,42 @@ def test_tcp_listener_answers_only_allowed_curve_keys(daemon_pool: DaemonPool, t
     for worker in daemon.worker_pids:  # forked workers closed the listener they inherited
         assert _tcp_sockets(worker) == [], f"worker {worker} holds the daemon's TCP socket"
 
-    def ask(op: str, keys: tuple[bytes, bytes] | None) -> tuple[str, dict[str, Any]] | None:
+    def ask_all(*requests: tuple[str, tuple[bytes, bytes] | None]) -> list[tuple[str, dict[str, Any]] | None]:
+        """Each (op, client keys or None for plain text) sent on a connection of its own, all at
+        once; each reply, or None where none came within 1.5 s (waited for together, not in turn)."""
         ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        if keys is not None:
-            sock.curve_serverkey = server_public
-            sock.curve_publickey, sock.curve_secretkey = keys
+        socks = []
         try:
-            sock.connect(f"tcp://127.0.0.1:{port}")
-            sock.send(wire.encode(op, **(hello_fields(tmp_path) if op == "hello" else {})))
-            return wire.decode(sock.recv_multipart()[0]) if sock.poll(1500) else None
+            for op, keys in requests:
+                sock = ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                socks.append(sock)
+                if keys is not None:
+                    sock.curve_serverkey = server_public
+                    sock.curve_publickey, sock.curve_secretkey = keys
+                sock.connect(f"tcp://127.0.0.1:{port}")
+                sock.send(wire.encode(op, **(hello_fields(tmp_path) if op == "hello" else {})))
+            deadline = time.monotonic() + 1.5
+            return [
+                wire.decode(sock.recv_multipart()[0])
+                if sock.poll(max(0, int((deadline - time.monotonic()) * 1000)))
+                else None
+                for sock in socks
+            ]
         finally:
-            sock.close(0)
+            for sock in socks:
+                sock.close(0)
             ctx.term()
 
-    assert ask("status", None) is None  # plain text: no answer
-    assert ask("status", (stranger_public, stranger_secret)) is None  # a key not allowed
-    reply = ask("status", (client_public, client_secret))
-    assert reply is not None and reply[0] == "status_reply"
-    assert ask("stop", (client_public, client_secret)) == (
-        "error", {"message": "stop is only accepted on the local socket"}
+    stranger, client = (stranger_public, stranger_secret), (client_public, client_secret)
+    plain, strange, status, stop, strange_hello = ask_all(
+        ("status", None), ("status", stranger), ("status", client), ("stop", client), ("hello", stranger)
     )
-    assert ask("hello", (stranger_public, stranger_secret)) is None  # no session for a stranger either
+    assert plain is None  # plain text: no answer
+    assert strange is None  # a key not allowed
+    assert status is not None and status[0] == "status_reply"
+    assert stop == ("error", {"message": "stop is only accepted on the local socket"})
+    assert strange_hello is None  # no session for a stranger either
     assert daemon.status()["pid"] == daemon.pid
 
 

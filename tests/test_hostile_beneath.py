@@ -15,14 +15,13 @@ import errno
 import json
 import os
 import pickle
-import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import zmq
-from daemon_helpers import DaemonPool, RawClient, curve_client, hello_fields
+from daemon_helpers import ConfinedTcpDaemon, RawClient, confined_tcp_daemon, hello_fields
 from helpers import write_tar_shards
 
 from fastload._daemon.confine import Refused, Roots, check_identities, check_index
@@ -38,17 +37,19 @@ ATTACKER_UID = 4242
 REPLY_S = 60.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@pytest.fixture(scope="module")
+def tcp_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConfinedTcpDaemon]:
+    """One daemon confined to a root per test, listening on TCP with CURVE."""
+    with confined_tcp_daemon(tmp_path_factory.mktemp("tcp"), rooms=2) as shared:
+        yield shared
 
 
 @pytest.fixture
-def places(tmp_path: Path, image_folder: Path) -> tuple[Path, Path]:
-    """(root, secret): the daemon's root holding a class folder `data/a` of 4 images (written to
-    by the attacker's uid) and a file list of them; an image in a private folder outside."""
-    root, outside = tmp_path / "root", tmp_path / "outside"
+def places(tcp_daemon: ConfinedTcpDaemon, image_folder: Path) -> tuple[Path, Path]:
+    """(root, secret): a root of `tcp_daemon` holding a class folder `data/a` of 4 images (written
+    to by the attacker's uid) and a file list of them; an image in a private folder outside."""
+    room = tcp_daemon.room()
+    root, outside = room / "root", room / "outside"
     images = sorted(image_folder.glob("*/*.jpg"))
     (root / "data" / "a").mkdir(parents=True)
     for k, image in enumerate(images[:4]):
@@ -89,25 +90,6 @@ def _swap_as_attacker(directory: Path, name: str, target: Path) -> None:
     assert os.path.islink(directory / name) and os.stat(directory / name).st_ino == target.stat().st_ino
 
 
-def _tcp_daemon(
-    daemon_pool: DaemonPool, tmp_path: Path, root: Path
-) -> tuple[int, bytes, tuple[bytes, bytes]]:
-    """A daemon confined to `root`, listening on TCP with CURVE: (port, its key, a client's keys)."""
-    server_public, server_secret = zmq.curve_keypair()
-    client_keys = zmq.curve_keypair()
-    port = _free_port()
-    table = {
-        "curve_public_key": server_public.decode(),
-        "curve_secret_key": server_secret.decode(),
-        "curve_clients": [client_keys[0].decode()],
-        "roots": [str(root)],
-    }
-    config = tmp_path / "tcp.toml"
-    config.write_text("[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
-    daemon_pool.start(workers=1, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)])
-    return port, server_public, client_keys
-
-
 def _welcome(client: RawClient, fields: dict[str, Any]) -> dict[str, Any]:
     """Send a hello and return the welcome's fields (the session stays open)."""
     reply = client.call(wire.encode("hello", **fields), timeout_s=REPLY_S)
@@ -135,17 +117,16 @@ def _assert_refused(reply: tuple[str, dict[str, Any]], secret: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["file_list", "folder"])
 def test_a_sample_swapped_for_a_link_outside_after_the_hello_is_refused(
-    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path], kind: str
+    tcp_daemon: ConfinedTcpDaemon, places: tuple[Path, Path], kind: str
 ) -> None:
     root, secret = places
-    port, server_public, keys = _tcp_daemon(daemon_pool, tmp_path, root)
     if kind == "file_list":
         source = FileList(str(root / "list.txt")).resolved().to_config()
         fields = hello_fields(root / "list.txt", source=json.dumps(source))
     else:
         fields = hello_fields(root / "data")
     swapped = 1  # the index is sorted the same way for both: data/a/1.jpg is sample 1
-    with curve_client(port, server_public, keys) as client:
+    with tcp_daemon.client() as client:
         welcome = _welcome(client, fields)
         assert welcome["num_samples"] == 4
         assert _load(client, welcome, 1, swapped)[0] == "done"  # read before the swap
@@ -160,7 +141,7 @@ def test_a_sample_swapped_for_a_link_outside_after_the_hello_is_refused(
     (folder / "2.jpg").symlink_to("0.jpg")
     (folder / "3.jpg").unlink()
     (folder / "3.jpg").symlink_to(folder / "0.jpg")
-    with curve_client(port, server_public, keys) as client:
+    with tcp_daemon.client() as client:
         welcome = _welcome(client, fields)
         _assert_refused(_load(client, welcome, 1, swapped), secret)
         for seq, index in enumerate((0, 2, 3), 2):

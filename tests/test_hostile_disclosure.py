@@ -16,6 +16,7 @@ import re
 import socket
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,21 @@ def test_a_tcp_peers_status_shows_only_its_own_sessions(
             client.send(wire.encode("bye"))
 
 
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TcpDaemon, Path]]:
+    """One TCP daemon (and its roots) for the probe tests, which only send it hellos and status."""
+    base = tmp_path_factory.mktemp("probed")
+    pool = DaemonPool(base)
+    try:
+        roots = base / "roots"
+        build_folder(roots / "data", classes=2, per_class=4)
+        yield TcpDaemon(pool, base, roots), roots
+    finally:
+        problems = pool.close()
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
 def _probe(tcp: TcpDaemon, dataset: str) -> list[Any]:
     """Every reply a TCP peer gets while a hello for `dataset` is answered: its own notes and
     answer, and what a second peer's `status` says meanwhile."""
@@ -139,9 +155,9 @@ def _probe(tcp: TcpDaemon, dataset: str) -> list[Any]:
 
 
 def test_a_probe_of_the_daemons_working_directory_gets_no_resolved_path(
-    daemon_pool: DaemonPool, tmp_path: Path, roots: Path
+    probed: tuple[TcpDaemon, Path],
 ) -> None:
-    tcp = TcpDaemon(daemon_pool, tmp_path, roots)
+    tcp, _ = probed
     cwd = os.path.realpath(f"/proc/{tcp.daemon.pid}/cwd")
     for dataset in ("/proc/self/cwd", "/proc/self/cwd/."):
         text = json.dumps(_probe(tcp, dataset))
@@ -150,11 +166,11 @@ def test_a_probe_of_the_daemons_working_directory_gets_no_resolved_path(
 
 
 def test_an_in_root_link_to_an_outside_directory_gets_no_resolved_path(
-    daemon_pool: DaemonPool, tmp_path: Path, roots: Path
+    probed: tuple[TcpDaemon, Path], tmp_path: Path
 ) -> None:
+    tcp, roots = probed
     secret = build_folder(tmp_path / "private-place", classes=2, per_class=2)
     (roots / "link").symlink_to(secret)
-    tcp = TcpDaemon(daemon_pool, tmp_path, roots)
     replies = _probe(tcp, str(roots / "link"))
     text = json.dumps(replies)
     assert "private-place" not in text, text

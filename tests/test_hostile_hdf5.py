@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 import pytest
-import zmq
-from daemon_helpers import REPLY_TIMEOUT_S, DaemonPool, RawClient, curve_client, hello_fields, hello_reply
+from daemon_helpers import (
+    REPLY_TIMEOUT_S,
+    ConfinedTcpDaemon,
+    RawClient,
+    confined_tcp_daemon,
+    hello_fields,
+    hello_reply,
+)
 
 from fastload._daemon.confine import Refused, Roots, check_hdf5
 from fastload._loading import daemon_link as wire
@@ -82,30 +88,25 @@ def _h5(path: Path, images: Any = None, labels: Any = None, data: Any = None, **
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@pytest.fixture(scope="module")
+def tcp_daemon(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Iterator[ConfinedTcpDaemon]:
+    """One daemon confined to a root per test (`inside`), on TCP with CURVE; its working directory
+    (outside every root, private) holds `secret.h5`, which HDF5 would open for a missing absolute
+    target by its base name."""
+    base = tmp_path_factory.mktemp("tcp")
+    workdir = base / "workdir"
+    workdir.mkdir(mode=0o700)
+    _h5(workdir / "secret.h5", [p.read_bytes() for p in sorted(image_folder.glob("*/*.jpg"))[:2]])
+    with confined_tcp_daemon(base, rooms=4, root_name="inside", cwd=workdir) as shared:
+        yield shared
 
 
-def _tcp_daemon(daemon_pool: DaemonPool, tmp_path: Path, root: Path, cwd: Path | None = None) -> Any:
-    """A daemon with `root` as its one dataset root, listening on TCP with CURVE; a factory of
-    allowed clients."""
-    server_public, server_secret = zmq.curve_keypair()
-    client_keys = zmq.curve_keypair()
-    port = _free_port()
-    config = tmp_path / "tcp.toml"
-    table = {
-        "curve_public_key": server_public.decode(),
-        "curve_secret_key": server_secret.decode(),
-        "curve_clients": [client_keys[0].decode()],
-        "roots": [str(root)],
-    }
-    config.write_text("[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
-    daemon_pool.start(
-        workers=1, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)], cwd=cwd
-    )
-    return lambda: curve_client(port, server_public, client_keys)
+@pytest.fixture
+def tcp_places(tcp_daemon: ConfinedTcpDaemon) -> tuple[Path, Path]:
+    """(inside, outside) in a room of `tcp_daemon`: its root and a private folder next to it."""
+    room = tcp_daemon.room()
+    (room / "outside").mkdir(mode=0o700)
+    return room / "inside", room / "outside"
 
 
 def _hello(path: Path) -> dict[str, Any]:
@@ -129,19 +130,18 @@ def _assert_welcome(reply: tuple[str, dict[str, Any]], count: int) -> None:
 
 
 def test_a_second_hop_out_of_the_roots_is_refused(
-    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path], images: list[bytes]
+    tcp_daemon: ConfinedTcpDaemon, tcp_places: tuple[Path, Path], images: list[bytes]
 ) -> None:
     """inside/a.h5 links to inside/b.h5, which reaches outside (a link, a virtual source, external
     storage): the daemon read only a.h5's links, and its worker followed b.h5's."""
-    inside, outside = places
+    inside, outside = tcp_places
     secret = _h5(outside / "secret.h5", images)
     second_hops = {
         "link": h5py.ExternalLink(str(secret), "/images"),
         "virtual": ("virtual", secret, 2),
         "storage": ("storage", _raw(outside / "private.bin", images), 2),
     }
-    clients = _tcp_daemon(daemon_pool, tmp_path, inside)
-    with clients() as client:
+    with tcp_daemon.client() as client:
         for how, hop in second_hops.items():
             _h5(inside / f"b-{how}.h5", data=hop)
             first = _h5(
@@ -158,14 +158,14 @@ def test_a_second_hop_out_of_the_roots_is_refused(
 
 
 def test_a_missing_absolute_target_is_not_looked_up_by_its_base_name(
-    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path], images: list[bytes]
+    tcp_daemon: ConfinedTcpDaemon, tmp_path: Path, tcp_places: tuple[Path, Path], images: list[bytes]
 ) -> None:
     """A link (or a virtual source) to an absolute path that does not exist: HDF5 then opens its
     base name in the daemon's working directory, which holds secret.h5."""
-    inside, _ = places
-    workdir = tmp_path / "workdir"
-    workdir.mkdir(mode=0o700)
-    _h5(workdir / "secret.h5", images)
+    inside, _ = tcp_places
+    workdir = tcp_daemon.cwd
+    assert workdir is not None and (workdir / "secret.h5").is_file()
+    assert Path(os.readlink(f"/proc/{tcp_daemon.daemon.pid}/cwd")) == workdir
     missing_inside = inside / "gone" / "secret.h5"
     missing_outside = tmp_path / "nowhere" / "secret.h5"
     sources = {
@@ -173,8 +173,7 @@ def test_a_missing_absolute_target_is_not_looked_up_by_its_base_name(
         "virtual source, under the roots": ("virtual", missing_inside, 2),
         "link, outside": h5py.ExternalLink(str(missing_outside), "/images"),
     }
-    clients = _tcp_daemon(daemon_pool, tmp_path, inside, cwd=workdir)
-    with clients() as client:
+    with tcp_daemon.client() as client:
         for k, hop in enumerate(sources.values()):
             path = _h5(inside / f"missing-{k}.h5", labels=[0, 1], data=hop)
             _assert_refused(hello_reply(client, _hello(path)), str(workdir), str(missing_outside))
@@ -182,12 +181,12 @@ def test_a_missing_absolute_target_is_not_looked_up_by_its_base_name(
 
 
 def test_a_fifo_under_a_root_is_refused_at_once(
-    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path], images: list[bytes]
+    tcp_daemon: ConfinedTcpDaemon, tcp_places: tuple[Path, Path], images: list[bytes]
 ) -> None:
     """HDF5 files whose labels' or images' external storage, link or virtual source is a FIFO under
     the root held an opening slot until index_timeout (600 s); meanwhile a legitimate hello is
     welcomed."""
-    inside, _ = places
+    inside, _ = tcp_places
     fifo = inside / "pipe.h5"
     os.mkfifo(fifo)
     hostile = [
@@ -197,7 +196,7 @@ def test_a_fifo_under_a_root_is_refused_at_once(
         _h5(inside / "storage.h5", labels=[0, 1], data=("storage", fifo, 2)),
     ]
     fine = _h5(inside / "fine.h5", images, labels=[0, 1])
-    clients = _tcp_daemon(daemon_pool, tmp_path, inside)
+    clients = tcp_daemon.client
     peers = [clients() for _ in hostile]
     try:
         started = time.monotonic()
@@ -224,11 +223,11 @@ def _next_answer(client: RawClient) -> tuple[str, dict[str, Any]]:
 
 
 def test_links_sources_and_storage_under_the_roots_are_served_and_read_locally(
-    daemon_pool: DaemonPool, tmp_path: Path, places: tuple[Path, Path], images: list[bytes]
+    tcp_daemon: ConfinedTcpDaemon, tcp_places: tuple[Path, Path], images: list[bytes]
 ) -> None:
     """Relative links and virtual sources beside the file, external storage under the root: the
     daemon (its working directory outside the roots) serves them; read locally, unchanged."""
-    inside, _ = places
+    inside, _ = tcp_places
     parts = inside / "parts"
     parts.mkdir()
     _h5(parts / "b.h5", images)
@@ -247,10 +246,7 @@ def test_links_sources_and_storage_under_the_roots_are_served_and_read_locally(
             assert [index.read_sample(i) for i in range(2)] == images, path
         finally:
             index.close()
-    workdir = tmp_path / "workdir"
-    workdir.mkdir()
-    clients = _tcp_daemon(daemon_pool, tmp_path, inside, cwd=workdir)
-    with clients() as client:
+    with tcp_daemon.client() as client:  # its working directory is outside the roots
         for path in files:
             _assert_welcome(hello_reply(client, _hello(path)), 2)
 
