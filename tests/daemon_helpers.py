@@ -384,6 +384,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def start_tcp_daemon(
+    pool: DaemonPool, base: Path, *, workers: int = 1, cwd: Path | None = None, **settings: Any
+) -> tuple[DaemonProcess, Callable[[], RawClient]]:
+    """A daemon on a free loopback TCP port with CURVE, its `[daemon]` table written to
+    `base/tcp.toml` with `settings` (roots, caches, limits); (the daemon, a function that makes a
+    client holding its one allowed key)."""
+    server_public, server_secret = zmq.curve_keypair()
+    keys = zmq.curve_keypair()
+    port = free_port()
+    table = {
+        "curve_public_key": server_public.decode(),
+        "curve_secret_key": server_secret.decode(),
+        "curve_clients": [keys[0].decode()],
+        **settings,
+    }
+    config = base / "tcp.toml"
+    config.write_text("[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
+    daemon = pool.start(
+        base / "sock", workers=workers, cwd=cwd,
+        extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)],
+    )
+    return daemon, lambda: curve_client(port, server_public, keys)
+
+
 class ConfinedTcpDaemon:
     """One daemon (1 worker) on loopback TCP with CURVE, confined to `rooms` dataset roots, for the
     tests of a module that only send it hellos and tasks (a daemon start costs seconds of CPU:
@@ -395,26 +419,13 @@ class ConfinedTcpDaemon:
     def __init__(
         self, pool: DaemonPool, base: Path, *, rooms: int, root_name: str = "root", cwd: Path | None = None
     ) -> None:
-        self.server_public, server_secret = zmq.curve_keypair()
-        self.keys = zmq.curve_keypair()
-        self.port = free_port()
         self.cwd = cwd
         self._rooms = [base / f"room{k}" for k in range(rooms)]
         self._root_name = root_name
         for room in self._rooms:
             (room / root_name).mkdir(parents=True)
-        table = {
-            "curve_public_key": self.server_public.decode(),
-            "curve_secret_key": server_secret.decode(),
-            "curve_clients": [self.keys[0].decode()],
-            "roots": [str(room / root_name) for room in self._rooms],
-        }
-        config = base / "tcp.toml"
-        config.write_text("[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
-        self.daemon = pool.start(
-            base / "sock", workers=1, cwd=cwd,
-            extra=["--listen", f"tcp://127.0.0.1:{self.port}", "--config", str(config)],
-        )
+        roots = [str(room / root_name) for room in self._rooms]
+        self.daemon, self.client = start_tcp_daemon(pool, base, cwd=cwd, roots=roots)
 
     def room(self) -> Path:
         """A directory of the test's own; `room / root_name` is a (still empty) root of the daemon."""
@@ -422,8 +433,6 @@ class ConfinedTcpDaemon:
             raise AssertionError("ConfinedTcpDaemon: more tests than rooms; raise `rooms`")
         return self._rooms.pop(0)
 
-    def client(self) -> RawClient:
-        return curve_client(self.port, self.server_public, self.keys)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -30,18 +29,17 @@ import h5py
 import numpy as np
 import psutil
 import pytest
-import zmq
 from daemon_helpers import (
     RESIZE,
     DaemonPool,
     DaemonProcess,
     RawClient,
     assert_same_batches,
-    curve_client,
     hello_fields,
     hello_reply,
     local_epoch,
     opening_children,
+    start_tcp_daemon,
     take,
 )
 from helpers import wait_until
@@ -54,30 +52,14 @@ pytestmark = [pytest.mark.hostile, pytest.mark.timeout(150)]
 TOOLS = Path(__file__).resolve().parent.parent / "tools" / "bench"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def tcp_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonProcess, Any]]:
     """A daemon (2 workers) on loopback TCP with CURVE, serving the tests' data (roots: their
     temporary directories), and a function that makes a client with its one allowed key."""
     base = tmp_path_factory.mktemp("tcp")
-    server_public, server_secret = zmq.curve_keypair()
-    client_keys = zmq.curve_keypair()
-    port = _free_port()
-    settings = {
-        "curve_public_key": server_public.decode(), "curve_secret_key": server_secret.decode(),
-        "curve_clients": [client_keys[0].decode()], "roots": [str(tmp_path_factory.getbasetemp())],
-        "index_timeout": 5,
-    }
-    config = base / "daemon.toml"
-    config.write_text("[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
     pool = DaemonPool(base)
-    daemon = pool.start(workers=2, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)])
-    yield daemon, lambda: curve_client(port, server_public, client_keys)
+    roots = [str(tmp_path_factory.getbasetemp())]
+    yield start_tcp_daemon(pool, base, workers=2, roots=roots, index_timeout=5)
     problems = pool.close()
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,8 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-import zmq
-from daemon_helpers import DaemonPool, RawClient, curve_client, hello_fields, hello_reply
+from daemon_helpers import DaemonPool, hello_fields, hello_reply, start_tcp_daemon
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 
@@ -54,28 +52,6 @@ def store() -> Iterator[tuple[str, list[str]]]:
         server.shutdown()
         server.server_close()
         thread.join(10)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tcp_daemon(daemon_pool: DaemonPool, tmp_path: Path, root: Path) -> RawClient:
-    server_public, server_secret = zmq.curve_keypair()
-    client_keys = zmq.curve_keypair()
-    port = _free_port()
-    table = {
-        "curve_public_key": server_public.decode(),
-        "curve_secret_key": server_secret.decode(),
-        "curve_clients": [client_keys[0].decode()],
-        "roots": [str(root)],
-    }
-    config = tmp_path / "tcp.toml"
-    config.write_text("[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
-    daemon_pool.start(workers=1, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)])
-    return curve_client(port, server_public, client_keys)
 
 
 def _source(folder: Path, **source: Any) -> dict[str, Any]:
@@ -120,7 +96,8 @@ def test_last_rounds_probes_are_refused_without_content_and_the_daemon_serves_on
             inside, kind="file_list", path=str(inside / "list.txt"), multi_label=True, num_classes=2**62
         ),
     }
-    with _tcp_daemon(daemon_pool, tmp_path, inside) as client:
+    _, client_of = start_tcp_daemon(daemon_pool, tmp_path, roots=[str(inside)])
+    with client_of() as client:
         for what, hello in probes.items():
             reply = hello_reply(client, hello, timeout_s=60)
             assert reply[0] == "error", (what, reply)

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
-from daemon_helpers import DaemonPool, RawClient, curve_client, hello_fields, hello_reply
+from daemon_helpers import DaemonPool, RawClient, hello_fields, hello_reply, start_tcp_daemon
 from helpers import build_folder, write_tar_shards
-from remote_helpers import FaultProxy, free_port, moto_server, s3_environment, upload
+from remote_helpers import FaultProxy, moto_server, s3_environment, upload
 
 from fastload import ConfigError
 from fastload._daemon.confine import Roots
@@ -59,21 +58,10 @@ def _tcp_daemon(
     a client allowed to it."""
     for name, value in s3_environment(store.url).items():
         monkeypatch.setenv(name, value)  # the daemon's credentials and endpoint (the proxy)
-    server_public, server_secret = zmq.curve_keypair()
-    client_keys = zmq.curve_keypair()
-    port = free_port()
-    table = {
-        "curve_public_key": server_public.decode(),
-        "curve_secret_key": server_secret.decode(),
-        "curve_clients": [client_keys[0].decode()],
-        "roots": [ROOT],
-        "cache_dir": str(tmp_path / "daemon-cache"),
-        "cache_limit": "64MiB",
-    }
-    config = tmp_path / "tcp.toml"
-    config.write_text("[daemon]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
-    daemon_pool.start(workers=1, extra=["--listen", f"tcp://127.0.0.1:{port}", "--config", str(config)])
-    return curve_client(port, server_public, client_keys)
+    _, client_of = start_tcp_daemon(
+        daemon_pool, tmp_path, roots=[ROOT], cache_dir=str(tmp_path / "daemon-cache"), cache_limit="64MiB"
+    )
+    return client_of()
 
 
 def _hello(source: Source) -> dict[str, Any]:
