@@ -44,8 +44,8 @@ _plug_exporter(_export_loader)
 if _typing.TYPE_CHECKING:
     from fastload import sources, transforms
     from fastload._diagnostics.scalars import ScalarLogger
-    from fastload._loading.identity import SampleIds
     from fastload._loading.loader import FastLoader
+    from fastload._loading.slots.identity import SampleIds
 
 __version__ = "0.1.0"
 
@@ -72,7 +72,7 @@ __all__ = [
 # Name -> (module, attribute; "" for the module itself), imported on first access.
 _LAZY = {
     "FastLoader": ("fastload._loading.loader", "FastLoader"),
-    "SampleIds": ("fastload._loading.identity", "SampleIds"),
+    "SampleIds": ("fastload._loading.slots.identity", "SampleIds"),
     "ScalarLogger": ("fastload._diagnostics.scalars", "ScalarLogger"),
     "sources": ("fastload.sources", ""),
     "transforms": ("fastload.transforms", ""),

@@ -3,7 +3,7 @@ signatures fastload knows, of the check that a JPEG is cut short, and of the wor
 are no image at all.
 
 Two users build on it: the backends, to say why a decoder refused a sample
-(`_loading/backends/undecodable.py`: "empty file (0 bytes)", "not an image: starts with
+(`_loading/decoding/undecodable.py`: "empty file (0 bytes)", "not an image: starts with
 b'hello wo' (text?)", "truncated JPEG: no end-of-image marker", rather than a decoder's
 "cannot identify image file <_io.BytesIO object at 0x...>"), and `fastload pack`, to keep broken
 samples out of a pack without decoding them (`sources/_image_bytes.py`). `describe` puts a decoder's refusal

@@ -150,7 +150,7 @@ class SettingsWarning(UserWarning):
 # class, made once per class. The name is data from another process, never code to run: it is
 # looked up only among modules the trainer has already imported (never importing one, never
 # running a module's __getattr__) and must name an Exception subclass; a daemon is a network peer,
-# so from it only `builtins` names are used (`_loading.daemon_client`). Refused, and raised as a plain
+# so from it only `builtins` names are used (`_loading.link.daemon_client`). Refused, and raised as a plain
 # SampleError: StopIteration and StopAsyncIteration (raised from next() they would end the
 # trainer's for-loop silently), exception groups (their constructor needs the group), and any
 # class that cannot be subclassed or instantiated this way. Raising never fails for a bad name.

@@ -42,7 +42,7 @@ from fastload._machine import SHM_DIR, pid_alive
 
 PREFIX = "fastload_"
 _NAME_RE = re.compile(r"^fastload_(\d+)_(?:stats_)?[0-9a-f]{32}$")
-STATS_TAG = "stats_"  # marks a loader's statistics block (see fastload._loading.stats), found by iostat
+STATS_TAG = "stats_"  # marks a loader's statistics block (_loading.running.stats), found by iostat
 # Head-room kept free in /dev/shm beyond what the ring needs (other users of shm, page rounding):
 # an eighth of the mount, at most 64 MiB, so Docker's default 64 MiB /dev/shm keeps 8 MiB and
 # holds a ring of up to 56 MiB (issue 22: a fixed 64 MiB refused every loader there).

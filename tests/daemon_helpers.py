@@ -35,7 +35,7 @@ from helpers import fastload_segments, pid_alive, unlink_segments, wait_until
 from fastload import FastLoader
 from fastload import transforms as T
 from fastload._daemon.control import request
-from fastload._loading import daemon_link as wire
+from fastload._loading.link import daemon_link as wire
 
 # Hang guards, not speed limits: a daemon starts in about a second and stops at once, but on a
 # machine busy with other work (and importing torch in a fresh process) either can take many times

@@ -21,7 +21,7 @@ from daemon_helpers import DaemonProcess
 from fastload import ConfigError, FastLoader
 from fastload import transforms as T
 from fastload._augment.program import TrainerStages
-from fastload._loading.plan import ShuffledPlan
+from fastload._loading.order.plan import ShuffledPlan
 from fastload.transforms._base import Stage
 
 NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))

@@ -19,8 +19,9 @@ from helpers import build_folder
 from fastload import ConfigError, DatasetError, FastLoader, SampleError
 from fastload._bad_samples import SkippedSample, replacement
 from fastload._errors import WireError
-from fastload._loading import daemon_link, worker_link
-from fastload._loading.executor import Done, Opaque
+from fastload._loading.jobs.executor import Done, Opaque
+from fastload._loading.link import daemon_link
+from fastload._loading.running import worker_link
 
 pytestmark = pytest.mark.timeout(120)
 

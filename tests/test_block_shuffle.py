@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from fastload import ConfigError
-from fastload._loading.plan import ShuffledPlan
+from fastload._loading.order.plan import ShuffledPlan
 
 
 def plan(n: int, batch_size: int, block: int, window: int = 8, **kwargs: Any) -> ShuffledPlan:

@@ -5,7 +5,7 @@ Protects the supervision contract of issue 8: whatever happens to worker process
 batch is failed for deaths it did not cause (no false WorkerError), no raw ZeroMQ error reaches
 the trainer, a stopped worker is taken as hung and replaced even with `timeout=0`, and a sample
 that really crashes its worker is still failed after three tries. The blame policy itself
-(`_loading.supervision.classify`) is checked on its own, including the OOM-killer case.
+(`_loading.running.supervision.classify`) is checked on its own, including the OOM-killer case.
 
 Kills come at random times but never faster than the loader makes progress (a batch between two
 kills), or exactly when a worker has reached a given sample; no test bounds how long an epoch
@@ -29,10 +29,10 @@ from helpers import Killer, segfault_at
 from torch.utils.data import Dataset
 
 from fastload import FastLoader, WorkerError
-from fastload._loading.engine import Engine
-from fastload._loading.executor import Task
-from fastload._loading.jobs import DatasetJob
-from fastload._loading.supervision import Cause, HangBound, classify
+from fastload._loading.jobs.executor import Task
+from fastload._loading.jobs.image_job import DatasetJob
+from fastload._loading.running.engine import Engine
+from fastload._loading.running.supervision import Cause, HangBound, classify
 
 pytestmark = pytest.mark.timeout(120)
 

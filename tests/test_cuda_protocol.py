@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload._loading.delivery import CudaDelivery, ImageOutput
-from fastload._loading.layout import BatchLayout
-from fastload._loading.ring import Ring
+from fastload._loading.slots.delivery import CudaDelivery, ImageOutput
+from fastload._loading.slots.layout import BatchLayout
+from fastload._loading.slots.ring import Ring
 
 
 class FakeEvent:

@@ -46,7 +46,7 @@ from helpers import wait_until, write_tar_shards
 from fastload import DaemonError, FastLoader
 from fastload import transforms as T
 from fastload.__main__ import main
-from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
+from fastload._loading.slots.ring import EXTRA_SLOTS, default_prefetch
 from fastload._sizes import format_size
 from fastload.sources import HDF5, FileList, Source, TarShards, pack
 from fastload.sources._folder import scan_image_folder

@@ -20,7 +20,7 @@ from daemon_helpers import RESIZE, DaemonPool, DaemonProcess, RawClient, answer,
 from helpers import wait_until
 
 from fastload import FastLoader
-from fastload._loading import daemon_link as wire
+from fastload._loading.link import daemon_link as wire
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -46,8 +46,8 @@ from hypothesis import strategies as st
 
 from fastload import DaemonError, FastLoader
 from fastload import transforms as T
-from fastload._loading import daemon_link as wire
-from fastload._loading.daemon_addresses import default_address
+from fastload._loading.link import daemon_link as wire
+from fastload._loading.link.daemon_addresses import default_address
 from fastload._paths import runtime_dir
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(90)]

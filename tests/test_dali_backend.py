@@ -28,13 +28,14 @@ from helpers import epoch_outcomes, split_outcomes, undefined_huffman_table, wri
 
 from fastload import ConfigError, FastLoader, SampleError, sources
 from fastload import transforms as T
-from fastload._loading.backends import SampleFailure, boxes, make_backend
+from fastload._loading.decoding import boxes
+from fastload._loading.decoding.backend import SampleFailure, make_backend
 from fastload._sample_random import sample_randoms
 from fastload.transforms import compile_transforms
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed: `pip install fastload[dali]`")
 
-from fastload._loading.backends import dali as dali_backend
+from fastload._loading.decoding import dali as dali_backend
 
 pytestmark = pytest.mark.timeout(120)  # a regression here tends to be a hang (NOTE [DALI pipelines
 # and fork])
@@ -292,7 +293,7 @@ def test_without_dali_the_loader_is_refused_at_construction_with_the_install_com
     image_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # `import nvidia.dali` raises ImportError
-    monkeypatch.delitem(sys.modules, "fastload._loading.backends.dali")
+    monkeypatch.delitem(sys.modules, "fastload._loading.decoding.dali")
     with pytest.raises(ConfigError, match=r"pip install fastload\[dali\]") as info:
         FastLoader(
             image_folder, batch_size=4, num_workers=2, transform=[T.Resize((24, 24))], backend="dali",

@@ -25,8 +25,8 @@ from fastload import transforms as T
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed: `pip install fastload[dali]`")
 
-from fastload._loading.dali_executor import DaliExecutor
-from fastload._loading.spec import LoaderSpec
+from fastload._loading.running.dali_executor import DaliExecutor
+from fastload._loading.settings.spec import LoaderSpec
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -207,7 +207,7 @@ def test_every_pipeline_shape_gives_the_worker_paths_batches(
     ],
 )
 def test_a_bad_tuning_is_refused_naming_it(text: str, problem: str) -> None:
-    from fastload._loading.backends.dali_tuning import DaliTuning
+    from fastload._loading.decoding.dali_tuning import DaliTuning
 
     with pytest.raises(ConfigError, match=problem):
         DaliTuning.parse(text)

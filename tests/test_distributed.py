@@ -31,8 +31,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 from fastload import ConfigError, FastLoader, SettingsWarning
 from fastload import transforms as T
-from fastload._loading.plan import ShuffledPlan
-from fastload._loading.ranks import process_position as _distributed
+from fastload._loading.order.plan import ShuffledPlan
+from fastload._loading.order.ranks import process_position as _distributed
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER_VARIABLES = (

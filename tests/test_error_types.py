@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 
 from fastload import FastLoader, FastloadError, LoaderTimeout, SampleError
 from fastload import _errors as errors
-from fastload._loading import daemon_link as wire
+from fastload._loading.link import daemon_link as wire
 
 pytestmark = pytest.mark.timeout(60)  # a regression here tends to be a hang
 

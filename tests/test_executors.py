@@ -1,4 +1,4 @@
-"""The executor contract (`fastload._loading.executor.Executor`), held against all three executors: a pool
+"""The executor contract (`_loading.jobs.executor.Executor`), held against all three executors: a pool
 of worker processes (`Engine`), the trainer's own process (`InlineExecutor`) and a loader daemon's
 session (`DaemonSession`). Each is given the same image-folder tasks.
 
@@ -22,13 +22,13 @@ import pytest
 from daemon_helpers import DaemonProcess, hello_fields
 
 from fastload import transforms as T
-from fastload._loading.daemon_client import DaemonSession
-from fastload._loading.engine import Engine
-from fastload._loading.executor import Done, Event, Executor, Failure, Task
-from fastload._loading.inline import InlineExecutor
-from fastload._loading.jobs import ImageJob
-from fastload._loading.layout import BatchLayout
-from fastload._loading.ring import Ring
+from fastload._loading.jobs.executor import Done, Event, Executor, Failure, Task
+from fastload._loading.jobs.image_job import ImageJob
+from fastload._loading.link.daemon_client import DaemonSession
+from fastload._loading.running.engine import Engine
+from fastload._loading.running.inline import InlineExecutor
+from fastload._loading.slots.layout import BatchLayout
+from fastload._loading.slots.ring import Ring
 from fastload.sources._folder import scan_image_folder
 
 pytestmark = pytest.mark.timeout(120)

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 
 from fastload import FastLoader, LoaderTimeout, SampleError, WorkerError
 from fastload import transforms as T
-from fastload._loading import engine as _engine
+from fastload._loading.running import engine as _engine
 
 pytestmark = pytest.mark.timeout(120)  # a regression here tends to be a hang
 

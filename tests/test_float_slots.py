@@ -20,9 +20,9 @@ import torch
 from fastload import FastLoader
 from fastload import transforms as T
 from fastload._augment.program import TrainerStages
-from fastload._loading.delivery import ImageOutput
-from fastload._loading.host_normalize import HostNormalizer
-from fastload._loading.plan import ShuffledPlan
+from fastload._loading.decoding.host_normalize import HostNormalizer
+from fastload._loading.order.plan import ShuffledPlan
+from fastload._loading.slots.delivery import ImageOutput
 
 NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 CLASSES = 3

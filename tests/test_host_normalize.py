@@ -12,8 +12,8 @@ import gc
 import pytest
 import torch
 
-from fastload._loading.delivery import ImageOutput
-from fastload._loading.host_normalize import HostNormalizer
+from fastload._loading.decoding.host_normalize import HostNormalizer
+from fastload._loading.slots.delivery import ImageOutput
 from fastload._native_jpeg import native_jpeg
 
 OUTPUT = ImageOutput(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))

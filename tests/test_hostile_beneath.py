@@ -25,7 +25,7 @@ from daemon_helpers import ConfinedTcpDaemon, RawClient, confined_tcp_daemon, he
 from helpers import write_tar_shards
 
 from fastload._daemon.confine import Refused, Roots, check_identities, check_index
-from fastload._loading import daemon_link as wire
+from fastload._loading.link import daemon_link as wire
 from fastload.sources import HDF5, FileList, TarShards, _beneath
 from fastload.sources._beneath import Beneath
 from fastload.sources._hdf5 import HDF5BytesIndex

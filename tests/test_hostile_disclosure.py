@@ -33,7 +33,7 @@ from daemon_helpers import (
 )
 from helpers import build_folder, wait_until
 
-from fastload._loading import daemon_link as wire
+from fastload._loading.link import daemon_link as wire
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 

@@ -27,7 +27,7 @@ from daemon_helpers import (
 )
 
 from fastload._daemon.confine import Refused, Roots, check_hdf5
-from fastload._loading import daemon_link as wire
+from fastload._loading.link import daemon_link as wire
 from fastload.sources import HDF5
 from fastload.sources._hdf5 import HDF5BytesIndex
 

@@ -45,7 +45,7 @@ from daemon_helpers import (
 from helpers import wait_until
 
 from fastload import FastLoader
-from fastload._loading import daemon_link as wire
+from fastload._loading.link import daemon_link as wire
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(150)]
 

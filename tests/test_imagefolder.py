@@ -19,7 +19,7 @@ from helpers import write_image
 
 from fastload import DatasetError, FastLoader
 from fastload import transforms as T
-from fastload._loading.backends.pil import decode_into
+from fastload._loading.decoding.pil import decode_into
 from fastload.sources import ImageFolder
 from fastload.sources._folder import scan_image_folder
 

@@ -37,7 +37,7 @@ from fastload._diagnostics.iostat import (
     format_report,
     loader_rates,
 )
-from fastload._loading.stats import LoaderStats
+from fastload._loading.running.stats import LoaderStats
 from fastload.sources import _index
 
 # ---------------------------------------------------------------------------------------------

@@ -21,12 +21,22 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fastload"
 
-FOUNDATIONS, FORMATS, KERNELS, LOADER, SERVICES, ENTRY = range(6)
+# Layers, lowest first; the gaps leave room for rooms inside a layer. The loader's rooms are
+# ordered too (docs/ARCHITECTURE.md, "Rooms of the loader"): a room imports only rooms below it.
+FOUNDATIONS, FORMATS, KERNELS = 0, 10, 20
+SLOTS, ORDER, JOBS, LINK, SETTINGS, RUNNING, LOADER = 31, 32, 33, 34, 35, 36, 39
+SERVICES, ENTRY = 40, 50
 LAYER_NAMES = {
     FOUNDATIONS: "foundations",
     FORMATS: "sources and transforms",
     KERNELS: "kernels",
-    LOADER: "the loader",
+    SLOTS: "the loader's slots room",
+    ORDER: "the loader's order room",
+    JOBS: "the loader's jobs room",
+    LINK: "the loader's link room (the trainer's side of the daemon)",
+    SETTINGS: "the loader's settings room",
+    RUNNING: "the loader's running room",
+    LOADER: "the loader's facade",
     SERVICES: "the daemon's server, diagnostics, exporters",
     ENTRY: "the CLI and the public package",
 }
@@ -51,7 +61,13 @@ LAYERS: dict[str, int] = {
     "fastload.sources": FORMATS,
     "fastload.transforms": FORMATS,
     "fastload._augment": KERNELS,
-    "fastload._loading.backends": KERNELS,
+    "fastload._loading.decoding": KERNELS,
+    "fastload._loading.slots": SLOTS,
+    "fastload._loading.order": ORDER,
+    "fastload._loading.jobs": JOBS,
+    "fastload._loading.link": LINK,
+    "fastload._loading.settings": SETTINGS,
+    "fastload._loading.running": RUNNING,
     "fastload._loading": LOADER,
     "fastload._daemon": SERVICES,
     "fastload._diagnostics": SERVICES,
@@ -212,7 +228,7 @@ def test_the_checker_sees_lazy_relative_and_type_only_imports(tmp_path: Path) ->
     [
         ("fastload._errors", FOUNDATIONS),
         ("fastload.sources._tar", FORMATS),
-        ("fastload._loading.backends.native", KERNELS),
+        ("fastload._loading.decoding.native", KERNELS),
         ("fastload._loading.loader", LOADER),
         ("fastload._daemon.server", SERVICES),
         ("fastload._cli_sources", ENTRY),

@@ -1,4 +1,4 @@
-"""No drain at epoch ends (NOTE [no drain] in `_loading.epoch`): once an epoch's batches are all
+"""No drain at epoch ends (NOTE [no drain] in `_loading.running.epoch`): once an epoch's batches are all
 submitted, the loader decodes the next epoch's first batches; the next iteration takes them over
 if it runs that epoch, and they change nothing about which batches it yields."""
 

@@ -22,9 +22,9 @@ from helpers import epoch_outcomes
 
 from fastload import ConfigError, FastLoader, SampleError
 from fastload import transforms as T
-from fastload._loading.backends import make_backend
-from fastload._loading.crop_resize import axis_weights
-from fastload._loading.dali_executor import DaliExecutor
+from fastload._loading.decoding.backend import make_backend
+from fastload._loading.decoding.crop_resize import axis_weights
+from fastload._loading.running.dali_executor import DaliExecutor
 from fastload.transforms import compile_transforms
 
 pytestmark = pytest.mark.timeout(120)

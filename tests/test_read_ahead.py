@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload._loading import read_ahead as ra
+from fastload._loading.order import read_ahead as ra
 
 CHUNK = 1000
 

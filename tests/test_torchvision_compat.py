@@ -479,7 +479,7 @@ def test_the_pil_backend_gives_torchvisions_pixels_on_pil_images(case: Any, imag
     import numpy as np
     from PIL import Image
 
-    from fastload._loading.backends import make_backend
+    from fastload._loading.decoding.backend import make_backend
     from fastload._sample_random import sample_randoms
     from fastload.transforms import compile_transforms
 

@@ -23,7 +23,7 @@ from PIL import Image
 
 from fastload import ConfigError
 from fastload import transforms as T
-from fastload._loading.backends.pil import decode_into
+from fastload._loading.decoding.pil import decode_into
 
 BILINEAR = Image.Resampling.BILINEAR
 

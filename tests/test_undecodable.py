@@ -15,7 +15,7 @@ from PIL import Image
 
 from fastload import transforms as T
 from fastload._encoded_bytes import jpeg_cut_short
-from fastload._loading.backends import SampleFailure, make_backend
+from fastload._loading.decoding.backend import SampleFailure, make_backend
 from fastload._sample_random import sample_randoms
 from fastload.transforms import compile_transforms
 

@@ -18,8 +18,8 @@ import zmq
 
 from fastload._errors import ConfigError, DaemonError
 from fastload._labels import label
-from fastload._loading import daemon_link as wire
-from fastload._loading.daemon_addresses import default_address, no_daemon_at, resolve_address
+from fastload._loading.link import daemon_link as wire
+from fastload._loading.link.daemon_addresses import default_address, no_daemon_at, resolve_address
 from fastload._machine import SHM_DIR, usable_cores
 from fastload._sizes import format_size, parse_size, shown
 

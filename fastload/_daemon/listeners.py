@@ -13,7 +13,7 @@ import zmq
 
 from fastload._daemon.peers import ConnectionTracker
 from fastload._errors import ConfigError, DaemonError
-from fastload._loading import daemon_link as wire
+from fastload._loading.link import daemon_link as wire
 from fastload._machine import pid_alive
 from fastload._paths import remove_if_fallback
 

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastload._daemon.sessions import Session
-from fastload._loading import daemon_link as wire
-from fastload._loading.engine import Engine
-from fastload._loading.executor import Done, Event, Failure, Task
+from fastload._loading.jobs.executor import Done, Event, Failure, Task
+from fastload._loading.link import daemon_link as wire
+from fastload._loading.running.engine import Engine
 
 
 class Scheduler:

@@ -44,12 +44,12 @@ from fastload._daemon.scheduler import Scheduler
 from fastload._daemon.sessions import PendingHello, Session, batch_frames, check_hello, peer_view, status_row
 from fastload._errors import DaemonError, FastloadError, WorkerError
 from fastload._labels import label
-from fastload._loading import daemon_link as wire
-from fastload._loading.engine import Engine
-from fastload._loading.executor import Done, Event, Failure
-from fastload._loading.jobs import ImageJob
-from fastload._loading.read_ahead import task_read_ahead
-from fastload._loading.ring import EXTRA_SLOTS, default_prefetch
+from fastload._loading.jobs.executor import Done, Event, Failure
+from fastload._loading.jobs.image_job import ImageJob
+from fastload._loading.link import daemon_link as wire
+from fastload._loading.order.read_ahead import task_read_ahead
+from fastload._loading.running.engine import Engine
+from fastload._loading.slots.ring import EXTRA_SLOTS, default_prefetch
 from fastload._machine import pid_alive
 from fastload._paths import private_dir, reap_engine_dirs, runtime_dir
 from fastload._shm import Segment, ensure_fd_room, preflight, reap_orphans

@@ -19,11 +19,11 @@ from typing import Any
 from fastload._bad_samples import ON_ERROR
 from fastload._daemon.peers import Peer
 from fastload._errors import ConfigError, DaemonError
-from fastload._loading.daemon_link import MAX_BATCH
-from fastload._loading.executor import Done, Failure, Task
-from fastload._loading.layout import BatchLayout
-from fastload._loading.read_ahead import TaskReadAhead
-from fastload._loading.ring import MAX_PREFETCH
+from fastload._loading.jobs.executor import Done, Failure, Task
+from fastload._loading.link.daemon_link import MAX_BATCH
+from fastload._loading.order.read_ahead import TaskReadAhead
+from fastload._loading.slots.layout import BatchLayout
+from fastload._loading.slots.ring import MAX_PREFETCH
 from fastload._shm import Segment
 from fastload._sizes import format_size
 from fastload.sources import DAEMON_SOURCE_KINDS, ImageFolder, Source, source_from_config

@@ -23,8 +23,8 @@ from types import FrameType
 from typing import Any, TextIO
 
 from fastload._diagnostics import sysinfo
-from fastload._loading import read_ahead
-from fastload._loading.stats import LoaderStats, find_loaders
+from fastload._loading.order import read_ahead
+from fastload._loading.running.stats import LoaderStats, find_loaders
 from fastload._machine import usable_cores
 from fastload._sizes import format_size
 

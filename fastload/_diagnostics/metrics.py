@@ -29,7 +29,7 @@ from fastload._diagnostics import sysinfo
 from fastload._diagnostics.iostat import LoaderRates, MachineRates, classify, loader_rates
 from fastload._errors import ConfigError
 from fastload._labels import label
-from fastload._loading.stats import LoaderStats, find_loaders, read_block
+from fastload._loading.running.stats import LoaderStats, find_loaders, read_block
 from fastload._machine import SHM_DIR, usable_cores
 
 if TYPE_CHECKING:

@@ -247,7 +247,7 @@ def decode_rate(
     """(backend name, images/s on this core, failures) decoding `blobs` round-robin for `seconds`
     through `plan` (a compiled chain: its decode-time crops, then its pixel stage)."""
     from fastload._augment.program import SampleProgram
-    from fastload._loading.backends import SampleFailure, make_backend
+    from fastload._loading.decoding.backend import SampleFailure, make_backend
     from fastload._sample_random import PIXELS_STREAM, sample_randoms
 
     backend = make_backend("native", plan)

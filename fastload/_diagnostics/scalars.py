@@ -15,7 +15,7 @@ from typing import Any
 
 from fastload._diagnostics.iostat import MachineRates, classify, loader_rates
 from fastload._diagnostics.metrics import STAGES, VERDICTS
-from fastload._loading.stats import LoaderStats
+from fastload._loading.running.stats import LoaderStats
 from fastload._machine import usable_cores
 
 _NO_MACHINE = MachineRates(

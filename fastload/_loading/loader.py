@@ -21,20 +21,20 @@ from fastload._bad_samples import DEFAULT_MAX_SKIPPED, SkipAccount
 from fastload._errors import ConfigError
 from fastload._exclusion import ExcludeArg, kept_indices
 from fastload._exclusion import digest as exclusion_digest
-from fastload._loading.arguments import check_epoch
-from fastload._loading.array_job import ArrayJob
-from fastload._loading.daemon_client import DaemonSession
-from fastload._loading.epoch import EpochIterator
-from fastload._loading.iterable import IterableJob, IterablePlan
-from fastload._loading.jobs import DatasetJob, ImageJob, Job
-from fastload._loading.pipeline import Pipeline
-from fastload._loading.plan import BatchSampler, SamplerPlan, ShuffledPlan
-from fastload._loading.read_ahead import ReadAhead, read_ahead
-from fastload._loading.resume import STATE_VERSION, check_state, convert, fingerprint, plain
-from fastload._loading.ring import EXTRA_SLOTS
-from fastload._loading.sanity import check_settings_sense
-from fastload._loading.spec import build_spec
-from fastload._loading.stats import LoaderStats, format_summary
+from fastload._loading.jobs.array_job import ArrayJob
+from fastload._loading.jobs.image_job import DatasetJob, ImageJob, Job
+from fastload._loading.jobs.iterable import IterableJob, IterablePlan
+from fastload._loading.link.daemon_client import DaemonSession
+from fastload._loading.order.plan import BatchSampler, SamplerPlan, ShuffledPlan
+from fastload._loading.order.read_ahead import ReadAhead, read_ahead
+from fastload._loading.running.epoch import EpochIterator
+from fastload._loading.running.pipeline import Pipeline
+from fastload._loading.running.stats import LoaderStats, format_summary
+from fastload._loading.settings.arguments import check_epoch
+from fastload._loading.settings.resume import STATE_VERSION, check_state, convert, fingerprint, plain
+from fastload._loading.settings.sanity import check_settings_sense
+from fastload._loading.settings.spec import build_spec
+from fastload._loading.slots.ring import EXTRA_SLOTS
 from fastload._metrics_seam import export_loader
 from fastload._shm import preflight
 from fastload.sources._arrays import ArrayIndex
@@ -424,7 +424,7 @@ class FastLoader:
     def state_dict(self) -> dict[str, Any]:
         """The position to resume from: after the last batch this loader yielded, with what that
         position depends on (batch size, rank and world size, seed, shuffle settings, the source's
-        fingerprint, the transform chain) and the position counted in samples (`_loading.resume`)."""
+        fingerprint, the transform chain) and the position counted in samples (`_loading.settings.resume`)."""
         epoch, yielded = self._position
         state: dict[str, Any] = {
             "version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "batches_yielded": yielded
@@ -473,7 +473,7 @@ class FastLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration resume exactly after the batch `state` was taken at.
 
-        A state is checked against this loader (NOTE [elastic resume] in `_loading.resume`): a
+        A state is checked against this loader (NOTE [elastic resume] in `_loading.settings.resume`): a
         changed shuffle, shuffle_block, shuffle_window, drop_last or source is a ConfigError naming
         it (at an epoch's end only another source is: the next epoch starts afresh); the transform
         chain may change (it moves no sample: progressive resizing resumes); a mid-epoch position

@@ -20,7 +20,7 @@ from fastload import transforms as T
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed: `pip install fastload[dali]`")
 
-from fastload._loading.dali_executor import DaliExecutor
+from fastload._loading.running.dali_executor import DaliExecutor
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # nvJPEG's IDCT and upsampling and the GPU resize differ from the CPU operators by a few levels;

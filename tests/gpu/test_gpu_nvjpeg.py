@@ -19,7 +19,7 @@ from helpers import epoch_outcomes, split_outcomes, write_gpu_folder
 
 from fastload import FastLoader
 from fastload import transforms as T
-from fastload._loading import crop_resize as cr
+from fastload._loading.decoding import crop_resize as cr
 
 MIN_PSNR_DB = 28.0  # nvJPEG against libjpeg-turbo's DCT-scaled region decode: a few levels
 

@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from fastload._loading.plan import ShuffledPlan
+from fastload._loading.order.plan import ShuffledPlan
 
 CHUNK = 1024  # batches whose label histograms are counted at once (CHUNK x classes counts)
 

@@ -286,7 +286,7 @@ def pillow_methods(method: str, spec: dict[str, Any]):
             res = res.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         out[...] = np.asarray(res)
 
-    def draft(blob: bytes, job: dict[str, Any]) -> None:  # fastload/_loading/backends/pil.py's decode_into
+    def draft(blob: bytes, job: dict[str, Any]) -> None:  # fastload/_loading/decoding/pil.py's decode_into
         with Image.open(io.BytesIO(blob)) as img:
             width, height = img.size
             left, top, right, bottom = job["box"]

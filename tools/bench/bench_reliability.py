@@ -44,7 +44,7 @@ import zmq
 
 from fastload import FastLoader
 from fastload import transforms as T
-from fastload._loading import daemon_link as wire
+from fastload._loading.link import daemon_link as wire
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fuzz_hellos import fuzz_hellos

@@ -41,7 +41,7 @@ import numpy as np
 
 from fastload import FastLoader, sources
 from fastload import transforms as T
-from fastload._loading.plan import ShuffledPlan
+from fastload._loading.order.plan import ShuffledPlan
 from fastload._progress import ProgressLine
 from fastload.sources._extents import ExtentIndex
 

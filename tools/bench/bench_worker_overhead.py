@@ -33,7 +33,7 @@ def measure(data: str, epochs: int, cpu: int) -> list[dict[str, float]]:
     """Per epoch after the first: overhead share, µs outside the decode per image, img/s."""
     os.sched_setaffinity(0, {cpu})
     import fastload
-    import fastload._loading.backends.native as native_backend
+    import fastload._loading.decoding.native as native_backend
     from fastload._native_jpeg import native_jpeg
     from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop
 

@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 import zmq
 
-from fastload._loading import daemon_link as wire
+from fastload._loading.link import daemon_link as wire
 
 OPEN_DEADLINE_S = 8  # the daemon's index_timeout: a slow open (a walk of /) is refused after this
 ANSWER_GRACE_S = 30  # past the open's deadline, an unanswered hello is a hang

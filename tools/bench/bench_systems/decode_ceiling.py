@@ -13,7 +13,7 @@ import time
 import numpy as np
 from bench_common import parse_args
 
-from fastload._loading.backends import make_backend
+from fastload._loading.decoding.backend import make_backend
 from fastload._sample_random import sample_randoms
 from fastload.sources._folder import scan_image_folder
 from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, compile_transforms

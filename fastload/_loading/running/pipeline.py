@@ -25,16 +25,25 @@ import numpy as np
 from fastload._augment.program import TrainerStages
 from fastload._bad_samples import SkipAccount, SkippedSample, stand_ins
 from fastload._errors import LoaderTimeout
-from fastload._loading.delivery import CpuDelivery, CudaDelivery, make_delivery
-from fastload._loading.engine import Engine, raise_failure
-from fastload._loading.executor import Done, Event, Executor, Failure, Opaque, Probed, RemoteExecutor, Task
-from fastload._loading.identity import SampleIds
-from fastload._loading.inline import InlineExecutor
-from fastload._loading.jobs import Job
-from fastload._loading.layout import BatchLayout
-from fastload._loading.ring import EXTRA_SLOTS, Ring
-from fastload._loading.spec import LoaderSpec
-from fastload._loading.stats import StatsWriter
+from fastload._loading.jobs.executor import (
+    Done,
+    Event,
+    Executor,
+    Failure,
+    Opaque,
+    Probed,
+    RemoteExecutor,
+    Task,
+)
+from fastload._loading.jobs.image_job import Job
+from fastload._loading.running.engine import Engine, raise_failure
+from fastload._loading.running.inline import InlineExecutor
+from fastload._loading.running.stats import StatsWriter
+from fastload._loading.settings.spec import LoaderSpec
+from fastload._loading.slots.delivery import CpuDelivery, CudaDelivery, make_delivery
+from fastload._loading.slots.identity import SampleIds
+from fastload._loading.slots.layout import BatchLayout
+from fastload._loading.slots.ring import EXTRA_SLOTS, Ring
 from fastload._paths import reap_engine_dirs
 from fastload._shm import install_signal_cleanup, preflight, reap_orphans
 
@@ -471,9 +480,9 @@ def _close_all(resources: list[Any], owner_pid: int) -> None:
 
 def _dali_executor(job: Job, spec: LoaderSpec) -> Executor:
     """The in-process GPU-decoding executor for a source's image job (`spec.decodes_in_trainer`)."""
-    from fastload._loading.dali_executor import DaliExecutor
-    from fastload._loading.jobs import ImageJob
-    from fastload._loading.nvjpeg_decoder import NVJPEG_READ_THREADS
+    from fastload._loading.decoding.nvjpeg_decoder import NVJPEG_READ_THREADS
+    from fastload._loading.jobs.image_job import ImageJob
+    from fastload._loading.running.dali_executor import DaliExecutor
     from fastload._native_jpeg import built_native_jpeg
 
     if not isinstance(job, ImageJob) or spec.transforms is None or spec.images is None:

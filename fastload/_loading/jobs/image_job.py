@@ -22,11 +22,11 @@ import torch
 from fastload._augment.program import SampleProgram
 from fastload._bad_samples import MAX_ATTEMPTS, SkippedSample, reason_of, replacement
 from fastload._errors import exception_type_name
-from fastload._loading.backends import SampleFailure, make_backend
-from fastload._loading.executor import Done, Event, Failure, Opaque, Probed, Task
-from fastload._loading.host_normalize import HostNormalizer
-from fastload._loading.layout import BatchLayout, LayoutMismatch
-from fastload._loading.plan import batch_seed
+from fastload._loading.decoding.backend import SampleFailure, make_backend
+from fastload._loading.decoding.host_normalize import HostNormalizer
+from fastload._loading.jobs.executor import Done, Event, Failure, Opaque, Probed, Task
+from fastload._loading.order.plan import batch_seed
+from fastload._loading.slots.layout import BatchLayout, LayoutMismatch
 from fastload._machine import run_delay_since, thread_run_delay_ns
 from fastload._sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
 from fastload._shm import Segment

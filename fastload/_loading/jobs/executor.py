@@ -20,8 +20,8 @@ import numpy as np
 from fastload._bad_samples import SkippedSample
 
 if TYPE_CHECKING:  # not at run time: layout imports torch, which `fastload status` must not pay
-    from fastload._loading.layout import BatchLayout
-    from fastload._loading.ring import Ring
+    from fastload._loading.slots.layout import BatchLayout
+    from fastload._loading.slots.ring import Ring
 
 __all__ = ["Done", "Event", "Executor", "Failure", "Opaque", "Probed", "RemoteExecutor", "Task"]
 

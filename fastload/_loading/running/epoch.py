@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError
-from fastload._loading.executor import Failure, Opaque
-from fastload._loading.pipeline import Outcome, Pipeline, deadline_after
+from fastload._loading.jobs.executor import Failure, Opaque
+from fastload._loading.running.pipeline import Outcome, Pipeline, deadline_after
 
 
 @dataclass

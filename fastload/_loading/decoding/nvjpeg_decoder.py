@@ -29,8 +29,8 @@ import torch
 
 from fastload._encoded_bytes import JPEG_MAGIC
 from fastload._errors import ConfigError
-from fastload._loading.backends import SampleFailure
-from fastload._loading.crop_resize import crop_resize
+from fastload._loading.decoding.backend import SampleFailure
+from fastload._loading.decoding.crop_resize import crop_resize
 from fastload.transforms import TransformPlan
 
 # The executor's read threads for backend="nvjpeg" (at most; fewer with fewer num_workers): on an

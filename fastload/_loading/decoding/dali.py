@@ -39,9 +39,9 @@ from nvidia.dali import fn, types
 from nvidia.dali.pipeline import Pipeline
 
 from fastload._errors import ConfigError
-from fastload._loading.backends.boxes import sample_inputs
-from fastload._loading.backends.dali_tuning import DaliTuning
-from fastload._loading.backends.undecodable import SampleFailure, sample_failure
+from fastload._loading.decoding.boxes import sample_inputs
+from fastload._loading.decoding.dali_tuning import DaliTuning
+from fastload._loading.decoding.undecodable import SampleFailure, sample_failure
 from fastload.transforms import RandomSource, TransformPlan
 
 _INTERP = {

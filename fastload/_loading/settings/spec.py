@@ -18,7 +18,11 @@ import torch
 
 from fastload._bad_samples import DEFAULT_MAX_SKIPPED, check_policy
 from fastload._errors import ConfigError
-from fastload._loading.arguments import (
+from fastload._loading.decoding.backend import BACKENDS
+from fastload._loading.link.daemon_addresses import resolve_address
+from fastload._loading.order.plan import GeneratorShuffle
+from fastload._loading.order.ranks import process_position
+from fastload._loading.settings.arguments import (
     check_batching,
     check_block_shuffle,
     check_device,
@@ -28,12 +32,8 @@ from fastload._loading.arguments import (
     check_workers,
     normalize_values,
 )
-from fastload._loading.backends import BACKENDS
-from fastload._loading.daemon_addresses import resolve_address
-from fastload._loading.delivery import ImageOutput
-from fastload._loading.plan import GeneratorShuffle
-from fastload._loading.ranks import process_position
-from fastload._loading.ring import MAX_PREFETCH, default_prefetch
+from fastload._loading.slots.delivery import ImageOutput
+from fastload._loading.slots.ring import MAX_PREFETCH, default_prefetch
 from fastload._machine import usable_cores
 from fastload._metrics_seam import metrics_setting
 from fastload.sources import DAEMON_SOURCE_KINDS, ImageFolder, Source, as_source
@@ -375,7 +375,7 @@ def check_nvjpeg(device: torch.device, daemon: str | None, is_source: bool) -> N
             "or use backend='native' for CPU batches"
         )
     if device.type == "cuda":
-        from fastload._loading.nvjpeg_decoder import torchvision_io
+        from fastload._loading.decoding.nvjpeg_decoder import torchvision_io
 
         torchvision_io()
 

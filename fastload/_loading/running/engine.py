@@ -5,7 +5,7 @@ worker over a ROUTER socket, collects replies as events, and supervises: a worke
 (killed, segfault, OOM) or that cannot be reached is replaced and every task it held is run
 again, so no batch is lost or duplicated; a worker whose task runs past the hang bound is killed
 and replaced the same way. Who is blamed for a death, and when a task is failed instead of
-retried, is `fastload._loading.supervision`'s policy (NOTE [blame]): never a task for kills from outside.
+retried, is `running.supervision`'s policy (NOTE [blame]): never a task for kills from outside.
 `inline.InlineExecutor` has the same interface and runs tasks in the caller's process
 (num_workers=0).
 
@@ -35,11 +35,10 @@ from typing import Any, NoReturn, cast
 import zmq
 
 from fastload._errors import DaemonError, WorkerError, sample_error
-from fastload._loading import worker_link as proto
-from fastload._loading.executor import Event, Failure, Task
-from fastload._loading.jobs import Job
-from fastload._loading.layout import BatchLayout
-from fastload._loading.supervision import (
+from fastload._loading.jobs.executor import Event, Failure, Task
+from fastload._loading.jobs.image_job import Job
+from fastload._loading.running import worker_link as proto
+from fastload._loading.running.supervision import (
     MAX_STRIKES,
     Cause,
     HangBound,
@@ -47,7 +46,8 @@ from fastload._loading.supervision import (
     describe_exit,
     oom_kill_count,
 )
-from fastload._loading.worker import WorkerSpec, worker_main
+from fastload._loading.running.worker import WorkerSpec, worker_main
+from fastload._loading.slots.layout import BatchLayout
 from fastload._paths import engine_socket_dir
 
 log = logging.getLogger("fastload")

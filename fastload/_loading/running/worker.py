@@ -23,10 +23,10 @@ from typing import Any
 import torch
 import zmq
 
-from fastload._loading import worker_link as proto
-from fastload._loading.executor import Event
-from fastload._loading.jobs import ImageJob, Job, failure_of, run_task
-from fastload._loading.layout import BatchLayout
+from fastload._loading.jobs.executor import Event
+from fastload._loading.jobs.image_job import ImageJob, Job, failure_of, run_task
+from fastload._loading.running import worker_link as proto
+from fastload._loading.slots.layout import BatchLayout
 from fastload._shm import Segment
 
 _PARENT_CHECK_MS = 1000

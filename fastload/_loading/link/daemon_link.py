@@ -38,7 +38,7 @@ import numpy as np
 
 from fastload._bad_samples import SkippedSample
 from fastload._errors import WireError as WireError  # raised by the checks here; `wire.WireError` to callers
-from fastload._loading.executor import Done, Failure
+from fastload._loading.jobs.executor import Done, Failure
 
 VERSION = 1
 MAX_HEADER_BYTES = 64 << 10

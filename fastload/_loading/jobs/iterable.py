@@ -32,8 +32,8 @@ import numpy as np
 
 from fastload._bad_samples import SkippedSample
 from fastload._errors import ConfigError
-from fastload._loading.executor import Done, Task
-from fastload._loading.jobs import (
+from fastload._loading.jobs.executor import Done, Task
+from fastload._loading.jobs.image_job import (
     JobFailed,
     RngState,
     collate_or_fail,
@@ -43,8 +43,8 @@ from fastload._loading.jobs import (
     set_rng_state,
     write_samples,
 )
-from fastload._loading.layout import BatchLayout
-from fastload._loading.plan import batch_seed
+from fastload._loading.order.plan import batch_seed
+from fastload._loading.slots.layout import BatchLayout
 from fastload._machine import run_delay_since, thread_run_delay_ns
 
 _STREAM_SEED = 0x17E  # the batch_seed "batch index" slot carries a stream's seed key

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from fastload._errors import ConfigError
-from fastload._loading.backends.undecodable import SampleFailure
+from fastload._loading.decoding.undecodable import SampleFailure
 from fastload.transforms import RandomSource, TransformPlan
 
 __all__ = ["BACKENDS", "ImageBackend", "SampleFailure", "make_backend"]
@@ -45,13 +45,13 @@ def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
 
         jpeg = native_jpeg()
         if jpeg is not None:
-            from fastload._loading.backends.native import NativeBackend
+            from fastload._loading.decoding.native import NativeBackend
 
             return NativeBackend(plan, jpeg)
         name, draft = "pil", True  # the fallback is for speed, as native: DCT-scaled decoding
     if name == "pil":
         try:
-            from fastload._loading.backends.pil import PilBackend
+            from fastload._loading.decoding.pil import PilBackend
         except ImportError as e:
             raise ConfigError(
                 "the Pillow backend needs PIL: `pip install pillow` (or pillow-simd); for JPEGs, "
@@ -61,7 +61,7 @@ def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
         return PilBackend(plan, draft=draft)
     if name == "dali":
         try:
-            from fastload._loading.backends.dali import DaliBackend
+            from fastload._loading.decoding.dali import DaliBackend
         except ImportError as e:
             raise ConfigError(
                 f"backend='dali' needs NVIDIA DALI, which could not be imported ({e}): "

@@ -21,11 +21,11 @@ import numpy as np
 import zmq
 
 from fastload._errors import DaemonError
-from fastload._loading import daemon_link as wire
-from fastload._loading.daemon_addresses import no_daemon_at
-from fastload._loading.executor import Event, Failure, Task
-from fastload._loading.layout import BatchLayout
-from fastload._loading.ring import Ring
+from fastload._loading.jobs.executor import Event, Failure, Task
+from fastload._loading.link import daemon_link as wire
+from fastload._loading.link.daemon_addresses import no_daemon_at
+from fastload._loading.slots.layout import BatchLayout
+from fastload._loading.slots.ring import Ring
 from fastload._machine import pid_alive
 from fastload._shm import Segment
 
@@ -189,7 +189,7 @@ class DaemonSession:
         _, fields = self._wait_for(("slot",), CONNECT_TIMEOUT_S)
         return self._slot(fields["name"])
 
-    # -- the executor interface (fastload._loading.executor.RemoteExecutor) ---------------------------
+    # -- the executor interface (fastload._loading.jobs.executor.RemoteExecutor) ---------------------------
 
     @property
     def workers(self) -> int:

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError
-from fastload._loading.arguments import COUNT_LIMIT, SEED_LIMIT
-from fastload._loading.iterable import IterablePlan
-from fastload._loading.plan import SamplerPlan, ShuffledPlan
+from fastload._loading.jobs.iterable import IterablePlan
+from fastload._loading.order.plan import SamplerPlan, ShuffledPlan
+from fastload._loading.settings.arguments import COUNT_LIMIT, SEED_LIMIT
 
 STATE_VERSION = 2  # 2: what the position depends on, and the position in samples
 OLD_VERSIONS = (1,)  # {version, seed, epoch, batches_yielded}: still loaded, settings unchecked

@@ -14,7 +14,7 @@ from types import ModuleType
 import numpy as np
 
 from fastload._encoded_bytes import JPEG_MAGIC
-from fastload._loading.backends.undecodable import sample_failure
+from fastload._loading.decoding.undecodable import sample_failure
 from fastload._sample_random import SampleDraws
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
 from fastload.transforms._batch_geometry import sample_batch
@@ -95,7 +95,7 @@ _Decode = Callable[[bytes | memoryview, TransformPlan, RandomSource, np.ndarray]
 def _pil_decode_into() -> _Decode:
     """Pillow's decoder for non-JPEG files, with an error that says what to install."""
     try:
-        from fastload._loading.backends.pil import decode_into
+        from fastload._loading.decoding.pil import decode_into
     except ImportError as e:
         raise RuntimeError(
             "this image is not a JPEG, and decoding other formats needs Pillow: "

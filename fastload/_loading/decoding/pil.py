@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-from fastload._loading.backends.undecodable import sample_failure
+from fastload._loading.decoding.undecodable import sample_failure
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
 
 _FILTERS = {

@@ -17,7 +17,7 @@ from types import ModuleType
 import numpy as np
 
 from fastload._encoded_bytes import JPEG_MAGIC, jpeg_cut_short
-from fastload._loading.backends.undecodable import SampleFailure, sample_failure
+from fastload._loading.decoding.undecodable import SampleFailure, sample_failure
 from fastload._sample_random import SampleDraws
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
 from fastload.transforms._batch_geometry import BatchGeometry, sample_batch

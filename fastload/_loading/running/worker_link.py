@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from fastload._bad_samples import SkippedSample
-from fastload._loading.executor import Done, Event, Failure, Opaque, Probed, Task
-from fastload._loading.layout import BatchLayout
+from fastload._loading.jobs.executor import Done, Event, Failure, Opaque, Probed, Task
+from fastload._loading.slots.layout import BatchLayout
 
 TASK = b"T"
 PROBE = b"P"

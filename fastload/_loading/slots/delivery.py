@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from fastload._augment.program import TrainerStages
-from fastload._loading.host_normalize import HostNormalizer
-from fastload._loading.layout import BatchLayout
-from fastload._loading.ring import Ring
+from fastload._loading.decoding.host_normalize import HostNormalizer
+from fastload._loading.slots.layout import BatchLayout
+from fastload._loading.slots.ring import Ring
 from fastload._shm import Segment
 
 

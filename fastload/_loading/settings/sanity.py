@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError, SettingsWarning
-from fastload._loading.plan import GeneratorShuffle
-from fastload._loading.ranks import processes_around
-from fastload._loading.spec import LoaderSpec
+from fastload._loading.order.plan import GeneratorShuffle
+from fastload._loading.order.ranks import processes_around
+from fastload._loading.settings.spec import LoaderSpec
 from fastload._sizes import format_size
 from fastload.transforms import CutMix, MixUp, RandomChoice
 

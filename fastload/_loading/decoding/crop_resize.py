@@ -147,7 +147,7 @@ def triton_cdiv(a: int, b: int) -> int:
 def _kernel() -> Any:
     """The Triton kernel, compiled on first use; None where Triton cannot be imported."""
     try:
-        from fastload._loading import crop_resize_triton
+        from fastload._loading.decoding import crop_resize_triton
     except ImportError:
         return None
     return crop_resize_triton.crop_resize_kernel

@@ -52,15 +52,15 @@ import numpy as np
 import torch
 
 from fastload._augment.program import TrainerStages
-from fastload._loading.backends import SampleFailure
-from fastload._loading.backends.boxes import sample_inputs
-from fastload._loading.backends.dali_tuning import DaliTuning
-from fastload._loading.delivery import ImageOutput, present_batch
-from fastload._loading.executor import Event, Failure, Opaque, Task
-from fastload._loading.host_normalize import HostNormalizer
-from fastload._loading.jobs import failure_of
-from fastload._loading.layout import BatchLayout
-from fastload._loading.nvjpeg_decoder import NvjpegDecoder
+from fastload._loading.decoding.backend import SampleFailure
+from fastload._loading.decoding.boxes import sample_inputs
+from fastload._loading.decoding.dali_tuning import DaliTuning
+from fastload._loading.decoding.host_normalize import HostNormalizer
+from fastload._loading.decoding.nvjpeg_decoder import NvjpegDecoder
+from fastload._loading.jobs.executor import Event, Failure, Opaque, Task
+from fastload._loading.jobs.image_job import failure_of
+from fastload._loading.slots.delivery import ImageOutput, present_batch
+from fastload._loading.slots.layout import BatchLayout
 from fastload._sample_random import sample_randoms
 from fastload.sources._index import ReadBuffer, ReadFailure, SampleIndex
 from fastload.transforms import TransformPlan
@@ -405,7 +405,7 @@ class DaliExecutor:
 
 def _dali() -> ModuleType:
     """`backends.dali`, imported on first use (it imports DALI)."""
-    from fastload._loading.backends import dali
+    from fastload._loading.decoding import dali
 
     return dali
 

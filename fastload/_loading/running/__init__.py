@@ -1,0 +1,6 @@
+"""Running: the machinery that executes an epoch — the worker pool and its wire, supervision,
+in-process and GPU executors, the pipeline that ties executor, ring and delivery together, one
+epoch's submission loop, and the per-loader counters block.
+
+May import every room of `_loading` below it; only `loader.py` (the facade) sits above it.
+"""
