@@ -171,8 +171,7 @@ def start_daemon(
             daemon.kill()
             raise AssertionError(f"the daemon did not answer within {START_TIMEOUT_S:g} s:\n{daemon.log()}")
         time.sleep(0.05)
-    daemon.worker_pids = [c.pid for c in psutil.Process(proc.pid).children() if not _helper_process(c)]
-    assert len(daemon.worker_pids) == workers, daemon.worker_pids
+    daemon.worker_pids = _worker_pids(proc.pid, workers)
     return daemon
 
 
@@ -182,6 +181,19 @@ def _helper_process(process: psutil.Process) -> bool:
         command = " ".join(process.cmdline())
         return "multiprocessing.forkserver" in command or "multiprocessing.resource_tracker" in command
     return False
+
+
+def _worker_pids(daemon_pid: int, workers: int) -> list[int]:
+    """The daemon's worker processes: its children but its helpers. A helper (fork server, resource
+    tracker) is a fork that then execs a fresh interpreter: until it has, it carries the daemon's
+    command line and looks like a worker, so the count is read until it settles at `workers`."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        found = [c.pid for c in psutil.Process(daemon_pid).children() if not _helper_process(c)]
+        if len(found) == workers or time.monotonic() > deadline:
+            assert len(found) == workers, found
+            return found
+        time.sleep(0.05)
 
 
 def opening_children(daemon: DaemonProcess) -> list[int]:
