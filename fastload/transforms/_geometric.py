@@ -34,7 +34,7 @@ from fastload.transforms._torchvision_reading import antialias_of, interpolation
 @declare_transform(
     stage="geometry",
     kernel=DECODE,
-    example={"size": 4},
+    example={"size": (4, 4)},
     torchvision=lambda t, _: RandomResizedCrop(
         size=size_of(t.size),
         scale=range_pair(t.scale),
@@ -164,7 +164,10 @@ class Resize(Transform):
 
 
 @declare_transform(
-    stage="geometry", kernel=DECODE, example={"size": 4}, torchvision=lambda t, _: CenterCrop(size_of(t.size))
+    stage="geometry",
+    kernel=DECODE,
+    example={"size": (4, 4)},
+    torchvision=lambda t, _: CenterCrop(size_of(t.size)),
 )
 @dataclass(frozen=True)
 class CenterCrop(Transform):
