@@ -42,9 +42,10 @@ RandomApply gives none, its members or fastload's RandomApply."""
 T = TypeVar("T", bound=Transform)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Declaration:
-    """What a transform declares about itself (`declare_transform`)."""
+    """What a transform declares about itself (`declare_transform`); one per class, so equal only
+    to itself."""
 
     cls: type[Transform]
     name: str
