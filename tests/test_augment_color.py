@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from fastload._augment import batching, color, color_ops, groups
 from fastload._augment.ops import to_device
-from fastload._augment.program import SampleProgram, sample_op
+from fastload._augment.program import SampleProgram
+from fastload._augment.registry import sample_op
 from fastload._sample_random import PIXELS_STREAM
 from fastload.transforms import (
     ColorJitter,

@@ -27,6 +27,7 @@ from fastload import transforms as T
 from fastload._augment import mixing
 from fastload._augment.ops import to_device
 from fastload._augment.program import TrainerStages
+from fastload._augment.registry import KERNELS, batch_op, sample_op
 from fastload._sample_random import BATCH_STREAM, TENSOR_STREAM, sample_uniforms
 
 
@@ -39,7 +40,7 @@ def tv_v2() -> types.ModuleType:
 
 
 def erase(t: T.RandomErasing, x: torch.Tensor, u: np.ndarray) -> torch.Tensor:
-    op = mixing.OPS[T.RandomErasing](t)
+    op = sample_op(t)
     return op.apply(x, to_device(op.params(u), x.device))
 
 
@@ -336,7 +337,7 @@ BATCH_TRANSFORMS = [
 @pytest.mark.parametrize("t", BATCH_TRANSFORMS, ids=repr)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_soft_targets_sum_to_one_in_the_images_dtype(t: T.Transform, dtype: torch.dtype) -> None:
-    op = mixing.batch_op(t)
+    op = batch_op(t)
     for seed, u in enumerate(batch_uniforms(op.draws, 5)):
         x, labels = batch(seed=seed)
         images, targets = op.apply(x.to(dtype), labels, u)
@@ -352,7 +353,7 @@ def test_soft_targets_sum_to_one_in_the_images_dtype(t: T.Transform, dtype: torc
 
 @pytest.mark.parametrize("t", BATCH_TRANSFORMS, ids=repr)
 def test_batch_ops_are_deterministic_for_the_same_uniforms(t: T.Transform) -> None:
-    op = mixing.batch_op(t)
+    op = batch_op(t)
     x, labels = batch()
     u = batch_uniforms(op.draws, 1)[0]
     first, second = op.apply(x.clone(), labels, u), op.apply(x.clone(), labels, u)
@@ -364,13 +365,13 @@ def test_batch_ops_are_deterministic_for_the_same_uniforms(t: T.Transform) -> No
 @pytest.mark.parametrize(("p", "share"), [(None, 0.5), ((3.0, 1.0), 0.75), ((0.0, 1.0), 0.0)])
 def test_random_choice_picks_with_p_and_runs_the_member(p: tuple[float, ...] | None, share: float) -> None:
     members = [T.MixUp(num_classes=4), T.CutMix(num_classes=4)]
-    op = mixing.ChoiceOp(T.RandomChoice(members, p=p))
+    op = mixing.ChoiceOp(T.RandomChoice(members, p=p), KERNELS)
     assert op.draws == 1 + 3 and op.num_classes == 4
     picks = np.array([op.choose(float(u[0])) for u in batch_uniforms(op.draws, 4000, seed=4)])
     assert abs((picks == 0).mean() - share) < 0.03
     x, labels = batch(n=5, classes=4)
     for u in batch_uniforms(op.draws, 6, seed=5):
-        member = mixing.batch_op(members[op.choose(float(u[0]))])
+        member = batch_op(members[op.choose(float(u[0]))])
         expected = member.apply(x.clone(), labels, u[1 : 1 + member.draws])
         got = op.apply(x.clone(), labels, u)
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
@@ -390,7 +391,7 @@ def test_cutmix_takes_uint8_images_mixup_needs_float() -> None:
 def test_labels_outside_num_classes_are_a_config_error(bad: torch.Tensor) -> None:
     x = torch.zeros(3, 3, 4, 4)
     for t in BATCH_TRANSFORMS:
-        op = mixing.batch_op(t)
+        op = batch_op(t)
         with pytest.raises(ConfigError, match="num_classes"):
             op.apply(x.clone(), bad, batch_uniforms(op.draws, 1)[0])
 
@@ -421,7 +422,7 @@ def test_erasing_never_reads_device_values(value: float | tuple[float, ...] | st
 
 @pytest.mark.parametrize("t", BATCH_TRANSFORMS, ids=repr)
 def test_batch_ops_never_read_device_values(t: T.Transform) -> None:
-    op = mixing.batch_op(t)
+    op = batch_op(t)
     meta = torch.device("meta")
     images, targets = op.apply(
         torch.empty(8, 3, 16, 16, device=meta),

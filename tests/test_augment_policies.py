@@ -24,7 +24,8 @@ from helpers import torchvision_or_skip
 from fastload import transforms as T
 from fastload._augment import affine, draws, groups, policies
 from fastload._augment.ops import to_device
-from fastload._augment.program import SampleProgram, sample_op
+from fastload._augment.program import SampleProgram
+from fastload._augment.registry import sample_op
 from fastload._sample_random import PIXELS_STREAM
 from fastload.transforms._policies import fill_values
 

@@ -20,7 +20,7 @@ from helpers import torchvision_or_skip
 
 from fastload import ConfigError, FastLoader
 from fastload import transforms as T
-from fastload._augment.program import sample_op
+from fastload._augment.registry import KERNELS
 from fastload._augment.timm_ops import RandomApplyOp, TimmMixupOp, TimmRandAugmentOp, level_argument
 from fastload.transforms import from_torchvision
 from fastload.transforms._timm_transforms import (
@@ -330,7 +330,7 @@ def test_random_apply_converts_by_its_probability(version: str) -> None:
 @pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
 def test_random_apply_runs_its_members_on_a_share_p_of_the_samples(p: float) -> None:
     solarize_all = T.RandomSolarize(threshold=0.0, p=1.0)  # solarize at 0: invert
-    op = RandomApplyOp(RandomApply((solarize_all,), p), sample_op)
+    op = RandomApplyOp(RandomApply((solarize_all,), p), KERNELS)
     n = 400
     x = torch.from_numpy(np.random.default_rng(2).integers(0, 256, (n, 3, 4, 4), dtype=np.uint8))
     params = op.params(np.random.default_rng(3).random((n, op.draws)))

@@ -1,5 +1,5 @@
 """The colour transforms' `SampleOp`s (ColorJitter, GaussianBlur, RandomGrayscale, RandomSolarize,
-RandomPosterize, RandomAutocontrast, RandomEqualize), registered in `OPS` by transform type: each
+RandomPosterize, RandomAutocontrast, RandomEqualize), in `KERNELS` by kernel name: each
 draws its parameters from the loader's uniforms (`params`) and runs the kernels of `color`, in
 place, on the samples they pick (`apply`).
 """
@@ -7,7 +7,6 @@ place, on the samples they pick (`apply`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
@@ -25,17 +24,9 @@ from fastload._augment.color import (
     rgb_to_grayscale,
     solarize,
 )
-from fastload._augment.ops import DeviceParams, Params, SampleOp
+from fastload._augment.ops import DeviceParams, Params, SampleKernel
 from fastload._native_jpeg import native_pass
-from fastload.transforms._color import (
-    ColorJitter,
-    GaussianBlur,
-    RandomAutocontrast,
-    RandomEqualize,
-    RandomGrayscale,
-    RandomPosterize,
-    RandomSolarize,
-)
+from fastload.transforms._color import ColorJitter, GaussianBlur
 
 
 def _chosen(u: np.ndarray, p: float) -> np.ndarray:
@@ -161,12 +152,13 @@ class GaussianBlurOp:
         return apply_kernel(x, p["index"], gaussian_blur, p["sigma"], kernel_size=self.kernel_size)
 
 
-OPS: dict[type, Callable[[Any], SampleOp]] = {
-    ColorJitter: ColorJitterOp,
-    GaussianBlur: GaussianBlurOp,
-    RandomGrayscale: lambda t: RandomApplyOp(t.p, rgb_to_grayscale),
-    RandomSolarize: lambda t: RandomApplyOp(t.p, solarize, threshold=np.asarray(float(t.threshold))),
-    RandomPosterize: lambda t: RandomApplyOp(t.p, posterize, bits=np.asarray(t.bits, dtype=np.int64)),
-    RandomAutocontrast: lambda t: RandomApplyOp(t.p, autocontrast),
-    RandomEqualize: lambda t: RandomApplyOp(t.p, equalize),
+KERNELS: dict[str, SampleKernel] = {
+    "ColorJitter": lambda t, _: ColorJitterOp(t),
+    "GaussianBlur": lambda t, _: GaussianBlurOp(t),
+    "RandomGrayscale": lambda t, _: RandomApplyOp(t.p, rgb_to_grayscale),
+    "RandomSolarize": lambda t, _: RandomApplyOp(t.p, solarize, threshold=np.asarray(float(t.threshold))),
+    "RandomPosterize": lambda t, _: RandomApplyOp(t.p, posterize, bits=np.asarray(t.bits, dtype=np.int64)),
+    "RandomAutocontrast": lambda t, _: RandomApplyOp(t.p, autocontrast),
+    "RandomEqualize": lambda t, _: RandomApplyOp(t.p, equalize),
 }
+"""The colour transforms' kernels, by the names their declarations give (`registry`)."""

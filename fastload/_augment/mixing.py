@@ -10,13 +10,11 @@ on the sample's uniforms alone, is the same on a CPU and a GPU, and never makes 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
 
-from fastload._augment.ops import BatchOp, DeviceParams, Params, SampleOp
+from fastload._augment.ops import BatchKernel, BatchOp, DeviceParams, Kernels, Params, SampleKernel
 from fastload._errors import ConfigError
 from fastload._native_jpeg import native_pass
 from fastload._sample_random import uniform_integers
@@ -305,8 +303,10 @@ class ChoiceOp:
     """RandomChoice of batch operations: one drawn per batch with probabilities p (uniform when
     None), then run with the batch's remaining uniforms. Draws: 1 + the most a member needs."""
 
-    def __init__(self, t: RandomChoice) -> None:
-        self.ops: list[BatchOp] = [batch_op(member) for member in t.transforms]
+    def __init__(self, t: RandomChoice, kernels: Kernels) -> None:
+        """`kernels`: the registry, which makes the members' kernels (handed down, never imported:
+        the registry imports this module)."""
+        self.ops: list[BatchOp] = [kernels.batch_op(member) for member in t.transforms]
         self.num_classes = int(t.num_classes)
         self.draws = 1 + max(op.draws for op in self.ops)
         weights = np.asarray(t.p if t.p is not None else [1.0] * len(self.ops), dtype=np.float64)
@@ -324,10 +324,12 @@ class ChoiceOp:
         return op.apply(x, labels, u[1 : 1 + op.draws])
 
 
-def batch_op(t: Any) -> BatchOp:
-    """The kernel of a MixUp, CutMix or RandomChoice."""
-    return BATCH_OPS[type(t)](t)
+KERNELS: dict[str, SampleKernel] = {"RandomErasing": lambda t, _: Erasing(t)}
+"""The tensor stage's kernels, by the names their declarations give (`registry`)."""
 
-
-OPS: dict[type, Callable[[Any], SampleOp]] = {RandomErasing: Erasing}
-BATCH_OPS: dict[type, Callable[[Any], BatchOp]] = {MixUp: MixUpOp, CutMix: CutMixOp, RandomChoice: ChoiceOp}
+BATCH_KERNELS: dict[str, BatchKernel] = {
+    "MixUp": lambda t, _: MixUpOp(t),
+    "CutMix": lambda t, _: CutMixOp(t),
+    "RandomChoice": ChoiceOp,
+}
+"""The batch stage's kernels, likewise."""

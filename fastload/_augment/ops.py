@@ -1,5 +1,6 @@
 """What a kernel offers the programs that run a chain's stages: `SampleOp` for a per-sample
-transform (pixel or tensor stage), `BatchOp` for one that mixes a batch, and the rules they keep.
+transform (pixel or tensor stage), `BatchOp` for one that mixes a batch, the rules they keep, and
+how the registry makes them (`SampleKernel`, `BatchKernel`, handed the registry as `Kernels`).
 
 Rules for every operation:
 - Batched: on a GPU one call handles the whole batch (or each group of samples that share a
@@ -20,7 +21,8 @@ Rules for every operation:
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -61,6 +63,28 @@ class BatchOp(Protocol):
         """Mix the float batch `x` (N, 3, H, W) and its int64 `labels` (N,) with `u` (draws,):
         return (images, soft targets (N, num_classes) of x's dtype)."""
         ...
+
+
+class Kernels(Protocol):
+    """The kernel registry as a composite kernel (one over its members' kernels: RandomApply,
+    RandomChoice) sees it: handed to it when it is made, never imported (`registry` imports the
+    kernel modules)."""
+
+    def sample_op(self, t: Any) -> SampleOp:
+        """The kernel of a per-sample transform."""
+        ...
+
+    def batch_op(self, t: Any) -> BatchOp:
+        """The kernel of a batch transform."""
+        ...
+
+
+SampleKernel = Callable[[Any, Kernels], SampleOp]
+"""What the registry holds for a per-sample transform: `make(transform, kernels)` -> its op
+(`kernels`: the registry, for a kernel made of its members' kernels; the others ignore it)."""
+
+BatchKernel = Callable[[Any, Kernels], BatchOp]
+"""What the registry holds for a batch transform, likewise."""
 
 
 def to_device(params: Params, device: torch.device) -> DeviceParams:

@@ -26,7 +26,6 @@ negated); AugMix adds "weights". `apply` runs them in insertion order (steps in 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +33,7 @@ import torch
 from fastload._augment import color, groups
 from fastload._augment.affine import GEOMETRIC_OPS, Fill, policy_op_
 from fastload._augment.draws import gamma, normalize
-from fastload._augment.ops import DeviceParams, Params, SampleOp
+from fastload._augment.ops import DeviceParams, Params, SampleKernel
 from fastload._augment.spaces import (
     AUGMIX_PARTIAL_SPACE,
     AUGMIX_SPACE,
@@ -303,10 +302,10 @@ class AugMixOp(PolicyOp):
         return x
 
 
-OPS: dict[type, Callable[[Any], SampleOp]] = {
-    RandAugment: RandAugmentOp,
-    TrivialAugmentWide: TrivialAugmentWideOp,
-    AutoAugment: AutoAugmentOp,
-    AugMix: AugMixOp,
+KERNELS: dict[str, SampleKernel] = {
+    "RandAugment": lambda t, _: RandAugmentOp(t),
+    "TrivialAugmentWide": lambda t, _: TrivialAugmentWideOp(t),
+    "AutoAugment": lambda t, _: AutoAugmentOp(t),
+    "AugMix": lambda t, _: AugMixOp(t),
 }
-"""The policies' batched kernels, by transform type."""
+"""The policies' batched kernels, by the names their declarations give (`registry`)."""

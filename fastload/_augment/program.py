@@ -1,45 +1,20 @@
 """The stages of a compiled chain after its geometry, as the loader runs them (NOTE [transform
 stages] in `fastload.transforms._plan`): `SampleProgram` runs a stage's per-sample operations on a
-batch (or a worker's rows of one), `TrainerStages` runs what the trainer's process owns.
+batch (or a worker's rows of one), `TrainerStages` runs what the trainer's process owns; each
+transform's kernel comes from the one registry (`registry`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from fastload._augment import color_ops, mixing, policies, timm_ops
-from fastload._augment.ops import BatchOp, Params, SampleOp, to_device
-from fastload._errors import ConfigError
+from fastload._augment.ops import Params, to_device
+from fastload._augment.registry import batch_op, sample_op
 from fastload._sample_random import BATCH_STREAM, PIXELS_STREAM, TENSOR_STREAM, sample_uniforms
 from fastload.transforms import Transform, TransformPlan
-
-_SAMPLE_OPS: dict[type, Callable[[Any], SampleOp]] = {
-    **color_ops.OPS, **policies.OPS, **mixing.OPS, **timm_ops.OPS
-}
-_BATCH_OPS: dict[type, Callable[[Any], BatchOp]] = {**mixing.BATCH_OPS, **timm_ops.BATCH_OPS}
-
-
-def sample_op(t: Transform) -> SampleOp:
-    """The batched kernel of a per-sample transform."""
-    composite = timm_ops.COMPOSITE_OPS.get(type(t))
-    if composite is not None:  # a kernel over its members' kernels, made with this registry
-        return composite(t, sample_op)
-    make = _SAMPLE_OPS.get(type(t))
-    if make is None:
-        raise ConfigError(f"{type(t).__name__} has no batched kernel yet")
-    return make(t)
-
-
-def batch_op(t: Transform) -> BatchOp:
-    """The kernel of a batch transform."""
-    make = _BATCH_OPS.get(type(t))
-    if make is None:
-        raise ConfigError(f"{type(t).__name__} has no batch kernel yet")
-    return make(t)
 
 
 class SampleProgram:

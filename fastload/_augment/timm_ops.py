@@ -1,6 +1,6 @@
 """The kernels of `fastload.transforms._timm_transforms`: timm's RandAugment (a `SampleOp` on uint8
 batches), timm's Mixup (a `BatchOp`) and RandomApply (a `SampleOp` over its members' kernels, which
-the registry, `program.sample_op`, hands it: this module does not import the registry),
+the registry (`registry`), handed to it, makes: this module does not import the registry),
 their randomness drawn from the uniforms they are given, as the policies' and mixing's are.
 
 timm's RandAugment runs on PIL images; here its operations are fastload's batched kernels
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
@@ -21,7 +20,7 @@ import torch
 from fastload._augment import color, groups
 from fastload._augment.affine import Fill, policy_op_
 from fastload._augment.mixing import _beta, _check_batch
-from fastload._augment.ops import BatchOp, DeviceParams, Params, SampleOp
+from fastload._augment.ops import BatchKernel, DeviceParams, Kernels, Params, SampleKernel, SampleOp
 from fastload._augment.policies import _bound
 from fastload._sample_random import uniform_integers
 from fastload.transforms._policies import fill_values
@@ -232,11 +231,11 @@ class RandomApplyOp:
     """RandomApply: a sample whose first uniform is < p runs every member, on the others' rows
     taken out of the batch; the members draw from the sample's remaining uniforms."""
 
-    def __init__(self, t: RandomApply, sample_op: Callable[[Any], SampleOp]) -> None:
-        """`sample_op`: the registry's kernel of a member (`program.sample_op`, handed down, never
-        imported: the registry imports this module)."""
+    def __init__(self, t: RandomApply, kernels: Kernels) -> None:
+        """`kernels`: the registry, which makes the members' kernels (handed down, never imported:
+        the registry imports this module)."""
         self.p = float(t.p)
-        self.ops: list[SampleOp] = [sample_op(member) for member in t.transforms]
+        self.ops: list[SampleOp] = [kernels.sample_op(member) for member in t.transforms]
         self.draws = 1 + sum(op.draws for op in self.ops)
 
     def params(self, u: np.ndarray) -> Params:
@@ -263,7 +262,11 @@ class RandomApplyOp:
         return groups.apply_to(x, p["chosen"], members)
 
 
-OPS: dict[type, Callable[[Any], SampleOp]] = {TimmRandAugment: TimmRandAugmentOp}
-# Kernels over members' kernels: made with the registry's `sample_op` (program.py) handed to them.
-COMPOSITE_OPS: dict[type, Callable[[Any, Callable[[Any], SampleOp]], SampleOp]] = {RandomApply: RandomApplyOp}
-BATCH_OPS: dict[type, Callable[[Any], BatchOp]] = {TimmMixup: TimmMixupOp}
+KERNELS: dict[str, SampleKernel] = {
+    "TimmRandAugment": lambda t, _: TimmRandAugmentOp(t),
+    "RandomApply": RandomApplyOp,
+}
+"""The per-sample kernels of this module, by the names their declarations give (`registry`)."""
+
+BATCH_KERNELS: dict[str, BatchKernel] = {"TimmMixup": lambda t, _: TimmMixupOp(t)}
+"""The batch kernel of this module, likewise."""

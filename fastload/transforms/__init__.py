@@ -9,6 +9,10 @@ normalization; MixUp/CutMix across the batch, labels becoming soft targets. `fro
 converts a torchvision pipeline (v1 or v2) of the transforms fastload has into these, and timm's
 `create_transform` recipes and `Mixup` (`TimmRandAugment`, `TimmMixup`, with timm's semantics).
 
+Each transform is declared once, on its class (`declare_transform` in `_declare`: its name, stage,
+kernel, an example and its torchvision conversion); the JSON spec, `from_torchvision` and the
+kernel registry read the declarations.
+
 Every random choice is drawn from (seed, epoch, sample index), so results do not depend on which
 worker ran a sample, nor on how many workers there are. Every parameter is checked once, when a
 transform is built (by a user, or from a client's JSON): a bad value is a `ConfigError` naming the
@@ -29,6 +33,11 @@ from fastload.transforms._color import (
 )
 from fastload.transforms._config import from_config as from_config
 from fastload.transforms._config import to_config as to_config
+from fastload.transforms._declare import DECODE as DECODE
+from fastload.transforms._declare import Declaration as Declaration
+from fastload.transforms._declare import declaration_of as declaration_of
+from fastload.transforms._declare import declare_transform as declare_transform
+from fastload.transforms._declare import declared_transforms as declared_transforms
 from fastload.transforms._geometric import (
     CenterCrop,
     RandomHorizontalFlip,
@@ -46,7 +55,10 @@ from fastload.transforms._torchvision import from_torchvision
 # The transforms, and `from_torchvision` (a torchvision pipeline as fastload's). The loader's
 # machinery re-exported above (`compile_transforms`, `TransformPlan`, `SampleGeometry`,
 # `RandomSource`, `to_config`, `from_config`, `MAX_SIDE`) is used inside fastload and is not part
-# of the public API.
+# of the public API; nor, yet, is the declaration of a transform (`declare_transform`,
+# `declared_transforms`, `declaration_of`, `DECODE`, `Declaration`: the extension point, NOTE
+# [kernels by name] in `_declare`). tests/test_transform_contract.py checks this list against
+# the declarations.
 __all__ = [
     "AugMix",
     "AutoAugment",

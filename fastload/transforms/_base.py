@@ -27,8 +27,8 @@ STAGES: tuple[Stage, ...] = ("geometry", "pixels", "tensor", "batch")
 class Transform:
     """Base of every fastload transform: frozen data, checked when built, run by the loader.
 
-    Subclasses are frozen dataclasses whose fields are torchvision's parameters; `stage` says
-    where the loader runs them.
+    Subclasses are frozen dataclasses whose fields are torchvision's parameters, each declared
+    once with `declare_transform` (`_declare`), which sets `stage`: where the loader runs it.
     """
 
     stage: ClassVar[Stage]

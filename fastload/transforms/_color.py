@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
-from fastload.transforms._base import Stage, Transform, is_int, is_number, reject
+from fastload.transforms._base import Transform, is_int, is_number, reject
+from fastload.transforms._declare import declare_transform
+from fastload.transforms._torchvision_reading import optional_range, range_pair, size_of
 
 
 def check_probability(kind: str, p: object) -> None:
@@ -49,6 +50,17 @@ def factor_range(
     return None if low == high == center else (low, high)
 
 
+@declare_transform(
+    stage="pixels",
+    kernel="ColorJitter",
+    example={"brightness": (1.5, 1.5)},
+    torchvision=lambda t, _: ColorJitter(
+        brightness=optional_range(t.brightness),
+        contrast=optional_range(t.contrast),
+        saturation=optional_range(t.saturation),
+        hue=optional_range(t.hue),
+    ),
+)
 @dataclass(frozen=True)
 class ColorJitter(Transform):
     """Randomly change brightness, contrast, saturation and hue, in a random order per sample
@@ -58,8 +70,6 @@ class ColorJitter(Transform):
     [max(0, 1 - v), 1 + v]) or a (min, max) pair of factors; hue is None, a number h in [0, 0.5]
     (a shift drawn from [-h, h], in turns of the colour wheel) or a pair within [-0.5, 0.5].
     """
-
-    stage: ClassVar[Stage] = "pixels"
 
     brightness: float | tuple[float, float] | None = None
     contrast: float | tuple[float, float] | None = None
@@ -82,11 +92,15 @@ class ColorJitter(Transform):
         )
 
 
+@declare_transform(
+    stage="pixels",
+    kernel="RandomGrayscale",
+    example={"p": 1.0},
+    torchvision=lambda t, _: RandomGrayscale(float(t.p)),
+)
 @dataclass(frozen=True)
 class RandomGrayscale(Transform):
     """Convert to grayscale (kept as 3 channels) with probability `p`."""
-
-    stage: ClassVar[Stage] = "pixels"
 
     p: float = 0.1
 
@@ -94,13 +108,17 @@ class RandomGrayscale(Transform):
         check_probability("RandomGrayscale", self.p)
 
 
+@declare_transform(
+    stage="pixels",
+    kernel="GaussianBlur",
+    example={"kernel_size": (3, 3), "sigma": (1.0, 1.0)},
+    torchvision=lambda t, _: GaussianBlur(kernel_size=size_of(t.kernel_size), sigma=range_pair(t.sigma)),
+)
 @dataclass(frozen=True)
 class GaussianBlur(Transform):
     """Blur with a Gaussian kernel of `kernel_size` (odd, positive; an int, or torchvision's (kx, ky):
     the size along the width, then along the height) and a sigma drawn per sample from `sigma` (a
     number, or a (min, max) pair, > 0), the same along both axes."""
-
-    stage: ClassVar[Stage] = "pixels"
 
     kernel_size: int | tuple[int, int]
     sigma: float | tuple[float, float] = (0.1, 2.0)
@@ -135,11 +153,16 @@ class GaussianBlur(Transform):
         return low, high
 
 
+@declare_transform(
+    stage="pixels",
+    kernel="RandomSolarize",
+    example={"threshold": 128.0, "p": 1.0},
+    # The threshold is in the units of the images it gets: 0..255 for uint8, 0..1 for floats.
+    torchvision=lambda t, place: RandomSolarize(float(t.threshold) * place.units.scale, float(t.p)),
+)
 @dataclass(frozen=True)
 class RandomSolarize(Transform):
     """Invert every pixel value at or above `threshold` (0..255, uint8 units) with probability `p`."""
-
-    stage: ClassVar[Stage] = "pixels"
 
     threshold: float
     p: float = 0.5
@@ -150,11 +173,15 @@ class RandomSolarize(Transform):
         check_probability("RandomSolarize", self.p)
 
 
+@declare_transform(
+    stage="pixels",
+    kernel="RandomPosterize",
+    example={"bits": 3, "p": 1.0},
+    torchvision=lambda t, _: RandomPosterize(int(t.bits), float(t.p)),
+)
 @dataclass(frozen=True)
 class RandomPosterize(Transform):
     """Keep only the `bits` (0..8) most significant bits of each channel, with probability `p`."""
-
-    stage: ClassVar[Stage] = "pixels"
 
     bits: int
     p: float = 0.5
@@ -165,11 +192,15 @@ class RandomPosterize(Transform):
         check_probability("RandomPosterize", self.p)
 
 
+@declare_transform(
+    stage="pixels",
+    kernel="RandomAutocontrast",
+    example={"p": 1.0},
+    torchvision=lambda t, _: RandomAutocontrast(float(t.p)),
+)
 @dataclass(frozen=True)
 class RandomAutocontrast(Transform):
     """Stretch each channel to the full 0..255 range, with probability `p`."""
-
-    stage: ClassVar[Stage] = "pixels"
 
     p: float = 0.5
 
@@ -177,11 +208,15 @@ class RandomAutocontrast(Transform):
         check_probability("RandomAutocontrast", self.p)
 
 
+@declare_transform(
+    stage="pixels",
+    kernel="RandomEqualize",
+    example={"p": 1.0},
+    torchvision=lambda t, _: RandomEqualize(float(t.p)),
+)
 @dataclass(frozen=True)
 class RandomEqualize(Transform):
     """Equalize each channel's histogram, with probability `p`."""
-
-    stage: ClassVar[Stage] = "pixels"
 
     p: float = 0.5
 

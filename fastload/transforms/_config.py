@@ -1,5 +1,6 @@
 """Transforms as plain JSON-able data and back: how a chain crosses a socket to the daemon (data,
-never pickles). Every name, field and value read back is checked, then the transform's own checks run.
+never pickles). A transform's entry is its declared name and parameters (`_declare`); every name,
+field and value read back is checked, then the transform's own checks run.
 """
 
 from __future__ import annotations
@@ -9,31 +10,8 @@ from collections.abc import Sequence
 
 from fastload._errors import ConfigError
 from fastload.transforms._base import Transform
-from fastload.transforms._color import (
-    ColorJitter,
-    GaussianBlur,
-    RandomAutocontrast,
-    RandomEqualize,
-    RandomGrayscale,
-    RandomPosterize,
-    RandomSolarize,
-)
-from fastload.transforms._geometric import CenterCrop, RandomHorizontalFlip, RandomResizedCrop, Resize
-from fastload.transforms._mixing import CutMix, MixUp, RandomChoice, RandomErasing
-from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
-from fastload.transforms._timm_transforms import RandomApply, TimmMixup, TimmRandAugment
+from fastload.transforms._declare import declaration_of, declared_transforms
 
-BY_NAME: dict[str, type[Transform]] = {
-    cls.__name__: cls
-    for cls in (
-        RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip,
-        ColorJitter, RandomGrayscale, GaussianBlur, RandomSolarize, RandomPosterize,
-        RandomAutocontrast, RandomEqualize,
-        RandAugment, TrivialAugmentWide, AutoAugment, AugMix,
-        RandomErasing, MixUp, CutMix, RandomChoice,
-        RandomApply, TimmRandAugment, TimmMixup,
-    )
-}
 _MAX_ENTRIES = 32
 _MAX_DEPTH = 2  # a RandomChoice holds transforms, which hold none
 
@@ -47,7 +25,8 @@ def _entry_value(value: object) -> object:
 
 
 def _entry(t: Transform) -> dict[str, object]:
-    entry: dict[str, object] = {"type": type(t).__name__}
+    declared = declaration_of(type(t))
+    entry: dict[str, object] = {"type": type(t).__name__ if declared is None else declared.name}
     for field in dataclasses.fields(t):  # type: ignore[arg-type]
         entry[field.name] = _entry_value(getattr(t, field.name))
     return entry
@@ -84,10 +63,11 @@ def _chain(config: object, depth: int) -> tuple[Transform, ...]:
         if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
             raise ConfigError(f"a transform entry must be an object with a 'type': {entry!r}"[:200])
         kind = entry["type"]
-        cls = BY_NAME.get(kind)
-        if cls is None:
-            raise ConfigError(f"unknown transform {kind[:40]!r}; known: {', '.join(sorted(BY_NAME))}")
-        fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        declared = declared_transforms().get(kind)
+        if declared is None:
+            known = ", ".join(sorted(declared_transforms()))
+            raise ConfigError(f"unknown transform {kind[:40]!r}; known: {known}")
+        cls, fields = declared.cls, set(declared.parameters)
         kwargs = {}
         for name, value in entry.items():
             if name == "type":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any
 
 from fastload._errors import ConfigError
 from fastload.transforms._base import (
@@ -17,7 +17,6 @@ from fastload.transforms._base import (
     MAX_SCALE,
     MAX_SIDE,
     RandomSource,
-    Stage,
     Transform,
     check_bool,
     check_interpolation,
@@ -28,8 +27,22 @@ from fastload.transforms._base import (
     reject,
     take_interpolation,
 )
+from fastload.transforms._declare import DECODE, declare_transform
+from fastload.transforms._torchvision_reading import antialias_of, interpolation_of, range_pair, size_of
 
 
+@declare_transform(
+    stage="geometry",
+    kernel=DECODE,
+    example={"size": (4, 4)},
+    torchvision=lambda t, _: RandomResizedCrop(
+        size=size_of(t.size),
+        scale=range_pair(t.scale),
+        ratio=range_pair(t.ratio),
+        interpolation=interpolation_of("RandomResizedCrop", t.interpolation),
+        antialias=antialias_of(t.antialias),
+    ),
+)
 @dataclass(frozen=True)
 class RandomResizedCrop(Transform):
     """Crop a random area and aspect ratio, then resize to `size` (torchvision semantics).
@@ -43,8 +56,6 @@ class RandomResizedCrop(Transform):
         interpolation: resampling filter; "bilinear" as torchvision's default.
         antialias: filter when downscaling, as torchvision's default (True) and PIL always do.
     """
-
-    stage: ClassVar[Stage] = "geometry"
 
     size: int | tuple[int, int]
     scale: tuple[float, float] = (0.08, 1.0)
@@ -93,6 +104,22 @@ def shorter_edge(size: int | Sequence[int]) -> int | None:
     return int(size[0]) if len(size) == 1 else None
 
 
+def _resize(t: Any) -> Resize:
+    """torchvision's Resize as fastload's (its size is required here)."""
+    if t.size is None:
+        raise ConfigError(
+            "Resize(size=None, max_size=...) cannot be converted: fastload's Resize needs a size (the "
+            "shorter edge's, or (height, width))"
+        )
+    return Resize(
+        size=size_of(t.size),
+        interpolation=interpolation_of("Resize", t.interpolation),
+        max_size=None if t.max_size is None else int(t.max_size),
+        antialias=antialias_of(t.antialias),
+    )
+
+
+@declare_transform(stage="geometry", kernel=DECODE, example={"size": 6}, torchvision=lambda t, _: _resize(t))
 @dataclass(frozen=True)
 class Resize(Transform):
     """Resize to `size` (torchvision semantics).
@@ -101,8 +128,6 @@ class Resize(Transform):
     ratio (the longer edge is `int(size * long / short)`, capped by `max_size`); a (height, width)
     pair sets both.
     """
-
-    stage: ClassVar[Stage] = "geometry"
 
     size: int | tuple[int, int]
     interpolation: str = "bilinear"
@@ -138,11 +163,15 @@ class Resize(Transform):
         return (new_short, new_long) if height <= width else (new_long, new_short)
 
 
+@declare_transform(
+    stage="geometry",
+    kernel=DECODE,
+    example={"size": (4, 4)},
+    torchvision=lambda t, _: CenterCrop(size_of(t.size)),
+)
 @dataclass(frozen=True)
 class CenterCrop(Transform):
     """Crop the centre `size` (torchvision semantics; the crop must fit inside the image)."""
-
-    stage: ClassVar[Stage] = "geometry"
 
     size: int | tuple[int, int]
 
@@ -160,11 +189,12 @@ class CenterCrop(Transform):
         return int(round((height - crop_h) / 2.0)), int(round((width - crop_w) / 2.0)), crop_h, crop_w
 
 
+@declare_transform(
+    stage="geometry", kernel=DECODE, torchvision=lambda t, _: RandomHorizontalFlip(float(t.p))
+)
 @dataclass(frozen=True)
 class RandomHorizontalFlip(Transform):
     """Flip left-right with probability `p` (torchvision semantics)."""
-
-    stage: ClassVar[Stage] = "geometry"
 
     p: float = 0.5
 

@@ -8,12 +8,42 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any
 
-from fastload.transforms._base import Stage, Transform, check_range, is_int, is_number, reject
+from fastload._errors import ConfigError
+from fastload.transforms._base import Transform, check_range, is_int, is_number, reject
 from fastload.transforms._color import check_probability
+from fastload.transforms._declare import declare_transform
+from fastload.transforms._torchvision_reading import Place, floats, range_pair, unsupported
 
 
+def _random_erasing(t: Any, place: Place) -> RandomErasing:
+    """RandomErasing with its value in the output's units: fastload erases the images it outputs
+    (normalized), so a value torchvision writes before its Normalize is normalized here."""
+    value: float | tuple[float, ...] | str
+    to_unit = place.units.scale / 255.0
+    if t.value is None or isinstance(t.value, str):  # v2 stores "random" as None
+        if place.ahead is not None and place.ahead != ((0.0,) * 3, (to_unit,) * 3):
+            raise ConfigError(
+                "RandomErasing(value='random') comes before Normalize (or the conversion to float): "
+                "fastload erases the images it outputs, where 'random' is standard normal noise, not "
+                "noise that is then shifted and scaled; put RandomErasing after Normalize (as "
+                "torchvision's reference recipes do)"
+            )
+        value = "random"
+    else:
+        values = floats(t.value) if isinstance(t.value, Sequence) else (float(t.value),)
+        if place.ahead is not None:
+            mean, std = place.ahead
+            values = values * len(mean) if len(values) == 1 else values
+            values = tuple((v * to_unit - m) / s for v, m, s in zip(values, mean, std, strict=True))
+            if len(set(values)) == 1:
+                values = values[:1]
+        value = values[0] if len(values) == 1 else values
+    return RandomErasing(p=float(t.p), scale=range_pair(t.scale), ratio=range_pair(t.ratio), value=value)
+
+
+@declare_transform(stage="tensor", kernel="RandomErasing", torchvision=_random_erasing)
 @dataclass(frozen=True)
 class RandomErasing(Transform):
     """Erase a random rectangle with probability `p` (torchvision semantics), after normalization.
@@ -30,8 +60,6 @@ class RandomErasing(Transform):
 
     If none of torchvision's 10 tries fits inside the image, the sample is left as it is.
     """
-
-    stage: ClassVar[Stage] = "tensor"
 
     p: float = 0.5
     scale: tuple[float, float] = (0.02, 0.33)
@@ -64,13 +92,24 @@ def _check_mix(kind: str, alpha: object, num_classes: object) -> None:
         raise reject(kind, "num_classes", num_classes, "the number of classes, an int >= 1")
 
 
+def _mix(cls: type[MixUp] | type[CutMix], t: Any) -> MixUp | CutMix:
+    """torchvision v2's MixUp or CutMix as fastload's (which needs num_classes)."""
+    if t.num_classes is None:
+        raise ConfigError(
+            f"{cls.__name__}: num_classes is None, but fastload's labels are class indices: give "
+            "num_classes, the number of classes"
+        )
+    return cls(alpha=float(t.alpha), num_classes=int(t.num_classes))
+
+
+@declare_transform(
+    stage="batch", kernel="MixUp", example={"num_classes": 3}, torchvision=lambda t, _: _mix(MixUp, t)
+)
 @dataclass(frozen=True, kw_only=True)
 class MixUp(Transform):
     """MixUp: each image blended with its neighbour in the batch (the batch rolled by one) with a
     weight drawn once per batch from Beta(`alpha`, `alpha`), labels as the same blend of one-hot
     targets over `num_classes`."""
-
-    stage: ClassVar[Stage] = "batch"
 
     alpha: float = 1.0
     num_classes: int
@@ -79,12 +118,13 @@ class MixUp(Transform):
         _check_mix("MixUp", self.alpha, self.num_classes)
 
 
+@declare_transform(
+    stage="batch", kernel="CutMix", example={"num_classes": 3}, torchvision=lambda t, _: _mix(CutMix, t)
+)
 @dataclass(frozen=True, kw_only=True)
 class CutMix(Transform):
     """CutMix: a box of each image replaced by its neighbour's (the batch rolled by one), the box's
     area drawn once per batch from Beta(`alpha`, `alpha`), labels mixed by the area pasted."""
-
-    stage: ClassVar[Stage] = "batch"
 
     alpha: float = 1.0
     num_classes: int
@@ -93,12 +133,29 @@ class CutMix(Transform):
         _check_mix("CutMix", self.alpha, self.num_classes)
 
 
+def _random_choice(t: Any, place: Place) -> RandomChoice:
+    members = tuple(place.member(m) for m in t.transforms)
+    if not all(isinstance(m, (MixUp, CutMix)) for m in members):
+        raise unsupported(t, "fastload's RandomChoice picks between batch transforms, MixUp and CutMix")
+    p = None if t.p is None else floats(t.p)
+    if p is not None and len(set(p)) == 1:
+        p = None  # uniform (v2 stores its default, None, as equal weights)
+    elif p is not None and sum(p) > 0:
+        total = sum(p)
+        p = tuple(w / total for w in p)  # as v2 stores them (v1 keeps the weights given)
+    return RandomChoice(members, p)
+
+
+@declare_transform(
+    stage="batch",
+    kernel="RandomChoice",
+    example={"transforms": (MixUp(num_classes=3), CutMix(num_classes=3))},
+    torchvision=_random_choice,
+)
 @dataclass(frozen=True)
 class RandomChoice(Transform):
     """One of `transforms`, chosen per batch with probabilities `p` (uniform when None); fastload
     takes batch transforms here (MixUp, CutMix), as torchvision's recipes use it."""
-
-    stage: ClassVar[Stage] = "batch"
 
     transforms: tuple[Transform, ...]
     p: tuple[float, ...] | None = None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from fastload._errors import ConfigError
 from fastload.transforms._base import STAGES, RandomSource, Stage, Transform, pair
-from fastload.transforms._config import BY_NAME
+from fastload.transforms._declare import declaration_of
 from fastload.transforms._geometric import (
     CenterCrop,
     RandomHorizontalFlip,
@@ -124,7 +124,8 @@ class TransformPlan:
 # so moving them would silently change what they do).
 
 
-KNOWN = frozenset(BY_NAME.values())  # fastload's transforms: a subclass of its own has no kernel
+DECODED_GEOMETRY = (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip)
+"""The geometric transforms `TransformPlan.sample` folds into the decode (their kernel, `DECODE`)."""
 
 
 def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
@@ -140,12 +141,17 @@ def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
     interpolation = "bilinear"
     latest: Transform | None = None
     for t in chain:
-        if type(t) not in KNOWN or getattr(t, "stage", None) not in STAGES:
+        if declaration_of(type(t)) is None or getattr(t, "stage", None) not in STAGES:
             raise ConfigError(
                 f"{t!r} is not a fastload transform: use fastload.transforms (or pass a torchvision "
                 "Compose of the transforms it supports, see fastload.transforms.from_torchvision); "
                 "a transform of your own runs through the Dataset path (a torch Dataset that applies "
-                "it, given to FastLoader)"
+                "it, given to FastLoader), or is declared with its kernel (declare_transform)"
+            )
+        if t.stage == "geometry" and type(t) not in DECODED_GEOMETRY:
+            raise ConfigError(
+                f"{type(t).__name__} has no kernel: the decoder folds in only the geometric transforms "
+                f"{', '.join(cls.__name__ for cls in DECODED_GEOMETRY)}"
             )
         if latest is not None and STAGES.index(t.stage) < STAGES.index(latest.stage):
             raise ConfigError(

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
-from fastload.transforms._base import Stage, Transform, is_int, is_number, reject, take_interpolation
+from fastload.transforms._base import Transform, is_int, is_number, reject, take_interpolation
+from fastload.transforms._declare import declare_transform
+from fastload.transforms._torchvision_reading import fill_at, interpolation_of
 
 POLICY_INTERPOLATIONS = ("nearest", "bilinear")  # what torchvision's tensor affine supports
 AUTOAUGMENT_POLICIES = ("imagenet", "cifar10", "svhn")
@@ -47,13 +48,22 @@ def _check_bins(kind: str, bins: object) -> None:
         raise reject(kind, "num_magnitude_bins", bins, "an int in 2..1024")
 
 
+@declare_transform(
+    stage="pixels",
+    kernel="RandAugment",
+    torchvision=lambda t, place: RandAugment(
+        num_ops=int(t.num_ops),
+        magnitude=int(t.magnitude),
+        num_magnitude_bins=int(t.num_magnitude_bins),
+        interpolation=interpolation_of("RandAugment", t.interpolation),
+        fill=fill_at("RandAugment", t.fill, place),
+    ),
+)
 @dataclass(frozen=True)
 class RandAugment(Transform):
     """RandAugment: `num_ops` operations per sample, each drawn uniformly from torchvision's 14,
     at `magnitude` (a bin of `num_magnitude_bins`), each signed operation negated with
     probability 0.5."""
-
-    stage: ClassVar[Stage] = "pixels"
 
     num_ops: int = 2
     magnitude: int = 9
@@ -74,11 +84,18 @@ class RandAugment(Transform):
         check_fill("RandAugment", self.fill)
 
 
+@declare_transform(
+    stage="pixels",
+    kernel="TrivialAugmentWide",
+    torchvision=lambda t, place: TrivialAugmentWide(
+        num_magnitude_bins=int(t.num_magnitude_bins),
+        interpolation=interpolation_of("TrivialAugmentWide", t.interpolation),
+        fill=fill_at("TrivialAugmentWide", t.fill, place),
+    ),
+)
 @dataclass(frozen=True)
 class TrivialAugmentWide(Transform):
     """TrivialAugment (wide space): one operation per sample, at a magnitude bin drawn uniformly."""
-
-    stage: ClassVar[Stage] = "pixels"
 
     num_magnitude_bins: int = 31
     interpolation: str = "nearest"
@@ -91,12 +108,19 @@ class TrivialAugmentWide(Transform):
         check_fill("TrivialAugmentWide", self.fill)
 
 
+@declare_transform(
+    stage="pixels",
+    kernel="AutoAugment",
+    torchvision=lambda t, place: AutoAugment(
+        policy=str(getattr(t.policy, "value", t.policy)),
+        interpolation=interpolation_of("AutoAugment", t.interpolation),
+        fill=fill_at("AutoAugment", t.fill, place),
+    ),
+)
 @dataclass(frozen=True)
 class AutoAugment(Transform):
     """AutoAugment with one of torchvision's learned policies ("imagenet", "cifar10", "svhn"): a
     sub-policy drawn per sample, each of its two operations applied with its own probability."""
-
-    stage: ClassVar[Stage] = "pixels"
 
     policy: str = "imagenet"
     interpolation: str = "nearest"
@@ -110,12 +134,23 @@ class AutoAugment(Transform):
         check_fill("AutoAugment", self.fill)
 
 
+@declare_transform(
+    stage="pixels",
+    kernel="AugMix",
+    torchvision=lambda t, place: AugMix(
+        severity=int(t.severity),
+        mixture_width=int(t.mixture_width),
+        chain_depth=int(t.chain_depth),
+        alpha=float(t.alpha),
+        all_ops=bool(t.all_ops),
+        interpolation=interpolation_of("AugMix", t.interpolation),
+        fill=fill_at("AugMix", t.fill, place),
+    ),
+)
 @dataclass(frozen=True)
 class AugMix(Transform):
     """AugMix: `mixture_width` chains of 1..3 (or `chain_depth`) operations at up to `severity`,
     mixed with Dirichlet(`alpha`) weights, then blended with the original with Beta(`alpha`, `alpha`)."""
-
-    stage: ClassVar[Stage] = "pixels"
 
     severity: int = 3
     mixture_width: int = 3

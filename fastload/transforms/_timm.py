@@ -1,5 +1,5 @@
-"""timm's transforms (what `timm.data.create_transform` and `timm.data.Mixup` make) and
-torchvision's RandomApply, converted to fastload's for `from_torchvision`; read from the
+"""timm's transforms (what `timm.data.create_transform` and `timm.data.Mixup` make), converted to
+fastload's for `from_torchvision`; read from the
 attributes timm stores, by class name: timm is not a dependency, and is never imported here.
 
 Where fastload approximates timm, the conversion says so with a `UserWarning` that names the
@@ -15,18 +15,15 @@ from typing import Any
 
 from fastload._errors import ConfigError
 from fastload.transforms._base import Transform
-from fastload.transforms._geometric import RandomHorizontalFlip, RandomResizedCrop, Resize
+from fastload.transforms._geometric import RandomResizedCrop, Resize
 from fastload.transforms._mixing import RandomErasing
 from fastload.transforms._timm_transforms import (
     TIMM_RAND_INCREASING_OPS,
     TIMM_RAND_OPS,
-    RandomApply,
     TimmMixup,
     TimmRandAugment,
 )
-
-Convert = Callable[[Any], Transform]
-"""How `from_torchvision` converts one member transform (its place in the chain bound)."""
+from fastload.transforms._torchvision_reading import PIL_FILTERS
 
 TIMM_CONVERSIONS = {
     "MaybeToTensor": "ToTensor",  # scales to [0, 1] floats, as torchvision's ToTensor
@@ -36,10 +33,6 @@ TIMM_CONVERSIONS = {
 }
 """timm's conversions of the image's type, as the torchvision one each acts as (dropped, like
 torchvision's: fastload's output makes the batch's type; they set the units of what follows)."""
-
-# PIL's resampling constants (the policies' `resample`).
-_PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
-
 
 def is_timm(t: object) -> bool:
     return type(t).__module__.startswith("timm.")
@@ -65,7 +58,7 @@ def _refused(name: str, why: str) -> ConfigError:
 def _mode_name(mode: Any) -> str:
     """An InterpolationMode (or a PIL constant) as its name."""
     name = getattr(mode, "value", mode)
-    return _PIL_FILTERS.get(name, str(name)) if isinstance(name, int) else str(name)
+    return PIL_FILTERS.get(name, str(name)) if isinstance(name, int) else str(name)
 
 
 def _crop_interpolation(kind: str, mode: Any) -> str:
@@ -210,27 +203,3 @@ def from_timm(t: Any, normalized: bool) -> Transform:
     if name in ("AutoAugment", "AugMixAugment"):
         raise _refused(name, "fastload has torchvision's AutoAugment and AugMix (other policies), not timm's")
     raise _refused(name, "fastload has no equivalent")
-
-
-def random_apply(t: Any, convert: Convert) -> tuple[Transform, ...]:
-    """torchvision's RandomApply (v1 or v2): p = 0 drops it, p = 1 keeps its transforms; otherwise a
-    flip or an erasing alone takes p into its own, and pixel transforms become fastload's
-    RandomApply (all or none per sample, as torchvision)."""
-    p = float(t.p)
-    members = tuple(convert(m) for m in t.transforms)
-    if p == 0.0:
-        return ()
-    if p == 1.0:
-        return members
-    if len(members) == 1 and isinstance(members[0], (RandomHorizontalFlip, RandomErasing)):
-        member = members[0]
-        if isinstance(member, RandomHorizontalFlip):
-            return (RandomHorizontalFlip(p * member.p),)
-        return (RandomErasing(p * member.p, member.scale, member.ratio, member.value),)
-    if not all(m.stage == "pixels" for m in members):
-        raise ConfigError(
-            f"RandomApply(p={p}) of {', '.join(type(m).__name__ for m in members)}: fastload applies at "
-            "random colour transforms and policies (or one flip or erasing); crops and batch transforms "
-            "cannot be skipped per sample: run the pipeline through the Dataset path instead"
-        )
-    return (RandomApply(members, p),)

@@ -1,6 +1,7 @@
 """Transforms with timm's semantics where torchvision has none (its RandAugment policy strings,
 `TimmRandAugment`; its `Mixup`, `TimmMixup`), and torchvision's `RandomApply` over per-sample
-pixel transforms. Declarations only: `fastload._augment.timm_ops` runs them.
+pixel transforms (with its conversion from torchvision's, which may give no transform, its
+members, or this one). Declarations only: `fastload._augment.timm_ops` runs them.
 """
 
 from __future__ import annotations
@@ -8,10 +9,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any
 
-from fastload.transforms._base import Stage, Transform, is_int, is_number, reject, take_interpolation
+from fastload._errors import ConfigError
+from fastload.transforms._base import Transform, is_int, is_number, reject, take_interpolation
+from fastload.transforms._color import RandomSolarize
+from fastload.transforms._declare import declare_transform
+from fastload.transforms._geometric import RandomHorizontalFlip
+from fastload.transforms._mixing import RandomErasing
 from fastload.transforms._policies import POLICY_INTERPOLATIONS, check_fill
+from fastload.transforms._torchvision_reading import Place
 
 
 def _probability(kind: str, name: str, value: object) -> None:
@@ -30,6 +37,7 @@ TIMM_RAND_INCREASING_OPS = tuple(f"{n}Increasing" if n in _INCREASING else n for
 """timm's `_RAND_INCREASING_TRANSFORMS` ('inc1'), in its order."""
 
 
+@declare_transform(stage="pixels", kernel="TimmRandAugment")
 @dataclass(frozen=True)
 class TimmRandAugment(Transform):
     """timm's RandAugment (`rand_augment_transform('rand-m9-mstd0.5-inc1', hparams)`): per sample,
@@ -39,8 +47,6 @@ class TimmRandAugment(Transform):
     0) clipped to [0, `magnitude_max`], on timm's 0..10 scale; signed operations negated half the
     time. Translations move by `translate_pct` of the side; `fill` (uint8 units) fills what a
     geometric operation uncovers (timm's `img_mean`)."""
-
-    stage: ClassVar[Stage] = "pixels"
 
     num_layers: int = 2
     magnitude: float = 10.0
@@ -81,6 +87,7 @@ class TimmRandAugment(Transform):
         return TIMM_RAND_INCREASING_OPS if self.increasing else TIMM_RAND_OPS
 
 
+@declare_transform(stage="batch", kernel="TimmMixup", example={"num_classes": 3})
 @dataclass(frozen=True, kw_only=True)
 class TimmMixup(Transform):
     """timm's `Mixup` in mode 'batch': with probability `prob` a batch is mixed, by CutMix with
@@ -90,8 +97,6 @@ class TimmMixup(Transform):
     `cutmix_minmax` of the image's), lam then corrected to the area kept (`correct_lam`); targets
     are one-hot smoothed by `label_smoothing` (off = s / num_classes, on = 1 - s + off) and mixed
     by lam, also when the batch is not mixed."""
-
-    stage: ClassVar[Stage] = "batch"
 
     mixup_alpha: float = 1.0
     cutmix_alpha: float = 0.0
@@ -127,12 +132,40 @@ class TimmMixup(Transform):
             raise reject(kind, "num_classes", self.num_classes, "the number of classes, an int >= 1")
 
 
+def _random_apply(t: Any, place: Place) -> tuple[Transform, ...]:
+    """torchvision's RandomApply (v1 or v2): p = 0 drops it, p = 1 keeps its transforms; otherwise a
+    flip or an erasing alone takes p into its own, and pixel transforms become fastload's
+    RandomApply (all or none per sample, as torchvision)."""
+    p = float(t.p)
+    members = tuple(place.member(m) for m in t.transforms)
+    if p == 0.0:
+        return ()
+    if p == 1.0:
+        return members
+    if len(members) == 1 and isinstance(members[0], (RandomHorizontalFlip, RandomErasing)):
+        member = members[0]
+        if isinstance(member, RandomHorizontalFlip):
+            return (RandomHorizontalFlip(p * member.p),)
+        return (RandomErasing(p * member.p, member.scale, member.ratio, member.value),)
+    if not all(m.stage == "pixels" for m in members):
+        raise ConfigError(
+            f"RandomApply(p={p}) of {', '.join(type(m).__name__ for m in members)}: fastload applies at "
+            "random colour transforms and policies (or one flip or erasing); crops and batch transforms "
+            "cannot be skipped per sample: run the pipeline through the Dataset path instead"
+        )
+    return (RandomApply(members, p),)
+
+
+@declare_transform(
+    stage="pixels",
+    kernel="RandomApply",
+    example={"transforms": (RandomSolarize(128.0),), "p": 0.5},
+    torchvision=_random_apply,
+)
 @dataclass(frozen=True)
 class RandomApply(Transform):
     """torchvision's RandomApply over pixel-stage transforms: with probability `p` a sample runs
     all of `transforms`, in order; otherwise none of them."""
-
-    stage: ClassVar[Stage] = "pixels"
 
     transforms: tuple[Transform, ...]
     p: float = 0.5

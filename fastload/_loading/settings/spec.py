@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from fastload._augment.registry import check_kernels
 from fastload._bad_samples import DEFAULT_MAX_SKIPPED, check_policy
 from fastload._errors import ConfigError
 from fastload._loading.decoding.backend import BACKENDS
@@ -103,12 +104,14 @@ class LoaderSpec:
 
     @functools.cached_property
     def transforms(self) -> TransformPlan | None:
-        """The source's transform chain, compiled (ConfigError when it cannot give a fixed size, or
-        when it needs normalized images and has none). The loader compiles it right after indexing
-        the source, so a bad path is reported first."""
+        """The source's transform chain, compiled (ConfigError when it cannot give a fixed size,
+        when a transform's kernel is not registered, or when it needs normalized images and has
+        none). The loader compiles it right after indexing the source, so a bad path is reported
+        first."""
         if self.source is None or self.images is None:  # a Dataset, or an array source (`for_arrays`)
             return None
         plan = compile_transforms(self.transform)
+        check_kernels(plan.transforms)  # here, in the trainer's process, not later in a worker
         if (plan.tensor or plan.batch is not None) and (self.images is None or self.images.mean is None):
             late = ", ".join(type(t).__name__ for t in (*plan.tensor, plan.batch) if t is not None)
             raise ConfigError(
