@@ -22,7 +22,9 @@ from fastload._errors import ConfigError
 from fastload._exclusion import ExcludeArg, kept_indices
 from fastload._exclusion import digest as exclusion_digest
 from fastload._loading.jobs.array_job import ArrayJob
-from fastload._loading.jobs.image_job import DatasetJob, ImageJob, Job
+from fastload._loading.jobs.contract import Job
+from fastload._loading.jobs.dataset_job import DatasetJob
+from fastload._loading.jobs.image_job import ImageJob
 from fastload._loading.jobs.iterable import IterableJob, IterablePlan
 from fastload._loading.link.daemon_client import DaemonSession
 from fastload._loading.order.plan import BatchSampler, SamplerPlan, ShuffledPlan
