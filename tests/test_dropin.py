@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from fastload import ConfigError, FastLoader
 from fastload import transforms as T
-from fastload._loading.settings.spec import default_workers as _default_workers
+from fastload._loading.settings.build import default_workers as _default_workers
 from fastload._loading.slots.ring import DEFAULT_RING_BUDGET_BYTES, MAX_PREFETCH, default_prefetch
 
 pytestmark = pytest.mark.timeout(120)

@@ -33,9 +33,9 @@ from fastload._loading.running.epoch import EpochIterator
 from fastload._loading.running.pipeline import Pipeline
 from fastload._loading.running.stats import LoaderStats, format_summary
 from fastload._loading.settings.arguments import check_epoch
+from fastload._loading.settings.build import build_spec
 from fastload._loading.settings.resume import STATE_VERSION, check_state, convert, fingerprint, plain
 from fastload._loading.settings.sanity import check_settings_sense
-from fastload._loading.settings.spec import build_spec
 from fastload._loading.slots.ring import EXTRA_SLOTS
 from fastload._metrics_seam import export_loader
 from fastload._shm import preflight
