@@ -230,7 +230,7 @@ class FastLoader:
         if self._closed:
             raise ConfigError("this FastLoader is closed")
         parts, persistent = self._assembly, self.persistent_workers
-        epoch, start = self._position.next(parts.plan)
+        epoch, start = self._position.next_iteration(parts.plan)
         carried = self._runs.prepare(epoch, start, persistent, parts.pipeline)
         self._position.started(epoch, start)  # an iteration uses up its epoch when drawn from
         on_yield = self._position.yielded

@@ -73,12 +73,12 @@ class Iterations:
             self._read_ahead.stop()
         self._read_ahead = read_ahead(index, plan.iter_batches(epoch, start))
 
-        def yielded(epoch: int, yielded: int, batch: np.ndarray | None) -> None:
+        def after_yield(epoch: int, yielded: int, batch: np.ndarray | None) -> None:
             on_yield(epoch, yielded)
             self._delivered(plan, epoch, batch)
 
         self.iterator = EpochIterator(
-            self.pipeline, plan.iter_batches(epoch, start), epoch, start, yielded,
+            self.pipeline, plan.iter_batches(epoch, start), epoch, start, after_yield,
             following=_following(plan, epoch, persistent), carried=carried,
             on_empty=plan.ended if isinstance(plan, IterablePlan) else None,
         )
@@ -101,6 +101,7 @@ class Iterations:
         return self.last_stats
 
     def worker_pids(self) -> list[int]:
+        """Process ids of the pipeline's live workers (none before the first iteration)."""
         return self.pipeline.worker_pids if self.pipeline is not None else []
 
     def close(self) -> None:

@@ -45,7 +45,7 @@ class Position:
         if isinstance(plan, SamplerPlan):
             plan.set_epoch(epoch)
 
-    def next(self, plan: Plan) -> tuple[int, int]:
+    def next_iteration(self, plan: Plan) -> tuple[int, int]:
         """(epoch, first batch) of the next iteration. A user's sampler that holds an epoch names
         it: one set on the sampler itself (`sampler.set_epoch(5)`) wins over the loader's count,
         and a resume position applies to its own epoch only."""
