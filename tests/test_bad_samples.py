@@ -48,7 +48,7 @@ def _ids(batches: list[list[Any]]) -> list[int]:
 
 
 def _names(loader: FastLoader, ids: list[int]) -> set[str]:
-    index = loader._index
+    index = loader._assembly.index
     assert index is not None
     return {index.name(i) for i in ids}
 
@@ -98,7 +98,7 @@ def test_labels_and_pixels_are_the_stand_ins(broken_folder: tuple[Path, set[str]
     ):
         warnings.simplefilter("ignore")
         batches = _epoch(skipping)
-        index = skipping._index
+        index = skipping._assembly.index
         assert index is not None
         for _, labels, ids in batches:
             for row, i in enumerate(ids.indices):

@@ -29,8 +29,8 @@ from helpers import Killer, segfault_at
 from torch.utils.data import Dataset
 
 from fastload import FastLoader, WorkerError
+from fastload._loading.jobs.dataset_job import DatasetJob
 from fastload._loading.jobs.executor import Task
-from fastload._loading.jobs.image_job import DatasetJob
 from fastload._loading.running.engine import Engine
 from fastload._loading.running.supervision import Cause, HangBound, classify
 

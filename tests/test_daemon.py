@@ -317,7 +317,7 @@ def test_a_session_that_leaves_prefetch_unset_gets_the_daemons_default(
         daemon=shared_daemon.address,
     ) as loader:
         assert len(list(loader)) == 6
-        pipeline = loader._pipeline
+        pipeline = loader._runs.pipeline
         assert pipeline is not None and pipeline.ring is not None and pipeline.layout is not None
         expected = default_prefetch(shared_daemon.status()["workers"], pipeline.layout.slot_bytes)
         assert pipeline.prefetch == expected

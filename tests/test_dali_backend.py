@@ -155,7 +155,7 @@ _SPAWNED = textwrap.dedent(
             local = take(loader)
         with FastLoader({folder!r}, num_workers=1, multiprocessing_context="spawn", **kwargs) as loader:
             spawned = take(loader)
-            print(loader._pipeline.executor._mp.get_start_method())
+            print(loader._runs.pipeline.executor._mp.get_start_method())
         assert_same_batches(spawned, local)
         print("same")
     """

@@ -62,8 +62,8 @@ def test_uses_the_in_process_executor_and_no_worker_processes(
     in_trainer(True)
     with _loader(image_folder, 2) as loader:
         batches = take(loader)
-        assert loader._pipeline is not None
-        assert isinstance(loader._pipeline.executor, DaliExecutor)
+        assert loader._runs.pipeline is not None
+        assert isinstance(loader._runs.pipeline.executor, DaliExecutor)
         assert loader.worker_pids == []
         stats = loader.stats()  # what iostat reads: its batches are counted as any loader's
         assert stats is not None and stats.batches >= len(batches)  # (and any decoded ahead)
@@ -157,7 +157,7 @@ def test_a_daemon_keeps_decoding_in_its_own_workers(
 ) -> None:
     in_trainer(True)
     with _loader(image_folder, 1) as loader:
-        spec: LoaderSpec = loader._spec
+        spec: LoaderSpec = loader._assembly.spec
     assert spec.decodes_in_trainer
     assert not dataclasses.replace(spec, daemon="ipc:///nowhere").decodes_in_trainer
     assert not dataclasses.replace(spec, dali_in_trainer=False).decodes_in_trainer  # CPU: the workers

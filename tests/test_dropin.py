@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from fastload import ConfigError, FastLoader
 from fastload import transforms as T
-from fastload._loading.settings.spec import default_workers as _default_workers
+from fastload._loading.settings.build import default_workers as _default_workers
 from fastload._loading.slots.ring import DEFAULT_RING_BUDGET_BYTES, MAX_PREFETCH, default_prefetch
 
 pytestmark = pytest.mark.timeout(120)
@@ -184,7 +184,7 @@ _SPAWNED = textwrap.dedent(
     if __name__ == "__main__":
         with FastLoader(Numbers(), batch_size=4, num_workers=1, multiprocessing_context="spawn") as loader:
             got = torch.cat(list(loader)).tolist()
-            print(loader._pipeline.executor._mp.get_start_method())
+            print(loader._runs.pipeline.executor._mp.get_start_method())
         print(str(got).replace(" ", ""))
     """
 )
@@ -247,8 +247,8 @@ def test_a_folder_loaders_ring_is_sized_by_the_default(image_folder: Path) -> No
         image_folder, batch_size=4, num_workers=2, transform=[T.Resize((8, 8))], device="cpu"
     ) as loader:
         next(iter(loader))
-        assert loader._pipeline is not None and loader._pipeline.ring is not None
-        assert len(loader._pipeline.ring) == default_prefetch(2, 4 * 8 * 8 * 3 + 4 * 8) + 2
+        assert loader._runs.pipeline is not None and loader._runs.pipeline.ring is not None
+        assert len(loader._runs.pipeline.ring) == default_prefetch(2, 4 * 8 * 8 * 3 + 4 * 8) + 2
 
 
 class BigSamples(Dataset[np.ndarray]):
@@ -262,9 +262,9 @@ class BigSamples(Dataset[np.ndarray]):
 def test_a_dataset_loaders_ring_is_sized_once_a_sample_is_probed() -> None:
     with FastLoader(BigSamples(), batch_size=4, num_workers=6) as loader:
         assert [int(b[0, 0]) for b in loader] == [0, 4]
-        assert loader._pipeline is not None and loader._pipeline.ring is not None
+        assert loader._runs.pipeline is not None and loader._runs.pipeline.ring is not None
         # 2 x 6 workers would be 14 slots = 896 MiB; the budget allows 6, workers need 7.
-        assert len(loader._pipeline.ring) == 7 + 2
+        assert len(loader._runs.pipeline.ring) == 7 + 2
 
 
 @pytest.mark.parametrize("prefetch", [0, MAX_PREFETCH + 1])

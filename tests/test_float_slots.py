@@ -54,7 +54,7 @@ def _trainer_side(root: Path, chain: list[Any], epochs: int) -> Batches:
     normalize = HostNormalizer(*ImageOutput(*NORMALIZE).affine(torch.device("cpu")))  # type: ignore[misc]
     out = []
     with _loader(root, [*plan.geometry, *plan.pixels], num_workers=2) as loader:
-        order = ShuffledPlan(loader._num_samples, BATCH, shuffle=True, drop_last=False, seed=SEED)
+        order = ShuffledPlan(loader._assembly.num_samples, BATCH, shuffle=True, drop_last=False, seed=SEED)
         for epoch in range(epochs):
             batches = []
             for (x, y), indices in zip(loader, order.iter_batches(epoch), strict=True):
@@ -67,7 +67,7 @@ def _trainer_side(root: Path, chain: list[Any], epochs: int) -> Batches:
 
 def _float_slots(root: Path, chain: list[Any], epochs: int, **kwargs: Any) -> Batches:
     with _loader(root, chain, normalize=NORMALIZE, **kwargs) as loader:
-        assert loader._job is not None and loader._job.layout.leaves[0].dtype == "float32"  # type: ignore[union-attr]
+        assert loader._assembly.job is not None and loader._assembly.job.layout.leaves[0].dtype == "float32"  # type: ignore[union-attr]
         return [[(x.clone(), y.clone()) for x, y in loader] for _ in range(epochs)]
 
 
@@ -105,7 +105,7 @@ def test_batches_are_slot_views_that_stay_valid_while_held(image_folder: Path) -
     cloned = _float_slots(image_folder, chain, epochs=1, num_workers=2)[0]
     with _loader(image_folder, chain, normalize=NORMALIZE, num_workers=2, prefetch=1) as loader:
         held = list(loader)  # every slot held at once: the ring grows, nothing is overwritten
-        pipeline = loader._pipeline
+        pipeline = loader._runs.pipeline
         assert pipeline is not None and pipeline.ring is not None
         slots = [np.frombuffer(s.buf, np.uint8).ctypes.data for s in pipeline.ring.segments.values()]
         for (x, y), (ex, ey) in zip(held, cloned, strict=True):
@@ -115,7 +115,7 @@ def test_batches_are_slot_views_that_stay_valid_while_held(image_folder: Path) -
 
 def test_only_local_cpu_loaders_normalize_in_workers(image_folder: Path) -> None:
     with _loader(image_folder, [*GEOMETRY, *ERASING], normalize=NORMALIZE, num_workers=0) as loader:
-        local = loader._spec
+        local = loader._assembly.spec
     assert local.normalize_in_workers and local.worker_normalize == NORMALIZE
     assert local.worker_transforms is not None and len(local.worker_transforms.tensor) == len(ERASING)
     # A daemon's sessions and GPU batches keep uint8 slots: the tensor stage stays in the trainer.
@@ -126,4 +126,4 @@ def test_only_local_cpu_loaders_normalize_in_workers(image_folder: Path) -> None
         assert not other.normalize_in_workers and other.worker_normalize is None
         assert other.worker_transforms is not None and not other.worker_transforms.tensor
     with _loader(image_folder, GEOMETRY, num_workers=0) as plain:  # no normalize: uint8 slots
-        assert not plain._spec.normalize_in_workers
+        assert not plain._assembly.spec.normalize_in_workers

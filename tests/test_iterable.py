@@ -72,7 +72,7 @@ def test_fixed_shape_samples_go_through_slots_and_others_are_collated() -> None:
     with FastLoader(Shards(8), batch_size=4, num_workers=2) as loader:
         it = iter(loader)
         next(it)
-        assert loader._pipeline is not None and loader._pipeline.ring is not None  # the fast path
+        assert loader._runs.pipeline is not None and loader._runs.pipeline.ring is not None  # the fast path
 
 
 def test_random_draws_depend_on_seed_and_epoch_only() -> None:

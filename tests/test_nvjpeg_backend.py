@@ -67,7 +67,7 @@ def test_runs_in_the_trainer_with_the_native_backends_labels_and_pixels_close_to
 ) -> None:
     with _loader(image_folder, 2) as loader:
         got = take(loader)
-        assert loader._pipeline is not None and isinstance(loader._pipeline.executor, DaliExecutor)
+        assert loader._runs.pipeline is not None and isinstance(loader._runs.pipeline.executor, DaliExecutor)
         assert loader.worker_pids == []
     with _loader(image_folder, 0, backend="native") as native:
         reference = take(native)

@@ -201,7 +201,7 @@ def test_sample_ids_say_which_samples_a_batch_holds(image_folder: Path, workers:
     index = scan_image_folder(image_folder)
     with _loader(image_folder, workers, sample_ids=True) as loader:
         batches = list(loader)
-    order = loader._plan.order(0)  # type: ignore[union-attr]
+    order = loader._assembly.plan.order(0)  # type: ignore[union-attr]
     assert len(batches) == len(plain)
     for b, ((images, labels, ids), (want_images, want_labels)) in enumerate(zip(batches, plain, strict=True)):
         assert isinstance(ids, SampleIds) and ids.indices.dtype == torch.int64

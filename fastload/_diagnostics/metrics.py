@@ -457,12 +457,12 @@ def _loader_stats(loader: Any) -> LoaderStats | None:
     last snapshot it kept), never from its mapping."""
     if loader is None:
         return None
-    pipeline = loader._pipeline
+    pipeline = loader._runs.pipeline
     if pipeline is not None and not pipeline.closed:
         stats = read_block(os.path.join(SHM_DIR, pipeline.stats.segment.name))
         if stats is not None:
             return stats
-    last: LoaderStats | None = loader._last_stats
+    last: LoaderStats | None = loader._runs.last_stats
     return last
 
 

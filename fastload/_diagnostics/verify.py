@@ -58,7 +58,7 @@ def verify(
         ) as loader,
     ):
         warnings.simplefilter("ignore")  # each broken sample is listed at the end, not warned of
-        total = loader._num_samples
+        total = loader._assembly.num_samples
         iterator = iter(loader)
         while True:
             try:

@@ -198,7 +198,7 @@ def expected(config: str, folder: str, state: dict[str, Any], ref: Reference) ->
         rest = ref.epoch(seed, epoch)[state["stream_batches"][0] :]
         return rest, ref.epoch(seed, epoch + 1)
     with loader(config, folder) as fl:
-        size, world, batches = fl.batch_size, fl._spec.world_size, len(fl)
+        size, world, batches = fl.batch_size, fl._assembly.spec.world_size, len(fl)
     epoch_batches = state.get("epoch_batches")
     if epoch_batches is not None and b >= epoch_batches:
         return ref.epoch(seed, epoch + 1), ref.epoch(seed, epoch + 2)

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fastload._loading.jobs.contract import SourceJob
 from fastload._loading.jobs.executor import Done, Task
-from fastload._loading.jobs.image_job import SourceJob
 from fastload._loading.slots.layout import BatchLayout
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._index import target_row

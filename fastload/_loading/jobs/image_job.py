@@ -1,39 +1,32 @@
-"""What a worker does with one task: load its samples and write them into a slot's arrays.
-
-`ImageJob` reads image files and decodes+augments them with a backend; `DatasetJob` calls a
-map-style torch Dataset. Both keep the `Job` interface, and `run_task` runs any task of either
-the same way in a worker process or, with `num_workers=0`, in the trainer's own process (then
-`in_trainer`: the caller's random state is restored afterwards). Errors come back as `Failure`s
-naming the sample and its file.
+"""`ImageJob`: what a worker does with a task of a source of encoded images — read the task's
+samples' bytes, decode + augment them with a backend into the slot's rows, labels beside them;
+a broken sample raises, or with on_error="skip" gets a stand-in (NOTE [bad samples]). The job
+contract it keeps, and `run_task` that runs it, are in `contract`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
-import traceback
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from fastload._augment.program import SampleProgram
 from fastload._bad_samples import MAX_ATTEMPTS, SkippedSample, reason_of, replacement
-from fastload._errors import exception_type_name
 from fastload._loading.decoding.backend import SampleFailure, make_backend
 from fastload._loading.decoding.host_normalize import HostNormalizer
-from fastload._loading.jobs.executor import Done, Event, Failure, Opaque, Probed, Task
-from fastload._loading.order.plan import batch_seed
-from fastload._loading.slots.layout import BatchLayout, LayoutMismatch
+from fastload._loading.jobs.contract import JobFailed, SourceJob, failure_of
+from fastload._loading.jobs.executor import Done, Task
+from fastload._loading.slots.layout import BatchLayout
 from fastload._machine import run_delay_since, thread_run_delay_ns
 from fastload._sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
 from fastload._shm import Segment
 from fastload.sources._beneath import Beneath
 from fastload.sources._index import (
     SHARED_INDEX_TYPES,
-    IndexBase,
     PathIndex,
     ReadBuffer,
     ReadFailure,
@@ -42,8 +35,6 @@ from fastload.sources._index import (
 )
 from fastload.sources._node_cache import READS as REMOTE_READS
 from fastload.transforms import TransformPlan, compile_transforms, from_config, to_config
-
-T = TypeVar("T")
 
 
 class _Broken(Exception):
@@ -55,43 +46,6 @@ class _Broken(Exception):
         self.position, self.cause, self.what, self.reason = position, cause, what, reason
 
 
-class JobFailed(Exception):
-    """Raised by a job with the `Failure` to report (internal)."""
-
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
-
-
-# A failure report stays small whatever the exception says (the engine bounds message sizes).
-_MAX_MESSAGE_CHARS = 4096
-_MAX_TRACEBACK_CHARS = 32768
-
-
-def _clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]}\n[... {len(text) - limit} characters left out ...]\n{text[-half:]}"
-
-
-def failure_of(seq: int, exc: BaseException, index: int, path: str, what: str, reason: str = "") -> Failure:
-    """The `Failure` event of task `seq` for `exc`, naming the sample (its index, its file's `path`
-    if any) and `what` was being loaded, and why (`reason`, else the exception's type and text),
-    with the traceback; every text bounded in size."""
-    where = f"{what} {path}" if path else f"{what} at index {index}"
-    why = reason or f"{type(exc).__name__}: {exc}"
-    return Failure(
-        seq=seq,
-        message=_clip(f"failed to load {where}: {why}", _MAX_MESSAGE_CHARS),
-        path=_clip(path, _MAX_MESSAGE_CHARS),
-        index=index,
-        exc_type=_clip(type(exc).__name__, 256),
-        exc_class=exception_type_name(type(exc)),
-        traceback=_clip("".join(traceback.format_exception(exc)), _MAX_TRACEBACK_CHARS),
-    )
-
-
 # NOTE [float slots]: CPU batches with normalize would have the trainer's thread normalize each
 # batch and run RandomErasing on it (~7 ms a batch of 64 at 224x224), on the thread that should
 # be training. Instead a job given `normalize` keeps its images in the slot as float32 (H, W, 3):
@@ -101,38 +55,6 @@ def failure_of(seq: int, exc: BaseException, index: int, path: str, what: str, r
 # TENSOR_STREAM as the trainer's were, so batches are bit-identical to the trainer-side path. The
 # trainer returns views over the slot and runs only the batch stage (MixUp/CutMix) in place there.
 # Slots are 4x larger; `ring.default_prefetch` sizes the ring from their bytes.
-
-
-class SourceJob:
-    """What the jobs of a source fastload reads itself share: the source's index, and a batch
-    layout known before any sample is loaded (batches always go into slots)."""
-
-    index: IndexBase
-    layout: BatchLayout | None
-
-    def worker_dataset(self) -> Any:
-        """What `get_worker_info().dataset` is in this job's workers: the source's root (a folder,
-        a file)."""
-        return self.index.root
-
-    def probe(self, task: Task, in_trainer: bool) -> BatchLayout | None:
-        """The layout is known up front (from the transforms, or an array's rows): nothing to load."""
-        return self.layout
-
-    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int, tuple[SkippedSample, ...]]:
-        raise TypeError(f"{self.index.root}: a source's batches always go into slots")
-
-    def _read_stage(self, task: Task, what: str, read: Callable[[np.ndarray], T]) -> tuple[T, int, int]:
-        """`read(task.indices)` with its CPU and run-queue time (ns); a `ReadFailure` becomes the
-        task's failure, naming the sample (`what`, and where it lives)."""
-        cpu0 = time.process_time_ns()
-        runq0 = thread_run_delay_ns()
-        try:
-            result = read(task.indices)
-        except ReadFailure as e:
-            i = int(task.indices[e.position])
-            raise JobFailed(failure_of(task.seq, e.cause, i, self.index.name(i), what)) from e.cause
-        return result, time.process_time_ns() - cpu0, run_delay_since(runq0)
 
 
 class ImageJob(SourceJob):
@@ -337,225 +259,3 @@ class ImageJob(SourceJob):
             what = f"the {name} transforms of the rows starting with image"
             first = int(indices[0])
             raise JobFailed(failure_of(task.seq, e, first, self.index.name(first), what)) from e
-
-
-class DatasetJob:
-    """Loads batches of a map-style Dataset: fast path into a slot, or collated and pickled.
-
-    The global random state (torch, numpy, random) is seeded per batch from (seed, epoch, batch
-    index), so random augmentations inside `__getitem__` give the same batches for any worker
-    count; in the trainer's process (`num_workers=0`) the caller's random state is restored after.
-    """
-
-    layout: BatchLayout | None = None  # known only once a sample is probed
-
-    def __init__(
-        self,
-        dataset: Any,
-        collate_fn: Callable[[list[Any]], Any] | None,
-        seed: int,
-        batch_size: int,
-        on_error: str = "raise",
-        keep: np.ndarray | None = None,
-    ) -> None:
-        self.dataset = dataset
-        self.collate_fn = collate_fn
-        self.seed = seed
-        self.batch_size = batch_size
-        self.on_error = on_error  # NOTE [bad samples]
-        self.keep = keep  # as ImageJob's
-
-    def worker_dataset(self) -> Any:
-        """What `get_worker_info().dataset` is in this job's workers: their copy of the Dataset."""
-        return self.dataset
-
-    def close(self) -> None:
-        """Nothing to let go of."""
-
-    def _path_of(self, index: int) -> str:
-        samples = getattr(self.dataset, "samples", None)
-        try:
-            return str(samples[index][0]) if samples is not None else ""
-        except Exception:
-            return ""
-
-    def _fetch(
-        self,
-        task: Task,
-        indices: np.ndarray,
-        restore_rng: bool,
-        skipped: list[SkippedSample] | None = None,
-    ) -> list[Any]:
-        """The samples; with on_error="skip" (and `skipped` to record them), a sample that raises
-        gets a stand-in (NOTE [bad samples]), and `__getitems__` is not used (it names no sample)."""
-        states = rng_state() if restore_rng else None
-        seed_rng(batch_seed(self.seed, task.epoch, task.batch_index))
-        skipping = self.on_error == "skip" and skipped is not None
-        try:
-            getitems = getattr(self.dataset, "__getitems__", None)
-            if callable(getitems) and not skipping:
-                try:
-                    return list(getitems([int(i) for i in indices]))
-                except Exception as e:
-                    raise JobFailed(failure_of(task.seq, e, int(indices[0]), "", "samples starting")) from e
-            record = skipped if skipping else None
-            return [self._sample(task, row, int(i), record) for row, i in enumerate(indices)]
-        finally:
-            if states is not None:
-                set_rng_state(states)
-
-    def _sample(self, task: Task, row: int, index: int, skipped: list[SkippedSample] | None) -> Any:
-        """Sample `index`, or (recording it in `skipped`) a stand-in's when it raises."""
-        i = index
-        for attempt in range(MAX_ATTEMPTS + 1):
-            try:
-                return self.dataset[i]
-            except Exception as e:
-                failure = failure_of(task.seq, e, i, self._path_of(i), "sample")
-                if skipped is None or attempt == MAX_ATTEMPTS:
-                    raise JobFailed(failure) from e
-                stand_in = replacement(self.seed, task.epoch, index, attempt, len(self.dataset), self.keep)
-                skipped.append(SkippedSample(i, self._path_of(i), reason_of(e), task.row + row, stand_in))
-                i = stand_in
-        raise AssertionError("unreachable")
-
-    def probe(self, task: Task, in_trainer: bool) -> BatchLayout | None:
-        """Load the task's sample and return its layout, or None when batches must take the slow path."""
-        if self.collate_fn is not None:
-            return None
-        (sample,) = self._fetch(task, task.indices[:1], in_trainer, [])  # a stand-in's, if it is broken
-        return BatchLayout.infer(sample, self.batch_size)
-
-    def run(self, task: Task, arrays: Sequence[np.ndarray], layout: BatchLayout, in_trainer: bool) -> Done:
-        seq, indices = task.seq, task.indices
-        cpu0 = time.process_time_ns()
-        runq0 = thread_run_delay_ns()
-        t0 = time.perf_counter_ns()
-        skipped: list[SkippedSample] = []
-        samples = self._fetch(task, indices, in_trainer, skipped)
-        t1 = time.perf_counter_ns()
-        read_cpu = time.process_time_ns() - cpu0
-        read_runq = run_delay_since(runq0)
-        write_samples(seq, samples, layout, arrays, [int(i) for i in indices], self._path_of)
-        decode_ns = time.perf_counter_ns() - t1
-        return Done(seq, len(indices), t1 - t0, decode_ns, 0, read_cpu, read_runq, skipped=tuple(skipped))
-
-    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int, tuple[SkippedSample, ...]]:
-        """Load and collate a batch that cannot live in a slot (the documented slow path)."""
-        skipped: list[SkippedSample] = []
-        samples = self._fetch(task, task.indices, in_trainer, skipped)
-        batch = collate_or_fail(task, samples, self.collate_fn, "the batch starting")
-        return batch, len(samples), tuple(skipped)
-
-
-RngState = tuple[Any, Any, Any]  # torch's, numpy's and random's global random states
-
-
-def rng_state() -> RngState:
-    """The process's global random states (torch CPU, numpy, random), to put back later."""
-    return torch.get_rng_state(), np.random.get_state(), random.getstate()
-
-
-def set_rng_state(state: RngState) -> None:
-    torch.set_rng_state(state[0])
-    np.random.set_state(state[1])
-    random.setstate(state[2])
-
-
-def seed_rng(seed: int) -> None:
-    """Seed the global random states a Dataset's own randomness draws from."""
-    torch.default_generator.manual_seed(seed)  # CPU only: torch.manual_seed also queues CUDA seeding
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-
-
-def write_samples(
-    seq: int,
-    samples: Sequence[Any],
-    layout: BatchLayout,
-    arrays: Sequence[np.ndarray],
-    indices: Sequence[int],
-    path_of: Callable[[int], str],
-) -> None:
-    """Write samples into consecutive rows of a slot (`fast_collate`); one that does not match the
-    layout fails the task, naming it (`indices`: each sample's index, -1 where there is none)."""
-    for row, (i, sample) in enumerate(zip(indices, samples, strict=True)):
-        try:
-            layout.write(sample, arrays, row)
-        except LayoutMismatch as e:
-            failure = failure_of(seq, e, i, path_of(i) if i >= 0 else "", "sample")
-            which = f"sample {i}" if i >= 0 else f"sample {row} of the batch"
-            message = (
-                f"{which} does not match the first sample's structure ({e}); "
-                "batches need fixed-shape samples unless you pass a collate_fn"
-            )
-            raise JobFailed(dataclasses.replace(failure, message=message)) from e
-
-
-def collate_or_fail(
-    task: Task, samples: list[Any], collate_fn: Callable[[list[Any]], Any] | None, what: str
-) -> Any:
-    """`collate_fn` (default_collate) of the samples; its error fails the task."""
-    collate = collate_fn or torch.utils.data.default_collate
-    try:
-        return collate(samples)
-    except Exception as e:
-        first = int(task.indices[0]) if len(task.indices) else -1
-        raise JobFailed(failure_of(task.seq, e, first, "", what)) from e
-
-
-class Job(Protocol):
-    """What every job offers the executors (`ImageJob`, `ArrayJob`, `DatasetJob`)."""
-
-    seed: int
-    batch_size: int
-    layout: BatchLayout | None  # known before any sample is loaded (a source's), else None
-
-    def probe(self, task: Task, in_trainer: bool) -> BatchLayout | None:
-        """The layout the task's (first) sample implies; None: batches take the opaque path."""
-        ...
-
-    def run(
-        self, task: Task, arrays: Sequence[np.ndarray], layout: BatchLayout, in_trainer: bool
-    ) -> Done:
-        """Load the task's samples into `arrays` (the slot's, from the task's row on)."""
-        ...
-
-    def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int, tuple[SkippedSample, ...]]:
-        """Load and collate the task's samples into a batch object: (batch, samples in it, the
-        broken samples stand-ins took the place of)."""
-        ...
-
-    def worker_dataset(self) -> Any:
-        """What `torch.utils.data.get_worker_info().dataset` is in a worker of this job."""
-        ...
-
-    def close(self) -> None:
-        """Let go of what the job holds (a daemon job's shared index)."""
-        ...
-
-
-def run_task(
-    job: Job, task: Task, layout: BatchLayout | None, slot_buffer: Callable[[str], Any], in_trainer: bool
-) -> Event:
-    """Run one task of `job` (a probe, an opaque batch or a slot batch, see `executor`) and return
-    its event; `slot_buffer(name)` is the slot's memory. The one way tasks run, in a worker
-    process and in the trainer's own (`in_trainer`) alike."""
-    try:
-        if task.probe:
-            return Probed(task.seq, job.probe(task, in_trainer))
-        if not task.slot_name:
-            started = time.perf_counter_ns()
-            batch, count, skipped = job.run_opaque(task, in_trainer)
-            return Opaque(task.seq, batch, count, time.perf_counter_ns() - started, skipped)
-        if layout is None:
-            raise RuntimeError(f"task {task.seq} names slot {task.slot_name} before any layout was set")
-        arrays = [a[task.row :] for a in layout.arrays(slot_buffer(task.slot_name))]
-        try:
-            return job.run(task, arrays, layout, in_trainer)
-        finally:
-            del arrays  # no view of the slot outlives the task
-    except JobFailed as e:
-        return e.failure
-    except Exception as e:  # an unexpected error is still reported, never a silent death
-        return failure_of(task.seq, e, int(task.indices[0]) if len(task.indices) else -1, "", "batch")

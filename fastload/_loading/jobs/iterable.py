@@ -32,8 +32,7 @@ import numpy as np
 
 from fastload._bad_samples import SkippedSample
 from fastload._errors import ConfigError
-from fastload._loading.jobs.executor import Done, Task
-from fastload._loading.jobs.image_job import (
+from fastload._loading.jobs.contract import (
     JobFailed,
     RngState,
     collate_or_fail,
@@ -43,6 +42,7 @@ from fastload._loading.jobs.image_job import (
     set_rng_state,
     write_samples,
 )
+from fastload._loading.jobs.executor import Done, Task
 from fastload._loading.order.plan import batch_seed
 from fastload._loading.slots.layout import BatchLayout
 from fastload._machine import run_delay_since, thread_run_delay_ns

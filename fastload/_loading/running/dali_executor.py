@@ -57,8 +57,8 @@ from fastload._loading.decoding.boxes import sample_inputs
 from fastload._loading.decoding.dali_tuning import DaliTuning
 from fastload._loading.decoding.host_normalize import HostNormalizer
 from fastload._loading.decoding.nvjpeg_decoder import NvjpegDecoder
+from fastload._loading.jobs.contract import failure_of
 from fastload._loading.jobs.executor import Event, Failure, Opaque, Task
-from fastload._loading.jobs.image_job import failure_of
 from fastload._loading.slots.delivery import ImageOutput, present_batch
 from fastload._loading.slots.layout import BatchLayout
 from fastload._sample_random import sample_randoms

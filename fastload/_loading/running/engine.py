@@ -35,8 +35,8 @@ from typing import Any, NoReturn, cast
 import zmq
 
 from fastload._errors import DaemonError, WorkerError, sample_error
+from fastload._loading.jobs.contract import Job
 from fastload._loading.jobs.executor import Event, Failure, Task
-from fastload._loading.jobs.image_job import Job
 from fastload._loading.running import worker_link as proto
 from fastload._loading.running.supervision import (
     MAX_STRIKES,

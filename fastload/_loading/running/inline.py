@@ -7,8 +7,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from fastload._loading.jobs.contract import Job, run_task
 from fastload._loading.jobs.executor import Event, Task
-from fastload._loading.jobs.image_job import Job, run_task
 from fastload._loading.slots.layout import BatchLayout
 
 

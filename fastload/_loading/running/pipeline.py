@@ -25,6 +25,7 @@ import numpy as np
 from fastload._augment.program import TrainerStages
 from fastload._bad_samples import SkipAccount, SkippedSample, stand_ins
 from fastload._errors import LoaderTimeout
+from fastload._loading.jobs.contract import Job
 from fastload._loading.jobs.executor import (
     Done,
     Event,
@@ -35,7 +36,6 @@ from fastload._loading.jobs.executor import (
     RemoteExecutor,
     Task,
 )
-from fastload._loading.jobs.image_job import Job
 from fastload._loading.running.engine import Engine, raise_failure
 from fastload._loading.running.inline import InlineExecutor
 from fastload._loading.running.stats import StatsWriter

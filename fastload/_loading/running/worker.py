@@ -23,8 +23,9 @@ from typing import Any
 import torch
 import zmq
 
+from fastload._loading.jobs.contract import Job, failure_of, run_task
 from fastload._loading.jobs.executor import Event
-from fastload._loading.jobs.image_job import ImageJob, Job, failure_of, run_task
+from fastload._loading.jobs.image_job import ImageJob
 from fastload._loading.running import worker_link as proto
 from fastload._loading.slots.layout import BatchLayout
 from fastload._shm import Segment

@@ -353,7 +353,7 @@ def check_state(state: Any, plan: Any, current: dict[str, Any]) -> bool:
     """Refuse, with a ConfigError naming the field and what it may be, a state that
     `FastLoader.state_dict` could not have saved for a loader of `plan` (NOTE [checked states]),
     or one whose settings differ where they matter (`check_settings`); else whether its epoch
-    was over when it was saved. `current`: the loader's settings (`FastLoader._settings`)."""
+    was over when it was saved. `current`: the loader's settings (`position.recorded_settings`)."""
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
         raise ConfigError(
             "a FastLoader state is a dict of named fields (what state_dict() returns), "

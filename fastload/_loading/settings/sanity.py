@@ -11,7 +11,7 @@ holds, refuse what cannot train right and warn about what probably is not meant:
 - `num_workers` above the CPU cores this process may use: a `SettingsWarning` with both numbers
   (the workers share the cores; more of them only add memory and switching).
 - Several ranks and no `seed=`: a `SettingsWarning`, once, that every rank takes the shared
-  default seed 0 (NOTE [one order for every rank] in `spec`; the order used to differ per rank).
+  default seed 0 (NOTE [one order for every rank] in `build`; the order used to differ per rank).
 - A map-style Dataset without a sampler in a run of several processes: a `SettingsWarning` that
   every rank loads all of it (as under DataLoader), with the DistributedSampler that shards it.
 - A full shuffle of remote data larger than its node cache: a `SettingsWarning` naming the block
