@@ -3,13 +3,15 @@ configured dataset roots, links followed.
 
 `Roots` resolves paths (`os.path.realpath`, a directory's resolution cached, so a million-file
 index costs one `lstat` per file) and says whether each lands under a root. `check_before_open`
-runs before a source reads anything (its own files: a list, a shard pattern's matches, once the
-names of all its patterns are counted against `sources._bounds`, a pack's directory, an HDF5
-file and every file HDF5 may open for it, recursively and wherever HDF5 may look: external
-storage, virtual datasets' sources, external links, and each reached file's own; only regular
-files, so no FIFO holds an opening slot); `check_index` after, on every file the
-opened index will make a worker read (each sample of a folder or a file list, each shard, each
-data file of a pack, the file that holds an HDF5 source's data).
+runs before a source reads anything, on the files the source says it opens, one at a time
+(`Source.files_before_open`: this module knows no source kind). For the package's kinds: a
+list, a shard pattern's matches (once the names of all its patterns are counted against
+`sources._bounds`, a glob's directory before it is listed), a pack's directory, an HDF5 file and
+every file HDF5 may open for it, recursively and wherever HDF5 may look: external storage,
+virtual datasets' sources, external links, and each reached file's own; only regular files, so
+no FIFO holds an opening slot. `check_index` runs after, on every file the opened index will
+make a worker read (each sample of a folder or a file list, each shard, each data file of a
+pack, the file that holds an HDF5 source's data): by the index's type, one of the shared ones.
 
 NOTE [object-storage roots]: a root may be a URL prefix (`s3://bucket/datasets/`): it allows the
 objects whose URL starts with it, compared as text (`url_root`: the root's scheme lowercase, and
