@@ -147,3 +147,20 @@ def test_a_plugin_that_fails_to_import_stops_serve_naming_it(tmp_path: Path) -> 
     assert "leave it out of `--plugin`" in err
     code, err = refused_serve(serve_command(tmp_path / "sock", extra=["--plugin", "no_such_module_here"]))
     assert code == 1 and "plugin no_such_module_here failed to import (ModuleNotFoundError" in err, err
+
+
+def test_the_daemon_table_names_plugins_and_the_flag_replaces_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastload._daemon.control import load_config
+    from fastload._errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    table = tmp_path / "daemon.toml"
+    table.write_text('[daemon]\nplugins = ["kinds.py", "mylab.kinds"]\n')
+    assert load_config(str(table), {})[0].plugins == (str(tmp_path / "kinds.py"), "mylab.kinds")
+    assert load_config(str(table), {"plugins": [PLUGIN]})[0].plugins == (PLUGIN,)
+    for bad, says in (('"kinds.py"', "plugins must be a list"), ('["my lab"]', "neither a module name")):
+        table.write_text(f"[daemon]\nplugins = {bad}\n")
+        with pytest.raises(ConfigError, match=says):
+            load_config(str(table), {})
