@@ -355,9 +355,9 @@ def _index_bytes(index: Any) -> int:
 def _open(request: dict[str, Any]) -> dict[str, Any]:
     from fastload._daemon.confine import Roots, check_before_open, check_index, source_name
     from fastload._daemon.plugins import import_plugins
-    from fastload.sources import ImageFolder, _remote, source_from_config
+    from fastload.sources import _remote, source_from_config
     from fastload.sources._arrays import ArrayIndex
-    from fastload.sources._folder import scan_image_folder
+    from fastload.sources._base import OpenBounds
     from fastload.sources._index import SHARED_INDEX_TYPES
 
     import_plugins(tuple(request["plugins"]))  # the kinds they declare (the daemon's own setting)
@@ -369,23 +369,15 @@ def _open(request: dict[str, Any]) -> dict[str, Any]:
         checked = roots  # NOTE [confined requests] in `sources/_remote.py`
         _remote.confine(lambda url: checked.check(url, name, "an object it names"))
     max_bytes = int(request["max_bytes"])
-    if isinstance(source, ImageFolder):
-        index: Any = scan_image_folder(
-            source.root,
-            max_files=int(request["max_files"]),
-            max_bytes=max_bytes,
-            deadline=time.monotonic() + float(request["timeout_s"]),
-            allow_empty=source.allow_empty,
-        )
-    else:
-        try:
-            index = source.open()
-        except FastloadError:
-            raise
-        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a peer's odd description
-            raise DatasetError(f"cannot open {name}: {type(e).__name__}: {e}"[:1000]) from e
-        if isinstance(index, ArrayIndex):  # its batches are arrays, not images to decode
-            raise DatasetError(f"{source.where} holds arrays: a daemon serves encoded images")
+    bounds = OpenBounds(int(request["max_files"]), max_bytes, time.monotonic() + float(request["timeout_s"]))
+    try:
+        index: Any = source.open_bounded(bounds)  # a folder's scan stops at them (a tree of any size)
+    except FastloadError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as e:  # a peer's odd description
+        raise DatasetError(f"cannot open {name}: {type(e).__name__}: {e}"[:1000]) from e
+    if isinstance(index, ArrayIndex):  # its batches are arrays, not images to decode
+        raise DatasetError(f"{source.where} holds arrays: a daemon serves encoded images")
     if roots is not None:
         check_index(index, roots, name)
     need = _index_bytes(index)

@@ -11,12 +11,13 @@ NOTE [a source kind is declared once]: a kind is declared in its class statement
 `class TarShards(Source, kind="tar", named_by=Naming(...), served_by_daemon=True)`, which
 registers it (`source_kinds()`): its name in a config (`source_from_config`), the plain paths
 that mean it (`Naming`, read by `as_source`), whether a daemon may serve it
-(`DAEMON_SOURCE_KINDS`, `check_served_by_daemon`), and, by `files_before_open`, every file it
-would open, which a daemon's allowlist checks before it opens anything (`_daemon/confine.py` asks
-the source; it knows no kind). The package's kinds are registered when `fastload.sources` is
-imported, which any import of this module does first; a kind defined elsewhere (a daemon's
-plugin, `fastload serve --plugin`) when its module is imported. A declaration that contradicts
-another (a kind or a suffix claimed twice) is a ConfigError at the class statement.
+(`DAEMON_SOURCE_KINDS`, `check_served_by_daemon`); its methods say every file it would open
+(`files_before_open`, which a daemon's allowlist checks before it opens anything:
+`_daemon/confine.py` asks the source, it knows no kind) and how its open keeps to a daemon's
+bounds (`open_bounded`). The package's kinds are registered when `fastload.sources` is imported,
+which any import of this module does first; a kind defined elsewhere (a daemon's plugin,
+`fastload serve --plugin`) when its module is imported. A declaration that contradicts another
+(a kind or a suffix claimed twice) is a ConfigError at the class statement.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Naming:
     - `at_urls`: a URL ending in one of `suffixes` means this kind too; else such a URL is
       refused with `url_refusal` (default: the kind reads local files only).
     - `any_url`: any URL no kind's suffix claims (a pack's prefix); one kind at most.
-    - `marker`: a directory holding a file of this name (a pack's "manifest.json").
+    - `marker`: a directory holding a file of this name (a pack's "manifest.json"); one kind each.
     - `any_local`: any other local path, a directory without a marker among them (an image
       folder; a missing path then says so when opened); one kind at most.
     """
@@ -82,6 +83,16 @@ class FileToOpen:
     # It passes while nothing is there (HDF5's last resort, the working directory: NOTE [where HDF5
     # looks for a file] in `_hdf5_reach.py`), so the daemon's working directory need not be a root.
     passes_while_missing: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenBounds:
+    """What a daemon lets one open take (`Source.open_bounded`): the files a scan may list, the
+    bytes its index may hold, a `time.monotonic()` deadline."""
+
+    max_files: int
+    max_bytes: int
+    deadline: float
 
 
 class UnboundedFiles(DatasetError):
@@ -136,6 +147,12 @@ class Source(ABC):
         cls.named_by = named_by if named_by is not None else Naming()
         cls.served_by_daemon = bool(served_by_daemon)
         _register(cls)
+
+    def open_bounded(self, bounds: OpenBounds) -> SampleIndex | ArrayIndex:
+        """`open()` within a daemon's bounds: a kind whose open walks what it cannot count first
+        (a folder's tree) stops at them, saying so; by default `open()`, which the opening
+        process's own deadline and memory limit bound."""
+        return self.open()
 
     def files_before_open(self) -> Iterator[FileToOpen]:
         """Every file `open()` would read (or directory it would list) before it reads any: what
@@ -237,6 +254,8 @@ def _register(cls: type[Source]) -> None:
         shared = set(naming.suffixes) & set(other.named_by.suffixes)
         if shared:
             raise clash(f"suffix {sorted(shared)[0]!r}", other)
+        if naming.marker and naming.marker == other.named_by.marker:
+            raise clash(f"marker {naming.marker!r}", other)
         if naming.any_url and other.named_by.any_url:
             raise clash("any_url", other)
         if naming.any_local and other.named_by.any_local:

@@ -19,7 +19,7 @@ from typing import ClassVar
 import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
-from fastload.sources._base import Naming, Source
+from fastload.sources._base import Naming, OpenBounds, Source
 from fastload.sources._bounds import (
     MAX_TARGET_BYTES,
     clip,
@@ -55,6 +55,12 @@ class ImageFolder(Source, kind="folder", named_by=Naming(any_local=True), served
 
     def open(self) -> PathIndex:
         return scan_image_folder(self.root, allow_empty=self.allow_empty)
+
+    def open_bounded(self, bounds: OpenBounds) -> PathIndex:
+        return scan_image_folder(
+            self.root, max_files=bounds.max_files, max_bytes=bounds.max_bytes, deadline=bounds.deadline,
+            allow_empty=self.allow_empty,
+        )
 
 
 @dataclass(frozen=True)
