@@ -56,6 +56,15 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-format", choices=("text", "json"), help="json: one JSON object a line, events as keys"
     )
+    serve.add_argument(
+        "--plugin",
+        action="append",
+        dest="plugins",
+        metavar="MODULE_OR_FILE.py",
+        help="a module (mylab.kinds) or Python file the daemon imports at start, before its workers "
+        "fork, so that the source kinds and transforms it declares can be served; repeatable, "
+        "replaces the config's `plugins`; the administrator's setting: a trainer never names one",
+    )
 
     for name, text in (
         ("status", "show the daemon's sessions; exit 1 when none answers or it is draining (a health check)"),
@@ -223,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "ipc_any_path": args.ipc_any_path,
                 "metrics": args.metrics,
                 "log_format": args.log_format,
+                "plugins": args.plugins,
             }
             return _control.serve(args.config, overrides)
         if args.command == "status":

@@ -26,7 +26,7 @@ from daemon_helpers import (
     hello_reply,
 )
 
-from fastload._daemon.confine import Refused, Roots, check_hdf5
+from fastload._daemon.confine import Refused, Roots, check_before_open
 from fastload._loading.link import daemon_link as wire
 from fastload.sources import HDF5
 from fastload.sources._hdf5 import HDF5BytesIndex
@@ -262,7 +262,7 @@ def test_the_walk_is_bounded_and_checks_links_out_of_a_root_by_a_link(
     _h5(inside / "b.h5", data=h5py.ExternalLink("alias.h5", "/images"))
     first = _h5(inside / "a.h5", labels=[0, 1], data=h5py.ExternalLink("b.h5", "/images"))
     with pytest.raises(Refused, match="outside the daemon's dataset roots") as refused:
-        check_hdf5(str(first), roots, "hdf5 source a.h5")
+        check_before_open(HDF5(str(first)), roots)
     assert str(outside) not in str(refused.value) and str(secret) in refused.value.detail
     # A fan of files past the bound is refused, naming the bound.
     for k in range(4):
@@ -275,9 +275,9 @@ def test_the_walk_is_bounded_and_checks_links_out_of_a_root_by_a_link(
 
     monkeypatch.setattr(reach, "MAX_FILES", 3)
     with pytest.raises(Refused, match="more than 3 HDF5 files"):
-        check_hdf5(str(inside / "fan-0.h5"), roots, "hdf5 source fan-0.h5")
+        check_before_open(HDF5(str(inside / "fan-0.h5")), roots)
     monkeypatch.setattr(reach, "MAX_FILES", 4)
-    check_hdf5(str(inside / "fan-0.h5"), roots, "hdf5 source fan-0.h5")
+    check_before_open(HDF5(str(inside / "fan-0.h5")), roots)
 
 
 def test_a_daemon_worker_reads_where_the_checked_open_found_the_data_and_follows_no_link(

@@ -1,11 +1,21 @@
 """One contract, every source: the same images through a folder, a file list, tar shards, a
 packed copy and HDF5 give the same batches; and for each, batches do not depend on the worker
 count, a killed worker changes nothing (exactly once), `state_dict` resumes mid-epoch, a block
-shuffle works, and the reads reach the statistics iostat shows."""
+shuffle works, and the reads reach the statistics iostat shows.
+
+And every declared kind, found in the registry (`source_kinds()`: a kind another test module
+declares is checked too), keeps its declaration's promises (NOTE [a source kind is declared
+once]): some plain path means it, each suffix and URL form it declares resolves back to it
+through `as_source`, its config round-trips through `source_from_config`, and a kind a daemon
+serves names the files it opens (what the daemon's allowlist checks).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -20,13 +30,27 @@ from helpers import write_tar_shards
 
 from fastload import FastLoader
 from fastload import transforms as T
-from fastload.sources import HDF5, FileList, ImageFolder, Source, TarShards, pack
+from fastload._errors import ConfigError, DatasetError
+from fastload.sources import (
+    DAEMON_SOURCE_KINDS,
+    HDF5,
+    FileList,
+    ImageFolder,
+    Naming,
+    Source,
+    TarShards,
+    as_source,
+    pack,
+    source_from_config,
+    source_kinds,
+)
 from fastload.sources._extents import ExtentIndex
 from fastload.sources._folder import scan_image_folder
 from fastload.sources._hdf5 import HDF5BytesIndex
 from fastload.sources._index import PathIndex
 
-KINDS = ["folder", "file_list", "tar", "packed", "hdf5"]
+KINDS = ["folder", "file_list", "tar", "packed", "hdf5"]  # with the images below: every kind of the package
+DECLARED = sorted(source_kinds())  # at collection: the package's kinds and any a test module declares
 TF = [T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3)]
 
 
@@ -146,3 +170,101 @@ def test_a_block_shuffle_and_sample_ids(sources: dict[str, Source], kind: str) -
     names = batches[0][2].names
     assert names is not None and len(names) == 4 and all(names)
     assert stats is not None and stats.bytes_read > 0 and stats.samples >= 24
+
+
+# -- the declaration, for every declared kind -------------------------------------------------
+
+
+def test_the_behaviour_above_covers_every_kind_of_the_package() -> None:
+    package = {k for k, cls in source_kinds().items() if cls.__module__.startswith("fastload.")}
+    assert package == set(KINDS), "give the contract above an instance of every kind of the package"
+
+
+def _named_path(cls: type[Source], tmp_path: Path) -> str:
+    """A plain path that means `cls`, by the first form it declares."""
+    naming = cls.named_by
+    if naming.suffixes:
+        return str(tmp_path / f"data{naming.suffixes[0]}")
+    if naming.marker:
+        (tmp_path / "marked").mkdir()
+        (tmp_path / "marked" / naming.marker).write_text("{}")
+        return str(tmp_path / "marked")
+    if naming.any_local:
+        return str(tmp_path)
+    assert naming.any_url, f"{cls.kind}: no plain path means it"
+    return "s3://bucket/prefix"
+
+
+@pytest.mark.parametrize("kind", DECLARED)
+def test_a_kind_is_declared_completely(kind: str) -> None:
+    cls = source_kinds()[kind]
+    assert issubclass(cls, Source) and cls.kind == kind
+    assert isinstance(cls.named_by, Naming) and not cls.named_by.empty, f"{kind}: no plain path means it"
+    fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for declared in (cls.path_fields, cls.quiet_defaults, cls.size_fields, cls.machine_fields):
+        assert set(declared) <= fields, f"{kind}: {set(declared) - fields} are not fields"
+    assert (kind in DAEMON_SOURCE_KINDS) == cls.served_by_daemon
+
+
+@pytest.mark.parametrize("kind", DECLARED)
+def test_each_form_it_declares_resolves_back_to_it(kind: str, tmp_path: Path) -> None:
+    cls = source_kinds()[kind]
+    naming = cls.named_by
+    for suffix in naming.suffixes:
+        assert type(as_source(tmp_path / f"x{suffix.upper()}")) is cls, suffix
+        url = f"s3://bucket/x{suffix}"
+        if naming.at_urls:
+            assert type(as_source(url)) is cls, url
+        else:
+            refusal = re.escape(naming.url_refusal or "read from local disk only")
+            with pytest.raises(DatasetError, match=refusal):
+                as_source(url)
+    if naming.marker:
+        (tmp_path / "marked").mkdir()
+        (tmp_path / "marked" / naming.marker).write_text("{}")
+        assert type(as_source(tmp_path / "marked")) is cls
+    if naming.any_local:
+        assert type(as_source(tmp_path)) is cls
+        assert type(as_source(tmp_path / "no such path")) is cls
+    if naming.any_url:
+        assert type(as_source("s3://bucket/some/prefix")) is cls
+
+
+@pytest.mark.parametrize("kind", DECLARED)
+def test_its_config_round_trips(kind: str, tmp_path: Path) -> None:
+    source = as_source(_named_path(source_kinds()[kind], tmp_path))
+    assert source.kind == kind
+    assert source_from_config(json.loads(source.to_json())) == source
+    assert source.resolved() == source  # a plain path is made absolute by `as_source`
+
+
+@pytest.mark.parametrize("kind", DECLARED)
+def test_a_kind_a_daemon_serves_names_the_files_it_opens(kind: str, tmp_path: Path) -> None:
+    path = _named_path(source_kinds()[kind], tmp_path)
+    source = as_source(path)
+    if not source.served_by_daemon:
+        with pytest.raises(ConfigError, match="a daemon does not serve"):
+            source.check_served_by_daemon()
+        return
+    source.check_served_by_daemon()
+    first = next(source.files_before_open())  # the path it was named by, checked first
+    assert first.path == path and first.what and path not in first.what
+
+
+def test_a_declaration_that_contradicts_another_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"declares suffix '\.tar', already declared by kind 'tar'"):
+
+        class _Shards(Source, kind="other_shards", named_by=Naming((".tar",))):
+            pass
+
+    with pytest.raises(ConfigError, match="declares its name, already declared by kind 'folder'"):
+
+        class _Folder(Source, kind="folder"):
+            pass
+
+    with pytest.raises(ConfigError, match="served by a daemon but names no file it opens"):
+
+        class _Unnamed(Source, kind="unnamed", served_by_daemon=True):
+            pass
+
+    assert {"other_shards", "unnamed"}.isdisjoint(source_kinds()) and source_kinds()["folder"] is ImageFolder

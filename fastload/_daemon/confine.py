@@ -3,13 +3,15 @@ configured dataset roots, links followed.
 
 `Roots` resolves paths (`os.path.realpath`, a directory's resolution cached, so a million-file
 index costs one `lstat` per file) and says whether each lands under a root. `check_before_open`
-runs before a source reads anything (its own files: a list, a shard pattern's matches, once the
-names of all its patterns are counted against `sources._bounds`, a pack's directory, an HDF5
-file and every file HDF5 may open for it, recursively and wherever HDF5 may look: external
-storage, virtual datasets' sources, external links, and each reached file's own; only regular
-files, so no FIFO holds an opening slot); `check_index` after, on every file the
-opened index will make a worker read (each sample of a folder or a file list, each shard, each
-data file of a pack, the file that holds an HDF5 source's data).
+runs before a source reads anything, on the files the source says it opens, one at a time
+(`Source.files_before_open`: this module knows no source kind). For the package's kinds: a
+list, a shard pattern's matches (once the names of all its patterns are counted against
+`sources._bounds`, a glob's directory before it is listed), a pack's directory, an HDF5 file and
+every file HDF5 may open for it, recursively and wherever HDF5 may look: external storage,
+virtual datasets' sources, external links, and each reached file's own; only regular files, so
+no FIFO holds an opening slot. `check_index` runs after, on every file the opened index will
+make a worker read (each sample of a folder or a file list, each shard, each data file of a
+pack, the file that holds an HDF5 source's data): by the index's type, one of the shared ones.
 
 NOTE [object-storage roots]: a root may be a URL prefix (`s3://bucket/datasets/`): it allows the
 objects whose URL starts with it, compared as text (`url_root`: the root's scheme lowercase, and
@@ -40,7 +42,6 @@ directories that peers cannot write to.
 from __future__ import annotations
 
 import errno
-import glob
 import os
 import stat
 import urllib.parse
@@ -48,10 +49,10 @@ from typing import Any
 
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources import Source
+from fastload.sources._base import FileToOpen, UnboundedFiles
 from fastload.sources._beneath import Beneath
 from fastload.sources._bounds import identity
 from fastload.sources._remote import is_url
-from fastload.sources._tar import check_shard_patterns, expand_braces
 
 
 class Refused(DatasetError):
@@ -170,64 +171,37 @@ def source_name(source: Source) -> str:
 
 
 def check_before_open(source: Source, roots: Roots) -> None:
-    """The files `source.open()` will read, checked before it reads any (see the module docstring)."""
+    """The files `source.open()` will read, checked before it reads any: each that the source
+    names (`Source.files_before_open`; the module docstring), in its order, before the next is
+    made. No kind is known here: a source says what it opens."""
     name = source_name(source)
-    kind = source.kind
-    if kind == "tar":
-        patterns = [source.paths] if isinstance(source.paths, str) else list(source.paths)  # type: ignore[attr-defined]
-        check_shard_patterns(patterns)  # every pattern's names counted before any is walked
-        for p, pattern in enumerate(patterns):
-            for expanded in expand_braces(pattern):
-                if glob.has_magic(expanded):
-                    # The directory part before any wildcard must be inside before it is listed.
-                    literal = expanded[: min(expanded.index(c) for c in "*?[" if c in expanded)]
-                    roots.check(os.path.dirname(literal) or "/", name, f"the directory of pattern {p}")
-                    for s, shard in enumerate(sorted(glob.glob(expanded))):
-                        roots.check(shard, name, f"match {s} of pattern {p}")
-                else:
-                    roots.check(expanded, name, f"a shard of pattern {p}")
-        return
-    for field in source.path_fields:
-        value = getattr(source, field)
-        values = value if isinstance(value, tuple) else (value,)
-        for v in values:
-            if isinstance(v, str):
-                roots.check(v, name, f"its {field}")
-    if kind == "packed":
-        return  # its data files are named by its manifest: checked in the opened index
-    if kind == "hdf5":
-        check_hdf5(str(source.path), roots, name)  # type: ignore[attr-defined]
-
-
-def check_hdf5(path: str, roots: Roots, name: str) -> None:
-    """Every file the HDF5 file at `path` may make the library open, recursively (external
-    links, virtual datasets' sources, external storage, and each linked file's own; NOTE [where
-    HDF5 looks for a file] in `sources/_hdf5_reach.py`): each place it may look must be under the
-    roots, and what is there a regular file. One exception: a name HDF5 would look up relative
-    to the working directory (its last resort) passes while nothing is there, so the daemon's
-    working directory need not be under a root."""
-    from fastload.sources._hdf5_reach import files_reached
-
     try:
-        for candidate in files_reached(path):
-            real = os.path.realpath(candidate.path)
-            try:
-                mode: int | None = os.stat(real).st_mode
-            except OSError:
-                mode = None  # nothing there (now): HDF5 cannot open it either
-            if mode is None and candidate.in_working_dir:
-                continue
-            roots.check(real, name, candidate.what)
-            if mode is not None and not stat.S_ISREG(mode):
-                raise Refused(
-                    f"{name}: {candidate.what} is not a regular file (a FIFO, a device, a socket or a "
-                    "directory): the daemon reads only regular files",
-                    f"{candidate.what}: {candidate.path} -> {real} (mode {mode:o})",
-                )
-    except Refused:
-        raise
-    except DatasetError as e:  # unbounded: names only the file and its objects (under the roots)
+        for file in source.files_before_open():
+            check_file(file, roots, name)
+    except UnboundedFiles as e:  # names only files it named before, each checked
         raise Refused(f"{name}: {e}", str(e)) from e
+
+
+def check_file(file: FileToOpen, roots: Roots, name: str) -> None:
+    """One file a source will open: under the roots, links followed, and a regular file where
+    the source asks for one (no FIFO holds an opening slot)."""
+    if not file.regular:
+        roots.check(file.path, name, file.what)
+        return
+    real = os.path.realpath(file.path)
+    try:
+        mode: int | None = os.stat(real).st_mode
+    except OSError:
+        mode = None  # nothing there (now): it cannot be opened either
+    if mode is None and file.passes_while_missing:
+        return
+    roots.check(real, name, file.what)
+    if mode is not None and not stat.S_ISREG(mode):
+        raise Refused(
+            f"{name}: {file.what} is not a regular file (a FIFO, a device, a socket or a "
+            "directory): the daemon reads only regular files",
+            f"{file.what}: {file.path} -> {real} (mode {mode:o})",
+        )
 
 
 def check_index(index: Any, roots: Roots, name: str) -> None:

@@ -48,6 +48,7 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
     from fastload._daemon.confine import check_roots
     from fastload._daemon.indexes import IndexLimits
     from fastload._daemon.listeners import check_tcp_config
+    from fastload._daemon.plugins import plugin_settings
     from fastload._daemon.server import DaemonConfig
     from fastload.sources._remote import is_url
 
@@ -82,6 +83,7 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         "log_format",
         "cache_dir",
         "cache_limit",
+        "plugins",
     }
     unknown = set(table) - known
     if unknown:
@@ -142,6 +144,7 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         metrics=metrics,
         cache_dir=cache_dir,
         cache_limit=None if cache_limit is None else parse_size(cache_limit, "cache_limit", minimum=1),
+        plugins=plugin_settings(table.get("plugins", [])),
     )
     if config.workers < 1:
         raise ConfigError("the daemon needs at least one worker")

@@ -53,7 +53,11 @@ class DatasetIndexes:
     """Every index the daemon holds or is making."""
 
     def __init__(
-        self, limits: IndexLimits, idle_s: float = 60.0, roots: tuple[str, ...] | None = None
+        self,
+        limits: IndexLimits,
+        idle_s: float = 60.0,
+        roots: tuple[str, ...] | None = None,
+        plugins: tuple[str, ...] = (),
     ) -> None:
         self.limits = limits
         self.idle_s = idle_s
@@ -63,7 +67,7 @@ class DatasetIndexes:
         self._waiting: deque[tuple[str, Source, int, bool]] = deque()
         self._running: dict[str, Opening] = {}
         self._unstarted: list[tuple[str, Exception]] = []  # opens that failed to start: `finished`
-        self._opener = Opener(roots, limits)
+        self._opener = Opener(roots, limits, plugins)
         self._closed = False
 
     # NOTE [no resolution before the roots]: a folder's index is known by its real path, so that

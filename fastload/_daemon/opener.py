@@ -105,6 +105,7 @@ class Opening:
         roots: tuple[str, ...] | None,
         limits: OpenLimits,
         max_bytes: int,
+        plugins: tuple[str, ...] = (),
     ) -> None:
         self.key = key
         self.name = f"{source.kind} source {source.where}"
@@ -119,6 +120,7 @@ class Opening:
             "memory_bytes": limits.memory_bytes,
             "max_bytes": max_bytes,
             "daemon_pid": os.getpid(),
+            "plugins": list(plugins),
         }
         self._conn, child_conn = ctx.Pipe(duplex=True)
         self._stderr, child_stderr = ctx.Pipe(duplex=False)  # the child's fd 2, read as it comes
@@ -289,16 +291,22 @@ class Opening:
 class Opener:
     """Starts opening children from a fork server (NOTE [forkserver for opening])."""
 
-    def __init__(self, roots: tuple[str, ...] | None, limits: OpenLimits) -> None:
+    def __init__(
+        self, roots: tuple[str, ...] | None, limits: OpenLimits, plugins: tuple[str, ...] = ()
+    ) -> None:
         self.roots = roots
         self.limits = limits
+        self.plugins = plugins  # imported by each child before it reads a source (`plugins`)
         self._ctx = multiprocessing.get_context("forkserver")
-        self._ctx.set_forkserver_preload(_PRELOAD)
+        # A plugin module is imported once, there; a plugin file in each child (`import_plugins`).
+        self._ctx.set_forkserver_preload(_PRELOAD + [p for p in plugins if not p.endswith(".py")])
         # Started now (its imports run beside the daemon's start), not on the first hello.
         multiprocessing.forkserver.ensure_running()
 
     def start(self, key: str, source: Any, confined: bool, max_bytes: int) -> Opening:
-        return Opening(self._ctx, key, source, self.roots if confined else None, self.limits, max_bytes)
+        return Opening(
+            self._ctx, key, source, self.roots if confined else None, self.limits, max_bytes, self.plugins
+        )
 
 
 # -- the child -------------------------------------------------------------------------------
@@ -346,11 +354,13 @@ def _index_bytes(index: Any) -> int:
 
 def _open(request: dict[str, Any]) -> dict[str, Any]:
     from fastload._daemon.confine import Roots, check_before_open, check_index, source_name
-    from fastload.sources import ImageFolder, _remote, source_from_config
+    from fastload._daemon.plugins import import_plugins
+    from fastload.sources import _remote, source_from_config
     from fastload.sources._arrays import ArrayIndex
-    from fastload.sources._folder import scan_image_folder
+    from fastload.sources._base import OpenBounds
     from fastload.sources._index import SHARED_INDEX_TYPES
 
+    import_plugins(tuple(request["plugins"]))  # the kinds they declare (the daemon's own setting)
     source = source_from_config(request["source"])
     name = source_name(source)
     roots = None if request["roots"] is None else Roots(tuple(request["roots"]))
@@ -359,23 +369,15 @@ def _open(request: dict[str, Any]) -> dict[str, Any]:
         checked = roots  # NOTE [confined requests] in `sources/_remote.py`
         _remote.confine(lambda url: checked.check(url, name, "an object it names"))
     max_bytes = int(request["max_bytes"])
-    if isinstance(source, ImageFolder):
-        index: Any = scan_image_folder(
-            source.root,
-            max_files=int(request["max_files"]),
-            max_bytes=max_bytes,
-            deadline=time.monotonic() + float(request["timeout_s"]),
-            allow_empty=source.allow_empty,
-        )
-    else:
-        try:
-            index = source.open()
-        except FastloadError:
-            raise
-        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a peer's odd description
-            raise DatasetError(f"cannot open {name}: {type(e).__name__}: {e}"[:1000]) from e
-        if isinstance(index, ArrayIndex):  # its batches are arrays, not images to decode
-            raise DatasetError(f"{source.where} holds arrays: a daemon serves encoded images")
+    bounds = OpenBounds(int(request["max_files"]), max_bytes, time.monotonic() + float(request["timeout_s"]))
+    try:
+        index: Any = source.open_bounded(bounds)  # a folder's scan stops at them (a tree of any size)
+    except FastloadError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as e:  # a peer's odd description
+        raise DatasetError(f"cannot open {name}: {type(e).__name__}: {e}"[:1000]) from e
+    if isinstance(index, ArrayIndex):  # its batches are arrays, not images to decode
+        raise DatasetError(f"{source.where} holds arrays: a daemon serves encoded images")
     if roots is not None:
         check_index(index, roots, name)
     need = _index_bytes(index)

@@ -40,6 +40,7 @@ from fastload._daemon.indexes import DatasetIndexes, IndexEntry, IndexLimits
 from fastload._daemon.listeners import Listeners
 from fastload._daemon.logs import event as log_event
 from fastload._daemon.peers import Peer
+from fastload._daemon.plugins import import_plugins
 from fastload._daemon.scheduler import Scheduler
 from fastload._daemon.sessions import PendingHello, Session, batch_frames, check_hello, peer_view, status_row
 from fastload._errors import DaemonError, FastloadError, WorkerError
@@ -96,6 +97,10 @@ class DaemonConfig:
     # the environment's. A peer's source never sets them.
     cache_dir: str | None = None
     cache_limit: int | None = None
+    # Modules and .py files imported at start, before the workers fork (`plugins`): the source
+    # kinds and transforms they declare are served. The administrator's only (NOTE [plugins are
+    # the administrator's]).
+    plugins: tuple[str, ...] = ()
 
 
 def _use_cache_settings(config: DaemonConfig) -> None:
@@ -113,6 +118,7 @@ class Daemon:
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
         check_roots(config.listen, config.roots)  # before anything a refusal would leave behind
+        import_plugins(config.plugins)  # before the workers fork: they inherit what it declares
         _use_cache_settings(config)
         directory = private_dir(config.socket_dir) if config.socket_dir else runtime_dir()
         self._doors = Listeners(
@@ -137,7 +143,7 @@ class Daemon:
         self._sessions: dict[int, Session] = {}
         self._by_identity: dict[tuple[int, bytes], Session] = {}
         self._pending: dict[tuple[int, bytes], PendingHello] = {}
-        self._indexes = DatasetIndexes(config.index, config.index_idle_s, config.roots)
+        self._indexes = DatasetIndexes(config.index, config.index_idle_s, config.roots, config.plugins)
         self._ids = itertools.count(1)
         self._scheduler = Scheduler(self.engine, config.workers)
         self._stopping = False

@@ -26,7 +26,7 @@ from fastload._loading.slots.layout import BatchLayout
 from fastload._loading.slots.ring import MAX_PREFETCH
 from fastload._shm import Segment
 from fastload._sizes import format_size
-from fastload.sources import DAEMON_SOURCE_KINDS, ImageFolder, Source, source_from_config
+from fastload.sources import ImageFolder, Source, source_from_config
 from fastload.sources._bounds import field_text_problem
 from fastload.sources._remote import is_url
 from fastload.transforms import TransformPlan, compile_transforms, from_config
@@ -207,8 +207,7 @@ def _hello_source(f: dict[str, Any]) -> Source:
     except ValueError as e:
         raise ConfigError(f"source is not JSON: {e}") from None
     source = source_from_config(config)
-    if source.kind not in DAEMON_SOURCE_KINDS:
-        raise ConfigError(f"a daemon does not serve {source.kind} sources: load them without daemon=")
+    source.check_served_by_daemon()
     try:
         absolute = source.resolved() == source
     except (TypeError, ValueError) as e:  # a field of the wrong type, from a peer

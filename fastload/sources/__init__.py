@@ -11,9 +11,21 @@
 
 A plain path means what it looks like (`as_source`). Every source gives the same batches for
 every worker count, resumes with `state_dict`, and reports its reads to `fastload iostat`.
+
+A new kind is a `Source` subclass that declares itself in its class statement (`kind=`,
+`named_by=Naming(...)`, `served_by_daemon=`; NOTE [a source kind is declared once] in `_base`);
+`source_kinds()` lists every kind declared. Importing this package registers its own kinds.
 """
 
-from fastload.sources._base import DAEMON_SOURCE_KINDS, Source, as_source, source_from_config
+from fastload.sources._base import (
+    DAEMON_SOURCE_KINDS,
+    FileToOpen,
+    Naming,
+    Source,
+    as_source,
+    source_from_config,
+    source_kinds,
+)
 from fastload.sources._filelist import FileList, ImageFolder
 from fastload.sources._hdf5 import HDF5
 from fastload.sources._pack_writer import pack
@@ -24,11 +36,14 @@ __all__ = [
     "DAEMON_SOURCE_KINDS",
     "HDF5",
     "FileList",
+    "FileToOpen",
     "ImageFolder",
+    "Naming",
     "Packed",
     "Source",
     "TarShards",
     "as_source",
     "pack",
     "source_from_config",
+    "source_kinds",
 ]

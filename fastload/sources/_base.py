@@ -1,10 +1,23 @@
 """The seam every source sits behind: `Source` (what a user names), its config (what a daemon is
-sent), and `as_source` (what a plain path means).
+sent), its declaration as a kind (what a plain path means, whether a daemon serves it, the files
+it opens), and `as_source` (what a plain path means).
 
 A source is a small frozen description (a path and a few options). `open()` reads what it must
 (scans a folder, parses a list, reads a shard's headers or a packed index) into a `SampleIndex`
 in the trainer, once, before any worker starts; the sequential-read shuffles live in the plan,
 not in the source (DESIGN: "sources as seams").
+
+NOTE [a source kind is declared once]: a kind is declared in its class statement,
+`class TarShards(Source, kind="tar", named_by=Naming(...), served_by_daemon=True)`, which
+registers it (`source_kinds()`): its name in a config (`source_from_config`), the plain paths
+that mean it (`Naming`, read by `as_source`), whether a daemon may serve it
+(`DAEMON_SOURCE_KINDS`, `check_served_by_daemon`); its methods say every file it would open
+(`files_before_open`, which a daemon's allowlist checks before it opens anything:
+`_daemon/confine.py` asks the source, it knows no kind) and how its open keeps to a daemon's
+bounds (`open_bounded`). The package's kinds are registered when `fastload.sources` is imported,
+which any import of this module does first; a kind defined elsewhere (a daemon's plugin,
+`fastload serve --plugin`) when its module is imported. A declaration that contradicts another
+(a kind or a suffix claimed twice) is a ConfigError at the class statement.
 """
 
 from __future__ import annotations
@@ -12,9 +25,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import types
 import typing
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Set
 from typing import Any, ClassVar, cast
 
 from fastload._errors import ConfigError, DatasetError
@@ -25,17 +40,65 @@ from fastload.sources._index import SampleIndex
 from fastload.sources._remote import is_url
 
 _REGISTRY: dict[str, type[Source]] = {}
+_KIND_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
-# What a daemon serves: sources of encoded images whose index its workers attach from shared memory
-# (an HDF5 file of numeric arrays is refused when the daemon opens it: nothing there to decode).
-# Compressed tar names, with the compressor that undoes them: `as_source` sends them to `TarShards`,
-# which refuses them saying so (it reads samples at byte offsets).
-COMPRESSED_TAR_SUFFIXES = {
-    ".tar.gz": "gzip", ".tgz": "gzip", ".tar.bz2": "bzip2", ".tbz2": "bzip2",
-    ".tar.xz": "xz", ".txz": "xz", ".tar.zst": "zstd", ".tzst": "zstd",
-}
-_TAR_SUFFIXES = (".tar", *COMPRESSED_TAR_SUFFIXES)
-DAEMON_SOURCE_KINDS = frozenset({"folder", "file_list", "tar", "packed", "hdf5"})
+
+@dataclasses.dataclass(frozen=True)
+class Naming:
+    """The plain paths that mean a source kind (`as_source`), as its class declares them.
+
+    - `suffixes`: a local file whose name ends so (compared lowercase: ".tar", ".csv"); each
+      suffix belongs to one kind, and the longest that matches wins.
+    - `at_urls`: a URL ending in one of `suffixes` means this kind too; else such a URL is
+      refused with `url_refusal` (default: the kind reads local files only).
+    - `any_url`: any URL no kind's suffix claims (a pack's prefix); one kind at most.
+    - `marker`: a directory holding a file of this name (a pack's "manifest.json"); one kind each.
+    - `any_local`: any other local path, a directory without a marker among them (an image
+      folder; a missing path then says so when opened); one kind at most.
+    """
+
+    suffixes: tuple[str, ...] = ()
+    at_urls: bool = False
+    any_url: bool = False
+    marker: str = ""
+    any_local: bool = False
+    url_refusal: str = ""
+
+    @property
+    def empty(self) -> bool:
+        """No plain path means this kind: it is made by name only."""
+        return not (self.suffixes or self.any_url or self.marker or self.any_local)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileToOpen:
+    """A file a source will open (or a directory it will list), as a daemon's allowlist checks it
+    before the source reads anything (`Source.files_before_open`)."""
+
+    path: str
+    # How a refusal names it ("its path", "match 2 of pattern 0"): never the path itself (NOTE
+    # [refusals carry no content] in `_daemon/confine.py`: it may be a line of a file).
+    what: str
+    regular: bool = False  # where something is there, it must be a regular file (no FIFO, device)
+    # It passes while nothing is there (HDF5's last resort, the working directory: NOTE [where HDF5
+    # looks for a file] in `_hdf5_reach.py`), so the daemon's working directory need not be a root.
+    passes_while_missing: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenBounds:
+    """What a daemon lets one open take (`Source.open_bounded`): the files a scan may list, the
+    bytes its index may hold, a `time.monotonic()` deadline."""
+
+    max_files: int
+    max_bytes: int
+    deadline: float
+
+
+class UnboundedFiles(DatasetError):
+    """A source cannot name every file it would open within the bounds (an HDF5 file that reaches
+    too many others, or names them by a printf pattern). Its message names only files already
+    checked, so a daemon's refusal may quote it to its peer."""
 
 
 class Source(ABC):
@@ -47,7 +110,12 @@ class Source(ABC):
     of `num_classes`.
     """
 
-    kind: ClassVar[str]  # the name in a config ("folder", "file_list", "tar", "packed", "hdf5")
+    # The declaration (NOTE [a source kind is declared once]), set by the class statement's
+    # keywords: the name in a config ("folder", "file_list", "tar", "packed", "hdf5"), the plain
+    # paths that mean it, whether a daemon may serve it.
+    kind: ClassVar[str]
+    named_by: ClassVar[Naming] = Naming()
+    served_by_daemon: ClassVar[bool] = False
     path_fields: ClassVar[tuple[str, ...]] = ()  # fields naming files: made absolute by `resolved`
     # Fields added after configs were first recorded (a pack's manifest, a state's fingerprint): left
     # out of `to_config` at their default, so that what identifies a source does not change.
@@ -60,10 +128,48 @@ class Source(ABC):
     # settings (NOTE [the daemon's cache] in `_daemon/sessions.py`).
     machine_fields: ClassVar[tuple[str, ...]] = ()
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(
+        cls,
+        *,
+        kind: str | None = None,
+        named_by: Naming | None = None,
+        served_by_daemon: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Declare and register a kind (`kind=`); a subclass without one (a base of kinds, a
+        variant of one) registers nothing and inherits its parent's declaration."""
         super().__init_subclass__(**kwargs)
-        if "kind" in cls.__dict__:
-            _REGISTRY[cls.kind] = cls
+        if kind is None:
+            if named_by is not None or served_by_daemon is not None:
+                raise ConfigError(f"source class {cls.__qualname__} declares a kind's details without kind=")
+            return
+        cls.kind = kind
+        cls.named_by = named_by if named_by is not None else Naming()
+        cls.served_by_daemon = bool(served_by_daemon)
+        _register(cls)
+
+    def open_bounded(self, bounds: OpenBounds) -> SampleIndex | ArrayIndex:
+        """`open()` within a daemon's bounds: a kind whose open walks what it cannot count first
+        (a folder's tree) stops at them, saying so; by default `open()`, which the opening
+        process's own deadline and memory limit bound."""
+        return self.open()
+
+    def files_before_open(self) -> Iterator[FileToOpen]:
+        """Every file `open()` would read (or directory it would list) before it reads any: what
+        a daemon's allowlist checks, one at a time, before the next is made (a kind that lists a
+        directory yields the directory before its entries). By default each path field's value.
+        A kind a daemon serves names here every file it opens itself; the files its index makes
+        workers read are checked on the opened index (`_daemon/confine.check_index`)."""
+        for name in self.path_fields:
+            value = getattr(self, name)
+            for v in value if isinstance(value, tuple) else (value,):
+                if isinstance(v, str):
+                    yield FileToOpen(v, f"its {name}")
+
+    def check_served_by_daemon(self) -> None:
+        """ConfigError unless a daemon may serve this kind (its declaration says so)."""
+        if not self.served_by_daemon:
+            raise ConfigError(f"a daemon does not serve {self.kind} sources: load them without daemon=")
 
     def _parse_sizes(self) -> None:
         """Each of `size_fields` as bytes (None stays None: the default), so that a bad one is a
@@ -117,6 +223,72 @@ class Source(ABC):
             if not (k in self.quiet_defaults and v == defaults.get(k))
         }
         return {"kind": self.kind, **fields}
+
+
+def _register(cls: type[Source]) -> None:
+    """Add a declared kind to the registry; ConfigError for a declaration that contradicts one
+    already there (a reload of the same class replaces it)."""
+    kind, naming = cls.kind, cls.named_by
+
+    def clash(what: str, other: type[Source]) -> ConfigError:
+        return ConfigError(
+            f"source kind {kind!r} ({cls.__module__}.{cls.__qualname__}) declares {what}, already "
+            f"declared by kind {other.kind!r} ({other.__module__}.{other.__qualname__}): give it another"
+        )
+
+    if not isinstance(kind, str) or not _KIND_NAME.fullmatch(kind):
+        raise ConfigError(f"source kind {shown(kind)} must be a name of lowercase letters, digits and _")
+    for suffix in naming.suffixes:
+        if not (suffix.startswith(".") and suffix == suffix.lower() and len(suffix) > 1):
+            raise ConfigError(f"source kind {kind!r}: suffix {suffix!r} must be lowercase and start with '.'")
+    if cls.served_by_daemon and not cls.path_fields and "files_before_open" not in vars(cls):
+        raise ConfigError(
+            f"source kind {kind!r} is served by a daemon but names no file it opens: declare its "
+            "path_fields or define files_before_open (the daemon's allowlist checks them)"
+        )
+    for other in _REGISTRY.values():
+        if (other.__module__, other.__qualname__) == (cls.__module__, cls.__qualname__):
+            continue
+        if other.kind == kind:
+            raise clash("its name", other)
+        shared = set(naming.suffixes) & set(other.named_by.suffixes)
+        if shared:
+            raise clash(f"suffix {sorted(shared)[0]!r}", other)
+        if naming.marker and naming.marker == other.named_by.marker:
+            raise clash(f"marker {naming.marker!r}", other)
+        if naming.any_url and other.named_by.any_url:
+            raise clash("any_url", other)
+        if naming.any_local and other.named_by.any_local:
+            raise clash("any_local", other)
+    _REGISTRY[kind] = cls
+
+
+def source_kinds() -> dict[str, type[Source]]:
+    """Every declared source kind, by name (a copy)."""
+    return dict(_REGISTRY)
+
+
+class _DaemonKinds(Set[str]):
+    """The names of the kinds a daemon serves, read from the declarations whenever asked (a
+    plugin's kind declared after import is one)."""
+
+    def _kinds(self) -> frozenset[str]:
+        return frozenset(k for k, cls in _REGISTRY.items() if cls.served_by_daemon)
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._kinds()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._kinds()))
+
+    def __len__(self) -> int:
+        return len(self._kinds())
+
+    def __repr__(self) -> str:
+        return f"DAEMON_SOURCE_KINDS({sorted(self._kinds())})"
+
+
+DAEMON_SOURCE_KINDS: Set[str] = _DaemonKinds()
 
 
 def absolute(path: str) -> str:
@@ -192,30 +364,40 @@ def _describe(hint: Any) -> str:
 
 
 def as_source(dataset: str | os.PathLike[str] | Source) -> Source:
-    """A source for `dataset`: a `Source` as is; a path by what it is. A directory holding a
-    packed dataset's manifest is packed, any other directory an image folder; `.h5`/`.hdf5` an
-    HDF5 file; `.tar` a tar shard (and a compressed tar, `.tar.gz` ...: `TarShards` says it cannot
-    be read and what to do); `.csv`, `.tsv`, `.txt` a file list."""
+    """A source for `dataset`: a `Source` as is; a path by what it is, as the kinds declare
+    (`Naming`): a directory holding a packed dataset's manifest is packed, any other directory an
+    image folder; `.h5`/`.hdf5` an HDF5 file; `.tar` a tar shard (and a compressed tar, `.tar.gz`
+    ...: `TarShards` says it cannot be read and what to do); `.csv`, `.tsv`, `.txt` a file list;
+    any other URL a pack's prefix."""
     if isinstance(dataset, Source):
         return dataset
     path = absolute(os.fspath(dataset))
+    return _kind_named(path)(path)  # type: ignore[call-arg]
+
+
+def _kind_named(path: str) -> type[Source]:
+    """The kind a plain (absolute) path means (see `as_source`)."""
     lower = path.lower()
+    ending = [(len(s), cls) for cls in _REGISTRY.values() for s in cls.named_by.suffixes if lower.endswith(s)]
+    by_suffix = max(ending, key=lambda e: e[0])[1] if ending else None
     if is_url(path):  # a pack's prefix, a shard (or a brace pattern of shards), a file list
-        if lower.endswith((".h5", ".hdf5")):
-            raise DatasetError(
-                f"{path}: HDF5 files are read from local disk only; from object storage, read a pack "
-                "(`fastload pack SRC s3://bucket/prefix`), tar shards or a file list"
-            )
-        if lower.endswith((".csv", ".tsv", ".txt")):
-            return _REGISTRY["file_list"](path)  # type: ignore[call-arg]
-        return _REGISTRY["tar" if lower.endswith(_TAR_SUFFIXES) else "packed"](path)  # type: ignore[call-arg]
+        if by_suffix is not None:
+            naming = by_suffix.named_by
+            if not naming.at_urls:
+                why = naming.url_refusal or f"{by_suffix.kind} sources are read from local disk only"
+                raise DatasetError(f"{path}: {why}")
+            return by_suffix
+        return _the_one(lambda n: n.any_url, path)
     if os.path.isdir(path):
-        packed = _REGISTRY.get("packed")
-        if packed is not None and os.path.exists(os.path.join(path, "manifest.json")):
-            return packed(path)  # type: ignore[call-arg]
-        return _REGISTRY["folder"](path)  # type: ignore[call-arg]
-    by_suffix = (((".h5", ".hdf5"), "hdf5"), (_TAR_SUFFIXES, "tar"), ((".csv", ".tsv", ".txt"), "file_list"))
-    for suffixes, kind in by_suffix:
-        if lower.endswith(suffixes) and kind in _REGISTRY:
-            return _REGISTRY[kind](path)  # type: ignore[call-arg]
-    return _REGISTRY["folder"](path)  # type: ignore[call-arg]  # says "does not exist" on open
+        for cls in _REGISTRY.values():
+            if cls.named_by.marker and os.path.exists(os.path.join(path, cls.named_by.marker)):
+                return cls
+        return _the_one(lambda n: n.any_local, path)
+    return by_suffix or _the_one(lambda n: n.any_local, path)  # the latter says "does not exist" on open
+
+
+def _the_one(claims: Callable[[Naming], bool], path: str) -> type[Source]:
+    for cls in _REGISTRY.values():
+        if claims(cls.named_by):
+            return cls
+    raise DatasetError(f"{path}: no source kind reads it; known: {', '.join(sorted(_REGISTRY))}")

@@ -19,7 +19,7 @@ from typing import ClassVar
 import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
-from fastload.sources._base import Source
+from fastload.sources._base import Naming, OpenBounds, Source
 from fastload.sources._bounds import (
     MAX_TARGET_BYTES,
     clip,
@@ -34,16 +34,16 @@ from fastload.sources._list_rows import ListRows, delimiter_name, describe, read
 from fastload.sources._remote import is_url
 
 _MULTI_SEPARATORS = re.compile(r"[\s;|]+")
+LIST_SUFFIXES = (".csv", ".tsv", ".txt")
 
 
 @dataclass(frozen=True)
-class ImageFolder(Source):
+class ImageFolder(Source, kind="folder", named_by=Naming(any_local=True), served_by_daemon=True):
     """An ImageNet-layout folder: ROOT/<class name>/<image file>; labels index the sorted class
     names, as torchvision's ImageFolder (a plain path to a folder means this). A class folder
     with no images is refused (DatasetError naming it), as torchvision does, unless
     `allow_empty`: then it stays a class that no sample has."""
 
-    kind: ClassVar[str] = "folder"
     path_fields: ClassVar[tuple[str, ...]] = ("root",)
     quiet_defaults: ClassVar[tuple[str, ...]] = ("allow_empty",)
     root: str
@@ -56,9 +56,17 @@ class ImageFolder(Source):
     def open(self) -> PathIndex:
         return scan_image_folder(self.root, allow_empty=self.allow_empty)
 
+    def open_bounded(self, bounds: OpenBounds) -> PathIndex:
+        return scan_image_folder(
+            self.root, max_files=bounds.max_files, max_bytes=bounds.max_bytes, deadline=bounds.deadline,
+            allow_empty=self.allow_empty,
+        )
+
 
 @dataclass(frozen=True)
-class FileList(Source):
+class FileList(
+    Source, kind="file_list", named_by=Naming(LIST_SUFFIXES, at_urls=True), served_by_daemon=True
+):
     """Images named by a list file, one `path<separator>label` line each.
 
     - `path`: the list. Its separator is `delimiter`, or by suffix: ',' for .csv, tab for .tsv,
@@ -84,7 +92,6 @@ class FileList(Source):
     decimal, in [0, 2^63).
     """
 
-    kind: ClassVar[str] = "file_list"
     path_fields: ClassVar[tuple[str, ...]] = ("path", "root")
     quiet_defaults: ClassVar[tuple[str, ...]] = ("delimiter", "header", "cache_dir", "cache_limit")
     size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)

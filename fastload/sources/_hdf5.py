@@ -30,6 +30,7 @@ import json
 import math
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -38,10 +39,11 @@ import numpy as np
 from fastload._errors import DatasetError
 from fastload._shm import Segment
 from fastload.sources._arrays import MappedRows, PerProcess
-from fastload.sources._base import Source
+from fastload.sources._base import FileToOpen, Naming, Source, UnboundedFiles
 from fastload.sources._beneath import Beneath
 from fastload.sources._bounds import MAX_LABEL, MAX_TARGET_BYTES
 from fastload.sources._hdf5_files import Reader, _h5py, located
+from fastload.sources._hdf5_reach import files_reached
 from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure
 
 # Rows per block read at once from a dataset that is not chunked (e.g. contiguous, big-endian).
@@ -51,8 +53,16 @@ _LISTED = 20
 _FLOAT32 = np.dtype(np.float32)
 
 
+_LOCAL_ONLY = (
+    "HDF5 files are read from local disk only; from object storage, read a pack "
+    "(`fastload pack SRC s3://bucket/prefix`), tar shards or a file list"
+)
+
+
 @dataclass(frozen=True)
-class HDF5(Source):
+class HDF5(
+    Source, kind="hdf5", named_by=Naming((".h5", ".hdf5"), url_refusal=_LOCAL_ONLY), served_by_daemon=True
+):
     """Samples in an HDF5 file: the `data` dataset, targets in the `labels` dataset.
 
     - `data`: encoded images (1-D variable-length uint8, or fixed-length opaque/bytes), decoded,
@@ -66,7 +76,6 @@ class HDF5(Source):
     Needs h5py (`pip install fastload[hdf5]`).
     """
 
-    kind: ClassVar[str] = "hdf5"
     path_fields: ClassVar[tuple[str, ...]] = ("path",)
     path: str
     data: str = "images"
@@ -81,6 +90,19 @@ class HDF5(Source):
     @property
     def where(self) -> str:
         return os.path.abspath(self.path)
+
+    def files_before_open(self) -> Iterator[FileToOpen]:
+        """Its path, then every file HDF5 may open for it, recursively (`_hdf5_reach`), each a
+        regular file where there is one; a file is walked once the one before has passed."""
+        yield from super().files_before_open()
+        try:
+            for candidate in files_reached(str(self.path)):
+                yield FileToOpen(
+                    candidate.path, candidate.what, regular=True,
+                    passes_while_missing=candidate.in_working_dir,
+                )
+        except DatasetError as e:  # names only the file and its objects, each checked before
+            raise UnboundedFiles(str(e)) from e
 
     def open(self) -> HDF5BytesIndex | HDF5ArrayIndex:
         h5py = _h5py()

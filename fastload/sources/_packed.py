@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload.sources._base import Source, absolute
+from fastload.sources._base import Naming, Source, absolute
 from fastload.sources._bounds import clip, identity, open_regular
 from fastload.sources._extents import ExtentIndex
 from fastload.sources._pack_format import (
@@ -29,10 +29,10 @@ from fastload.sources._remote_pack import open_remote_pack
 
 
 @dataclass(frozen=True)
-class Packed(Source):
-    """A directory written by `fastload pack` (`pack`); a plain path to one means this."""
+class Packed(Source, kind="packed", named_by=Naming(marker=MANIFEST, any_url=True), served_by_daemon=True):
+    """A directory written by `fastload pack` (`pack`); a plain path to one means this, and so
+    does a URL no other kind's suffix claims (a pack's prefix)."""
 
-    kind: ClassVar[str] = "packed"
     path_fields: ClassVar[tuple[str, ...]] = ("path",)
     quiet_defaults: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
     size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)

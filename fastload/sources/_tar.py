@@ -30,21 +30,20 @@ under a running loader is a DatasetError, never read with the old scan's labels 
 from __future__ import annotations
 
 import glob
-import itertools
 import json
 import os
 import re
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload.sources._base import COMPRESSED_TAR_SUFFIXES, Source, absolute
+from fastload.sources._base import FileToOpen, Naming, Source, absolute
 from fastload.sources._bounds import (
     MAX_SAMPLE_BYTES,
-    MAX_SHARD_GLOBS,
     MAX_SHARDS,
     clip,
     identity,
@@ -59,13 +58,18 @@ from fastload.sources._node_cache import NodeCache, node_cache
 from fastload.sources._remote import is_url
 from fastload.sources._remote import size_of as _remote_size
 from fastload.sources._scan_cache import Identity, Scan, ScanCache, cache_root
+from fastload.sources._shard_names import (
+    COMPRESSED_TAR_SUFFIXES,
+    TAR_SUFFIXES,
+    check_shard_patterns,
+    expand_braces,
+    files_named,
+)
 
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMG_EXTENSIONS)
 _LABEL_EXTS = ("cls", "json")  # in order of preference
 _MAX_LABEL_BYTES = 1 << 20
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # WebDataset's split: key, then extension
-_BRACE = re.compile(r"\{([^{}]*)\}")
-_RANGE = re.compile(r"^([0-9]{1,18})\.\.([0-9]{1,18})$")
 _MAX_SHARD_BYTES = 1 << 50  # a shard is any regular file
 _COMPRESSED = (
     (b"\x1f\x8b", "gzip"),
@@ -77,12 +81,11 @@ _EXPECTED = "expected uncompressed .tar shards in the WebDataset layout (KEY.jpg
 
 
 @dataclass(frozen=True)
-class TarShards(Source):
+class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True), served_by_daemon=True):
     """WebDataset tar shards (see the module docstring): `paths` one path, a list of paths, a
     glob (`shards/*.tar`) or brace notation (`train-{000000..000099}.tar`, `{a,b}.tar`), each
     pattern's matches sorted. Labels are class indices; `classes` is empty."""
 
-    kind: ClassVar[str] = "tar"
     path_fields: ClassVar[tuple[str, ...]] = ("paths",)
     quiet_defaults: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
     size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)
@@ -103,6 +106,9 @@ class TarShards(Source):
     def where(self) -> str:
         first = self.paths if isinstance(self.paths, str) else (self.paths[0] if self.paths else "")
         return absolute(first)
+
+    def files_before_open(self) -> Iterator[FileToOpen]:
+        return files_named([self.paths] if isinstance(self.paths, str) else list(self.paths))
 
     def shard_paths(self) -> list[str]:
         """Every shard, absolute, in order; DatasetError when a pattern matches nothing."""
@@ -187,64 +193,6 @@ class TarShards(Source):
             cache_dir=self.cache_dir,
             cache_limit=self.size("cache_limit"),
         )
-
-
-def expand_braces(pattern: str) -> list[str]:
-    """WebDataset's brace notation: `{000..099}` (zero-padded as written) and `{a,b,c}`, every
-    brace expanded, in order; at most `MAX_SHARDS` names, counted before any is made."""
-    check_shard_patterns([pattern])
-    parts = _BRACE.split(pattern)  # literal, brace body, literal, ...
-    choices: list[list[str]] = []
-    for i, part in enumerate(parts):
-        if i % 2 == 0:
-            choices.append([part])
-            continue
-        numbers = _RANGE.match(part)
-        if numbers is None:
-            choices.append(part.split(","))
-            continue
-        lo, hi = numbers.group(1), numbers.group(2)
-        if int(hi) < int(lo):
-            raise DatasetError(f"brace range {{{clip(part)}}} in {clip(pattern)} counts down")
-        width = len(lo) if lo.startswith("0") else 0
-        choices.append([str(k).zfill(width) for k in range(int(lo), int(hi) + 1)])
-    return ["".join(combination) for combination in itertools.product(*choices)]
-
-
-def _brace_count(pattern: str) -> int:
-    """How many names `pattern`'s braces expand to, counted without making any (at most just
-    over MAX_SHARDS: counting stops there)."""
-    parts = _BRACE.split(pattern)
-    total = 1
-    for part in parts[1::2]:
-        numbers = _RANGE.match(part)
-        total *= max(0, int(numbers.group(2)) - int(numbers.group(1)) + 1) if numbers else part.count(",") + 1
-        if total > MAX_SHARDS:
-            return MAX_SHARDS + 1
-    return total
-
-
-def check_shard_patterns(patterns: list[str]) -> None:
-    """DatasetError when `patterns`, all together, expand to over MAX_SHARDS names, or to over
-    MAX_SHARD_GLOBS names with a wildcard (each a directory to list): counted before any name is
-    made or any directory listed (NOTE [source bounds])."""
-    names = globs = 0
-    for pattern in patterns:
-        count = _brace_count(pattern)
-        names += count
-        if not is_url(pattern) and glob.has_magic(_BRACE.sub("", pattern)):  # URLs are never listed
-            globs += count
-        if names > MAX_SHARDS:
-            what = "expands" if len(patterns) == 1 else f"with the other {len(patterns) - 1} patterns expands"
-            raise DatasetError(
-                f"{clip(pattern)} {what} to over {MAX_SHARDS:,} shard names (NOTE [source bounds]): "
-                "check its braces"
-            )
-        if globs > MAX_SHARD_GLOBS:
-            raise DatasetError(
-                f"{clip(pattern)} makes over {MAX_SHARD_GLOBS:,} wildcard patterns, each a directory to "
-                "list (NOTE [source bounds]): put the wildcard outside the braces, or name the shards"
-            )
 
 
 def cache_dir() -> str | None:

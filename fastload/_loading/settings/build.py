@@ -34,7 +34,7 @@ from fastload._loading.slots.delivery import ImageOutput
 from fastload._loading.slots.ring import MAX_PREFETCH
 from fastload._machine import usable_cores
 from fastload._metrics_seam import metrics_setting
-from fastload.sources import DAEMON_SOURCE_KINDS, Source, as_source
+from fastload.sources import Source, as_source
 from fastload.transforms import Transform, from_torchvision
 
 
@@ -129,8 +129,8 @@ def build_spec(
         )
     source = as_source(dataset) if is_source else None
     if daemon is not None:
-        if source is not None and source.kind not in DAEMON_SOURCE_KINDS:
-            raise ConfigError(f"a daemon does not serve {source.kind} sources: load them without daemon=")
+        if source is not None:
+            source.check_served_by_daemon()
         daemon = resolve_address(daemon)
     metrics_address = metrics_setting(metrics)
     if generator is not None and shuffle and not is_source and sampler is None and batch_sampler is None:
