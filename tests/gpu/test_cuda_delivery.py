@@ -11,7 +11,7 @@ from helpers import write_gpu_folder
 
 from fastload import FastLoader
 from fastload import transforms as T
-from fastload._loading.slots.ring import EXTRA_SLOTS
+from fastload._loading.slots.ring_plan import EXTRA_SLOTS
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -43,9 +43,10 @@ from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.delivery import CpuDelivery, CudaDelivery, make_delivery
 from fastload._loading.slots.identity import SampleIds
 from fastload._loading.slots.layout import BatchLayout
-from fastload._loading.slots.ring import EXTRA_SLOTS, Ring
+from fastload._loading.slots.ring import Ring
+from fastload._loading.slots.ring_plan import EXTRA_SLOTS, RingPlan, in_flight_without_ring, plan_ring
 from fastload._paths import reap_engine_dirs
-from fastload._shm import install_signal_cleanup, preflight, reap_orphans
+from fastload._shm import install_signal_cleanup, reap_orphans
 
 _POLL_S = 0.05
 # A cold batch is split so that each part keeps at least this many rows.
@@ -121,16 +122,18 @@ class Pipeline:
         self._slots = _RingSlots()  # how tasks run on this thread (inline) find a slot's memory
         self.workers = spec.num_workers if session is None else session.workers
         # Batches in flight: as the user said, else sized from the batch's bytes once they are known
-        # (`spec.ring_prefetch`); until a Dataset's sample is probed, DataLoader's two per worker.
-        self.prefetch = spec.prefetch or 2 * max(1, self.workers)
+        # (`plan_ring`); until a Dataset's sample is probed, DataLoader's two per worker.
+        self.prefetch = in_flight_without_ring(self.workers, spec.prefetch)
+        self._ring_plan: RingPlan | None = None
         if self.layout is not None:
-            self.prefetch = spec.ring_prefetch(self.workers, self.layout.slot_bytes)
+            self._ring_plan = plan_ring(self.layout.slot_bytes, self.workers, spec.prefetch)
+            self.prefetch = self._ring_plan.in_flight
         install_signal_cleanup()
         reap_orphans()
         reap_engine_dirs()
-        if self.layout is not None and session is None and not spec.decodes_in_trainer:
+        if self._ring_plan is not None and session is None and not spec.decodes_in_trainer:
             # Before any worker is forked: a ring that cannot fit fails here, leaving nothing behind.
-            preflight(self.layout.slot_bytes * (self.prefetch + EXTRA_SLOTS))
+            self._ring_plan.preflight()
         self.executor: Executor
         # Tasks run in poll, on this thread (the DALI executor's run on threads of its own).
         self.inline = session is None and spec.num_workers == 0 and not spec.decodes_in_trainer
@@ -197,9 +200,11 @@ class Pipeline:
                 self.opaque = True
                 return None
             self.executor.set_layout(self.layout)
-            self.prefetch = self.spec.ring_prefetch(self.workers, self.layout.slot_bytes)
-        layout = self.layout
-        self._build_ring_or_close(lambda: Ring(layout.slot_bytes, self.prefetch + EXTRA_SLOTS))
+            self._ring_plan = plan_ring(self.layout.slot_bytes, self.workers, self.spec.prefetch)
+            self.prefetch = self._ring_plan.in_flight
+        plan = self._ring_plan
+        assert plan is not None
+        self._build_ring_or_close(lambda: Ring(plan.slot_bytes, plan.slots))
         return None
 
     @property

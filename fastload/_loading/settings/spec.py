@@ -33,7 +33,7 @@ from fastload._loading.settings.arguments import (
     normalize_values,
 )
 from fastload._loading.slots.delivery import ImageOutput
-from fastload._loading.slots.ring import MAX_PREFETCH, default_prefetch
+from fastload._loading.slots.ring_plan import MAX_IN_FLIGHT
 from fastload._machine import usable_cores
 from fastload._metrics_seam import metrics_setting
 from fastload.sources import DAEMON_SOURCE_KINDS, ImageFolder, Source, as_source
@@ -71,7 +71,7 @@ class LoaderSpec:
     world_size: int
     # Who loads them.
     num_workers: int
-    prefetch: int | None  # None: sized from the batch's bytes (`ring.default_prefetch`)
+    prefetch: int | None  # in flight as asked; None: `ring_plan` derives it (NOTE [what "prefetch" names])
     persistent_workers: bool
     timeout_s: float
     hang_timeout_s: float | None
@@ -170,11 +170,6 @@ class LoaderSpec:
     def label(self) -> str:
         """What `fastload iostat` calls this loader: the source's path, or the Dataset's class."""
         return self.source.where if self.source is not None else type(self.dataset).__name__
-
-    def ring_prefetch(self, workers: int, slot_bytes: int) -> int:
-        """Batches in flight for batches of `slot_bytes`: `prefetch` as given, else sized from the
-        bytes (`ring.default_prefetch`)."""
-        return self.prefetch or default_prefetch(workers, slot_bytes)
 
     def for_arrays(self) -> LoaderSpec:
         """This spec for a source of arrays (rows delivered as stored): no image output, and a
@@ -293,8 +288,8 @@ def build_spec(
     # bytes once they are known; a daemon sizes the rings of its sessions.
     if prefetch is None and prefetch_factor is not None:
         prefetch = prefetch_factor * max(1, num_workers)
-    if prefetch is not None and not 1 <= prefetch <= MAX_PREFETCH:
-        raise ConfigError(f"prefetch must be 1..{MAX_PREFETCH}, got {prefetch}")
+    if prefetch is not None and not 1 <= prefetch <= MAX_IN_FLIGHT:
+        raise ConfigError(f"prefetch must be 1..{MAX_IN_FLIGHT}, got {prefetch}")
     if is_source:
         rank, world_size = process_position(rank, world_size)
     images = _image_output(normalize, dtype, memory_format) if is_source else None
