@@ -48,6 +48,7 @@ from fastload._loading.running.supervision import (
 )
 from fastload._loading.running.worker import WorkerSpec, worker_main
 from fastload._loading.slots.layout import BatchLayout
+from fastload._loading.slots.ring_plan import MAX_IN_FLIGHT
 from fastload._paths import engine_socket_dir
 
 log = logging.getLogger("fastload")
@@ -55,8 +56,13 @@ log = logging.getLogger("fastload")
 _LIVENESS_INTERVAL_S = 0.1
 _OOM_BASELINE_EVERY_S = 1.0
 _JOIN_TIMEOUT_S = 5.0
-# Tasks one worker may hold; the rest wait in the engine (a worker's socket queue stays short).
-_MAX_TASKS_PER_WORKER = 64
+# Tasks one worker may hold; the rest wait in the engine. Why `MAX_IN_FLIGHT`: a batch is split
+# into at most one part per worker (NOTE [split batches] in `pipeline`) and tasks go to the least
+# busy worker, so one loader's window (at most MAX_IN_FLIGHT batches) keeps about a window's worth
+# of tasks on a worker; the cap bounds what a daemon's worker holds of many sessions' tasks, and
+# keeps its socket queue far below ZeroMQ's send high-water mark (1,000), so that a full queue
+# (EAGAIN) only ever means a worker that stopped reading (NOTE [one socket, addressed workers]).
+MAX_TASKS_PER_WORKER = MAX_IN_FLIGHT
 
 
 @dataclass
@@ -235,7 +241,7 @@ class Engine:
                 worker = idle[0]
             else:
                 worker = min(ready, key=lambda w: len(w.tasks))
-                if len(worker.tasks) >= _MAX_TASKS_PER_WORKER:
+                if len(worker.tasks) >= MAX_TASKS_PER_WORKER:
                     return
             task = self._queue.popleft()
             if not self._assign(worker, task):
@@ -257,7 +263,7 @@ class Engine:
         kept: deque[Task] = deque()
         for task in self._queue:
             worker = by_id.get(task.worker) if task.worker is not None else None
-            full = worker is not None and len(worker.tasks) >= _MAX_TASKS_PER_WORKER
+            full = worker is not None and len(worker.tasks) >= MAX_TASKS_PER_WORKER
             if worker is None or full or (task.suspect and worker.tasks):
                 kept.append(task)  # a suspect waits until its worker holds nothing else
                 continue
