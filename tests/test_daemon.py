@@ -320,7 +320,7 @@ def test_a_session_that_leaves_prefetch_unset_gets_the_daemons_default(
         pipeline = loader._pipeline
         assert pipeline is not None and pipeline.ring is not None and pipeline.layout is not None
         expected = default_in_flight(shared_daemon.status()["workers"], pipeline.layout.slot_bytes)
-        assert pipeline.prefetch == expected
+        assert pipeline.window.limit == expected
         assert len(pipeline.ring) == expected + EXTRA_SLOTS
 
 

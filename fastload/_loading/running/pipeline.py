@@ -37,6 +37,7 @@ from fastload._loading.jobs.executor import (
 )
 from fastload._loading.jobs.image_job import Job
 from fastload._loading.running.engine import Engine, raise_failure
+from fastload._loading.running.in_flight import InFlightWindow
 from fastload._loading.running.inline import InlineExecutor
 from fastload._loading.running.stats import StatsWriter
 from fastload._loading.settings.spec import LoaderSpec
@@ -44,7 +45,7 @@ from fastload._loading.slots.delivery import CpuDelivery, CudaDelivery, make_del
 from fastload._loading.slots.identity import SampleIds
 from fastload._loading.slots.layout import BatchLayout
 from fastload._loading.slots.ring import Ring
-from fastload._loading.slots.ring_plan import EXTRA_SLOTS, RingPlan, in_flight_without_ring, plan_ring
+from fastload._loading.slots.ring_plan import RingPlan, in_flight_without_ring, plan_ring
 from fastload._paths import reap_engine_dirs
 from fastload._shm import install_signal_cleanup, reap_orphans
 
@@ -121,13 +122,11 @@ class Pipeline:
         self._split: dict[int, _Parts] = {}  # batch seq -> its parts' joined outcome so far
         self._slots = _RingSlots()  # how tasks run on this thread (inline) find a slot's memory
         self.workers = spec.num_workers if session is None else session.workers
-        # Batches in flight: as the user said, else sized from the batch's bytes once they are known
-        # (`plan_ring`); until a Dataset's sample is probed, DataLoader's two per worker.
-        self.prefetch = in_flight_without_ring(self.workers, spec.prefetch)
+        # The ring, sized from the batch's bytes once they are known (a Dataset's, once a sample is
+        # probed); a daemon session's ring is the daemon's.
         self._ring_plan: RingPlan | None = None
         if self.layout is not None:
             self._ring_plan = plan_ring(self.layout.slot_bytes, self.workers, spec.prefetch)
-            self.prefetch = self._ring_plan.in_flight
         install_signal_cleanup()
         reap_orphans()
         reap_engine_dirs()
@@ -154,6 +153,11 @@ class Pipeline:
             )
         else:
             self.executor = InlineExecutor(job, self._slots.buffer)
+        # Batches in flight (NOTE [what "prefetch" names]): the ring plan's, or until there is one,
+        # DataLoader's two per worker; fitted to the ring once it exists (`_build_ring`).
+        plan = self._ring_plan
+        start = plan.in_flight if plan is not None else in_flight_without_ring(self.workers, spec.prefetch)
+        self.window = InFlightWindow(start, workers=self.workers, engine=isinstance(self.executor, Engine))
         self.stats = StatsWriter(
             spec.label, "daemon" if session is not None else "local", spec.device.type,
             self.workers, spec.slot_batch_size,
@@ -168,8 +172,6 @@ class Pipeline:
         if session is not None:  # the daemon fixed the layout and made the ring, of its size
             self.layout = session.layout
             self._build_ring_or_close(session.attach_ring)
-            assert self.ring is not None
-            self.prefetch = len(self.ring) - EXTRA_SLOTS
 
     def next_seq(self) -> int:
         return next(self._seqs)
@@ -201,7 +203,6 @@ class Pipeline:
                 return None
             self.executor.set_layout(self.layout)
             self._ring_plan = plan_ring(self.layout.slot_bytes, self.workers, self.spec.prefetch)
-            self.prefetch = self._ring_plan.in_flight
         plan = self._ring_plan
         assert plan is not None
         self._build_ring_or_close(lambda: Ring(plan.slot_bytes, plan.slots))
@@ -230,6 +231,7 @@ class Pipeline:
         assert self.layout is not None
         self.ring = ring
         self._resources.append(ring)
+        self.window.fit_ring(len(ring))
         self._slots.ring = ring
         plan, spec = self.spec.transforms, self.spec
         stages = (
