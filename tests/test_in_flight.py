@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from fastload import ConfigError, FastLoader
-from fastload._loading.running.engine import MAX_TASKS_PER_WORKER
+from fastload._loading.running.dispatch import MAX_TASKS_PER_WORKER
 from fastload._loading.running.in_flight import InFlightWindow, Resized
 from fastload._loading.slots.ring_plan import EXTRA_SLOTS
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastload._errors import ConfigError
-from fastload._loading.running.engine import MAX_TASKS_PER_WORKER
+from fastload._loading.running.dispatch import MAX_TASKS_PER_WORKER
 from fastload._loading.slots.ring_plan import EXTRA_SLOTS
 
 

@@ -34,9 +34,10 @@ from fastload._loading.jobs.executor import (
     Probed,
     RemoteExecutor,
     Task,
+    raise_failure,
 )
 from fastload._loading.jobs.image_job import Job
-from fastload._loading.running.engine import Engine, raise_failure
+from fastload._loading.running.engine import Engine
 from fastload._loading.running.executors import RingSlots, make_executor
 from fastload._loading.running.in_flight import InFlightWindow
 from fastload._loading.running.split_batches import SplitBatches, part_count
