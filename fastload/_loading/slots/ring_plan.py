@@ -13,7 +13,7 @@ now, and is derived in one place:
   its one owner): derived here only: `plan_ring` (`prefetch`, else `default_in_flight` from the
   workers and the slot's bytes), or before a ring is planned (a Dataset's sample not probed yet,
   batches pickled rather than written into slots) `in_flight_without_ring`.
-- `MAX_TASKS_PER_WORKER` (`running.engine`): tasks one worker holds, the rest waiting in the
+- `MAX_TASKS_PER_WORKER` (`running.dispatch`): tasks one worker holds, the rest waiting in the
   engine; it is `MAX_IN_FLIGHT` (why: there).
 - `AHEAD_BATCHES` (`order.read_ahead`): how many batches past the last one delivered a remote
   source's chunks are fetched into the node cache; it holds no slot, so no window bounds it
