@@ -46,7 +46,7 @@ from helpers import wait_until, write_tar_shards
 from fastload import DaemonError, FastLoader
 from fastload import transforms as T
 from fastload.__main__ import main
-from fastload._loading.slots.ring import EXTRA_SLOTS, default_prefetch
+from fastload._loading.slots.ring_plan import EXTRA_SLOTS, default_in_flight
 from fastload._sizes import format_size
 from fastload.sources import HDF5, FileList, Source, TarShards, pack
 from fastload.sources._folder import scan_image_folder
@@ -319,8 +319,8 @@ def test_a_session_that_leaves_prefetch_unset_gets_the_daemons_default(
         assert len(list(loader)) == 6
         pipeline = loader._runs.pipeline
         assert pipeline is not None and pipeline.ring is not None and pipeline.layout is not None
-        expected = default_prefetch(shared_daemon.status()["workers"], pipeline.layout.slot_bytes)
-        assert pipeline.prefetch == expected
+        expected = default_in_flight(shared_daemon.status()["workers"], pipeline.layout.slot_bytes)
+        assert pipeline.window.limit == expected
         assert len(pipeline.ring) == expected + EXTRA_SLOTS
 
 

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from fastload import ConfigError, FastLoader
 from fastload import transforms as T
 from fastload._loading.settings.build import default_workers as _default_workers
-from fastload._loading.slots.ring import DEFAULT_RING_BUDGET_BYTES, MAX_PREFETCH, default_prefetch
+from fastload._loading.slots.ring_plan import DEFAULT_RING_BUDGET_BYTES, MAX_IN_FLIGHT, default_in_flight
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -230,16 +230,16 @@ def test_normalize_outside_fastloads_units_is_refused(
         )
 
 
-def test_default_prefetch_keeps_workers_busy_within_a_byte_budget() -> None:
+def test_default_in_flight_keeps_workers_busy_within_a_byte_budget() -> None:
     imagenet_batch = 256 * 224 * 224 * 3
     # 2 per worker (DataLoader's prefetch_factor) while it fits the budget...
-    assert default_prefetch(4, 64 * 32 * 32 * 3) == 8
+    assert default_in_flight(4, 64 * 32 * 32 * 3) == 8
     # ...fewer when batches are big, but every worker keeps a slot to write into...
-    assert default_prefetch(16, imagenet_batch) == 17
-    assert default_prefetch(8, imagenet_batch) == (DEFAULT_RING_BUDGET_BYTES // imagenet_batch) - 2 == 11
+    assert default_in_flight(16, imagenet_batch) == 17
+    assert default_in_flight(8, imagenet_batch) == (DEFAULT_RING_BUDGET_BYTES // imagenet_batch) - 2 == 11
     # ...and never more than a daemon accepts, however many cores.
-    assert default_prefetch(64, 1024) == MAX_PREFETCH
-    assert default_prefetch(0, 1024) == 2
+    assert default_in_flight(64, 1024) == MAX_IN_FLIGHT
+    assert default_in_flight(0, 1024) == 2
 
 
 def test_a_folder_loaders_ring_is_sized_by_the_default(image_folder: Path) -> None:
@@ -248,7 +248,7 @@ def test_a_folder_loaders_ring_is_sized_by_the_default(image_folder: Path) -> No
     ) as loader:
         next(iter(loader))
         assert loader._runs.pipeline is not None and loader._runs.pipeline.ring is not None
-        assert len(loader._runs.pipeline.ring) == default_prefetch(2, 4 * 8 * 8 * 3 + 4 * 8) + 2
+        assert len(loader._runs.pipeline.ring) == default_in_flight(2, 4 * 8 * 8 * 3 + 4 * 8) + 2
 
 
 class BigSamples(Dataset[np.ndarray]):
@@ -267,7 +267,7 @@ def test_a_dataset_loaders_ring_is_sized_once_a_sample_is_probed() -> None:
         assert len(loader._runs.pipeline.ring) == 7 + 2
 
 
-@pytest.mark.parametrize("prefetch", [0, MAX_PREFETCH + 1])
+@pytest.mark.parametrize("prefetch", [0, MAX_IN_FLIGHT + 1])
 def test_prefetch_out_of_range_is_refused(prefetch: int) -> None:
     with pytest.raises(ConfigError, match="prefetch"):
         FastLoader(Numbers(), batch_size=4, num_workers=1, prefetch=prefetch)

@@ -59,7 +59,7 @@ def test_the_next_epoch_is_decoding_before_its_iteration_starts() -> None:
         first = _take(loader)
         ahead = loader._runs.iterator._ahead  # type: ignore[union-attr]
         assert ahead is not None and ahead.epoch == 1, "nothing was submitted for the next epoch"
-        assert len(ahead.batch_of_ticket) + len(ahead.ready) == loader._runs.pipeline.prefetch  # type: ignore[union-attr]
+        assert len(ahead.batch_of_ticket) + len(ahead.ready) == loader._runs.pipeline.window.limit  # type: ignore[union-attr]
         time.sleep(0.2)
         it = iter(loader)  # epoch 1, as the loader counts: it takes them over
         assert it._lane.batch_of_ticket or it._lane.ready  # type: ignore[attr-defined]
@@ -91,7 +91,7 @@ def test_slots_come_back_when_the_lookahead_is_dropped() -> None:
             loader.set_epoch(epoch)
             assert len(_take(loader)) == 40
         ring = loader._runs.pipeline.ring  # type: ignore[union-attr]
-        assert ring is not None and len(ring) <= loader._runs.pipeline.prefetch + 2  # type: ignore[union-attr]
+        assert ring is not None and len(ring) <= loader._runs.pipeline.window.limit + 2  # type: ignore[union-attr]
 
 
 def test_a_users_sampler_is_never_iterated_ahead() -> None:

@@ -350,8 +350,8 @@ from fastload._loading.slots.ring import Ring
 mode, slots = sys.argv[1], int(sys.argv[2])
 if mode == "no-precheck":  # meet the limit in os.open / mmap itself, mid-ring
     _shm.ensure_fd_room = lambda count: None
-    import fastload._loading.slots.ring
-    fastload._loading.slots.ring.ensure_fd_room = _shm.ensure_fd_room
+    import fastload._loading.slots.ring_plan
+    fastload._loading.slots.ring_plan.ensure_fd_room = _shm.ensure_fd_room
 low = len(os.listdir("/proc/self/fd")) + 24
 hard = low if mode in ("hard", "no-precheck") else resource.RLIM_INFINITY
 if hard == resource.RLIM_INFINITY:

@@ -50,10 +50,10 @@ from fastload._loading.jobs.image_job import ImageJob
 from fastload._loading.link import daemon_link as wire
 from fastload._loading.order.read_ahead import task_read_ahead
 from fastload._loading.running.engine import Engine
-from fastload._loading.slots.ring import EXTRA_SLOTS, default_prefetch
+from fastload._loading.slots.ring_plan import plan_ring
 from fastload._machine import pid_alive
 from fastload._paths import private_dir, reap_engine_dirs, runtime_dir
-from fastload._shm import Segment, ensure_fd_room, preflight, reap_orphans
+from fastload._shm import Segment, reap_orphans
 from fastload._sizes import format_size
 from fastload.transforms import TransformPlan
 
@@ -403,9 +403,8 @@ class Daemon:
         job = ImageJob(entry.index, plan, f["backend"], f["seed"], batch_size, on_error=on_error)
         assert job.layout is not None
         # A trainer that did not choose gets what a local loader of this daemon's pool would.
-        prefetch = f["prefetch"] or default_prefetch(self.config.workers, job.layout.slot_bytes)
-        slots = prefetch + EXTRA_SLOTS
-        need = job.layout.slot_bytes * slots
+        ring = plan_ring(job.layout.slot_bytes, self.config.workers, f["prefetch"])
+        slots, need = ring.slots, ring.total_bytes
         over = self._used_bytes() + need - self.config.memory_budget_bytes
         if 0 < over <= self._indexes.evictable(keep=entry.path):  # a session refused anyway evicts nothing
             self._indexes.evict_for(over, keep=entry.path)
@@ -417,8 +416,7 @@ class Daemon:
                 f"{format_size(self.config.memory_budget_bytes)} budget is left: lower batch_size or "
                 "prefetch, or start the daemon with a larger --memory-budget"
             )
-        preflight(need)
-        ensure_fd_room(slots)
+        ring.check()
         # The kernel's word for who the trainer is; the hello's own claim only where there is none.
         pid = peer.pid if peer.pid is not None else f["pid"]
         session = Session(

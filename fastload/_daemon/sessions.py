@@ -23,7 +23,7 @@ from fastload._loading.jobs.executor import Done, Failure, Task
 from fastload._loading.link.daemon_link import MAX_BATCH
 from fastload._loading.order.read_ahead import TaskReadAhead
 from fastload._loading.slots.layout import BatchLayout
-from fastload._loading.slots.ring import MAX_PREFETCH
+from fastload._loading.slots.ring_plan import MAX_IN_FLIGHT
 from fastload._shm import Segment
 from fastload._sizes import format_size
 from fastload.sources import ImageFolder, Source, source_from_config
@@ -174,9 +174,9 @@ def check_hello(f: dict[str, Any], budget_bytes: int) -> tuple[TransformPlan, So
     rebuild its source (`dataset`, an image folder, unless `source` describes another); a batch
     larger than the whole budget is refused before anything of it is allocated."""
     batch_size, prefetch = f["batch_size"], f["prefetch"]
-    if not (1 <= batch_size <= MAX_BATCH and 0 <= prefetch <= MAX_PREFETCH):
+    if not (1 <= batch_size <= MAX_BATCH and 0 <= prefetch <= MAX_IN_FLIGHT):
         raise ConfigError(
-            f"batch_size must be 1..{MAX_BATCH} and prefetch 1..{MAX_PREFETCH} (0: the daemon's choice)"
+            f"batch_size must be 1..{MAX_BATCH} and prefetch 1..{MAX_IN_FLIGHT} (0: the daemon's choice)"
         )
     if not (f["world_size"] >= 1 and 0 <= f["rank"] < f["world_size"]):
         raise ConfigError(f"rank {f['rank']} is not within world_size {f['world_size']}")

@@ -25,8 +25,7 @@ from fastload._loading.running.pipeline import Pipeline
 from fastload._loading.settings.position import Plan, recorded_settings, source_fingerprint
 from fastload._loading.settings.sanity import check_settings_sense
 from fastload._loading.settings.spec import LoaderSpec
-from fastload._loading.slots.ring import EXTRA_SLOTS
-from fastload._shm import preflight
+from fastload._loading.slots.ring_plan import plan_ring
 from fastload.sources._arrays import ArrayIndex
 from fastload.sources._index import SampleIndex
 
@@ -141,8 +140,7 @@ class Assembly:
             self._spec = spec = spec.for_arrays()
             self._job = ArrayJob(self._index, spec.seed, spec.slot_batch_size)
             assert self._job.layout is not None
-            slot_bytes = self._job.layout.slot_bytes
-            preflight(slot_bytes * (spec.ring_prefetch(spec.num_workers, slot_bytes) + EXTRA_SLOTS))
+            plan_ring(self._job.layout.slot_bytes, spec.num_workers, spec.prefetch).preflight()
             return
         assert spec.transforms is not None and spec.worker_transforms is not None
         if spec.transforms.batch is not None and self._index.labels.ndim != 1:
@@ -158,8 +156,7 @@ class Assembly:
         )
         assert job.layout is not None
         if not spec.decodes_in_trainer:  # the in-process DALI executor needs no ring
-            prefetch = spec.ring_prefetch(spec.num_workers, job.layout.slot_bytes)
-            preflight(job.layout.slot_bytes * (prefetch + EXTRA_SLOTS))  # before any worker is forked
+            plan_ring(job.layout.slot_bytes, spec.num_workers, spec.prefetch).preflight()  # before any fork
         self._job = job
 
     def _check_exclude(self, exclude: ExcludeArg) -> None:

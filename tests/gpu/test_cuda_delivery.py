@@ -11,7 +11,7 @@ from helpers import write_gpu_folder
 
 from fastload import FastLoader
 from fastload import transforms as T
-from fastload._loading.slots.ring import EXTRA_SLOTS
+from fastload._loading.slots.ring_plan import EXTRA_SLOTS
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -54,8 +54,9 @@ def test_slots_are_pinned_and_released_after_copy(folder: Path) -> None:
         batches = list(gpu)
         pipeline = gpu._pipeline
         assert pipeline is not None and pipeline.ring is not None
-        assert len(batches) > pipeline.prefetch + EXTRA_SLOTS
-        assert len(pipeline.ring) == pipeline.prefetch + EXTRA_SLOTS, "ring grew although copies completed"
+        assert len(batches) > pipeline.window.limit + EXTRA_SLOTS
+        grown = len(pipeline.ring) != pipeline.window.limit + EXTRA_SLOTS
+        assert not grown, "ring grew although copies completed"
         segment = next(iter(pipeline.ring.segments.values()))
         view = torch.from_numpy(np.ndarray((segment.size,), np.uint8, buffer=segment.buf))
         assert view.is_pinned()

@@ -13,17 +13,20 @@ into the pipeline: events are only returned from `poll`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
 
 from fastload._bad_samples import SkippedSample
+from fastload._errors import DaemonError, WorkerError, sample_error
 
 if TYPE_CHECKING:  # not at run time: layout imports torch, which `fastload status` must not pay
     from fastload._loading.slots.layout import BatchLayout
     from fastload._loading.slots.ring import Ring
 
-__all__ = ["Done", "Event", "Executor", "Failure", "Opaque", "Probed", "RemoteExecutor", "Task"]
+__all__ = [
+    "Done", "Event", "Executor", "Failure", "Opaque", "Probed", "RemoteExecutor", "Task", "raise_failure",
+]
 
 
 @dataclass
@@ -87,6 +90,25 @@ class Failure:
     exc_type: str
     traceback: str
     exc_class: str = ""
+
+
+def raise_failure(failure: Failure) -> NoReturn:
+    """Raise the trainer-side error for a worker's Failure: a SampleError, of the sample's own
+    exception class too where it can be (NOTE [original exception types] in `_errors`)."""
+    if failure.seq < 0:
+        raise WorkerError(f"a worker could not start: {failure.message}\n{failure.traceback}")
+    if failure.exc_type == WorkerError.__name__:  # the task kept killing workers (see `running.supervision`)
+        raise WorkerError(failure.message)
+    if failure.exc_type == DaemonError.__name__:  # a draining daemon refused the task
+        raise DaemonError(failure.message)
+    raise sample_error(
+        failure.message,
+        path=failure.path,
+        index=failure.index,
+        exc_type=failure.exc_type,
+        worker_traceback=failure.traceback,
+        original=failure.exc_class,
+    )
 
 
 @dataclass(frozen=True)

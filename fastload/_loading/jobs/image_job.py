@@ -54,7 +54,7 @@ class _Broken(Exception):
 # and runs the tensor stage (RandomErasing) on them, its draws keyed by (seed, epoch, index) from
 # TENSOR_STREAM as the trainer's were, so batches are bit-identical to the trainer-side path. The
 # trainer returns views over the slot and runs only the batch stage (MixUp/CutMix) in place there.
-# Slots are 4x larger; `ring.default_prefetch` sizes the ring from their bytes.
+# Slots are 4x larger; `ring_plan.plan_ring` sizes the ring from their bytes.
 
 
 class ImageJob(SourceJob):

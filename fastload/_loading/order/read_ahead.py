@@ -32,6 +32,10 @@ import numpy as np
 
 from fastload._errors import ConfigError
 
+# How many batches past the last one delivered the walk runs (NOTE [what "prefetch" names] in
+# `slots.ring_plan`). Not the in-flight window: read-ahead holds no slot, only node-cache space,
+# and a store's round trip is longer than a decode, so it runs past a typical window (workers + 1
+# to two per worker); under a full shuffle the byte budget, not this count, usually stops it.
 AHEAD_BATCHES = 32
 AHEAD_BYTES = 2 << 30
 DEFAULT_REQUESTS = 16

@@ -5,7 +5,8 @@ worker over a ROUTER socket, collects replies as events, and supervises: a worke
 (killed, segfault, OOM) or that cannot be reached is replaced and every task it held is run
 again, so no batch is lost or duplicated; a worker whose task runs past the hang bound is killed
 and replaced the same way. Who is blamed for a death, and when a task is failed instead of
-retried, is `running.supervision`'s policy (NOTE [blame]): never a task for kills from outside.
+retried, is `running.supervision`'s policy (NOTE [blame]): never a task for kills from outside;
+which worker runs which task is `running.dispatch`'s.
 `inline.InlineExecutor` has the same interface and runs tasks in the caller's process
 (num_workers=0).
 
@@ -28,20 +29,21 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.context import BaseContext
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 import zmq
 
-from fastload._errors import DaemonError, WorkerError, sample_error
+from fastload._errors import WorkerError
 from fastload._loading.jobs.contract import Job
-from fastload._loading.jobs.executor import Event, Failure, Task
+from fastload._loading.jobs.executor import Event, Task
 from fastload._loading.running import worker_link as proto
+from fastload._loading.running.dispatch import PoolWorker, dispatch
 from fastload._loading.running.supervision import (
     MAX_STRIKES,
     Cause,
     HangBound,
+    charge,
     classify,
     describe_exit,
     oom_kill_count,
@@ -55,41 +57,6 @@ log = logging.getLogger("fastload")
 _LIVENESS_INTERVAL_S = 0.1
 _OOM_BASELINE_EVERY_S = 1.0
 _JOIN_TIMEOUT_S = 5.0
-# Tasks one worker may hold; the rest wait in the engine (a worker's socket queue stays short).
-_MAX_TASKS_PER_WORKER = 64
-
-
-@dataclass
-class _Worker:
-    worker_id: int
-    identity: bytes
-    process: Any  # multiprocessing.Process (fork/spawn/forkserver flavours)
-    ready: bool = False
-    tasks: dict[int, Task] = field(default_factory=dict)  # in dispatch order: the first one runs
-    busy_since: float | None = None  # when the task it runs now started
-    lost: bool = False  # unreachable: killed by the engine, sent nothing more
-    hung: bool = False  # killed by the engine: its task ran past the hang bound
-
-
-def raise_failure(failure: Failure) -> NoReturn:
-    """Raise the trainer-side error for a worker's Failure: a SampleError, of the sample's own
-    exception class too where it can be (NOTE [original exception types] in `_errors`)."""
-    if failure.seq < 0:
-        raise WorkerError(f"a worker could not start: {failure.message}\n{failure.traceback}")
-    if failure.exc_type == WorkerError.__name__:  # the task kept killing workers (see Engine)
-        raise WorkerError(failure.message)
-    if failure.exc_type == DaemonError.__name__:  # a draining daemon refused the task
-        raise DaemonError(failure.message)
-    raise sample_error(
-        failure.message,
-        path=failure.path,
-        index=failure.index,
-        exc_type=failure.exc_type,
-        worker_traceback=failure.traceback,
-        original=failure.exc_class,
-    )
-
-
 class Engine:
     """A supervised pool of worker processes running batch tasks."""
 
@@ -123,7 +90,7 @@ class Engine:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self._sock.bind(self._address)
-        self._workers: dict[bytes, _Worker] = {}
+        self._workers: dict[bytes, PoolWorker] = {}
         self._queue: deque[Task] = deque()
         self._startup_deaths = 0  # workers that crashed before READY, in a row: 3 means it cannot start
         # Failures found by supervision (a task that kept killing workers), returned by drain().
@@ -160,7 +127,7 @@ class Engine:
             target=worker_main, args=(spec,), name=f"fastload-worker-{worker_id}", daemon=True
         )
         process.start()
-        self._workers[identity] = _Worker(worker_id, identity, process)
+        self._workers[identity] = PoolWorker(worker_id, identity, process)
 
     @property
     def socket(self) -> zmq.Socket:  # type: ignore[type-arg]
@@ -193,13 +160,13 @@ class Engine:
         """Queue a task and send it to a worker now: the trainer may not poll again for a while
         (it finds the next batch ready), and workers must not idle meanwhile."""
         self._queue.append(task)
-        self._dispatch()
+        self._queue = dispatch(self._queue, self._workers.values(), self._send)
 
     @property
     def in_flight(self) -> int:
         return len(self._queue) + sum(len(w.tasks) for w in self._workers.values())
 
-    def _send(self, worker: _Worker, frames: list[bytes]) -> bool:
+    def _send(self, worker: PoolWorker, frames: list[bytes]) -> bool:
         """Send to one worker; False (and the worker is given up) when it cannot be reached."""
         try:
             self._sock.send_multipart([worker.identity, *frames], flags=zmq.NOBLOCK)
@@ -208,7 +175,7 @@ class Engine:
             self._give_up(worker, f"it cannot be reached ({e}): it died or stopped reading")
             return False
 
-    def _give_up(self, worker: _Worker, why: str) -> None:
+    def _give_up(self, worker: PoolWorker, why: str) -> None:
         """Kill a worker the engine cannot use; supervision replaces it and re-runs its tasks."""
         if worker.lost:
             return
@@ -216,54 +183,6 @@ class Engine:
         log.warning("worker %d (pid %s): %s; replacing it", worker.worker_id, worker.process.pid, why)
         with contextlib.suppress(OSError, ValueError, AttributeError):  # already gone
             worker.process.kill()
-
-    def _dispatch(self) -> None:
-        # A worker running a suspect task takes nothing else, so that its death is that task's.
-        ready = [
-            w
-            for w in self._workers.values()
-            if w.ready and not w.lost and not any(t.suspect for t in w.tasks.values())
-        ]
-        if self._queue and self._queue[0].worker is not None:
-            self._dispatch_pinned(ready)
-            return
-        while self._queue and ready:
-            if self._queue[0].suspect:
-                idle = [w for w in ready if not w.tasks]
-                if not idle:
-                    return  # wait for a worker to finish what it holds; the suspect goes first
-                worker = idle[0]
-            else:
-                worker = min(ready, key=lambda w: len(w.tasks))
-                if len(worker.tasks) >= _MAX_TASKS_PER_WORKER:
-                    return
-            task = self._queue.popleft()
-            if not self._assign(worker, task):
-                ready.remove(worker)
-
-    def _assign(self, worker: _Worker, task: Task) -> bool:
-        """Give `task` to `worker`; whether the worker may take more now (not if the send failed:
-        a lost worker takes nothing more; nor after a suspect, which runs alone)."""
-        if not worker.tasks:
-            worker.busy_since = time.monotonic()
-        worker.tasks[task.seq] = task  # re-run with the others if the send fails
-        sent = self._send(worker, proto.encode_task(task, proto.PROBE if task.probe else proto.TASK))
-        return sent and not task.suspect
-
-    def _dispatch_pinned(self, ready: list[_Worker]) -> None:
-        """Send each queued task that names its worker to that worker, once it is ready (an
-        iterable stream's batches, NOTE [iterable streams]); the others keep their order."""
-        by_id = {w.worker_id: w for w in ready}
-        kept: deque[Task] = deque()
-        for task in self._queue:
-            worker = by_id.get(task.worker) if task.worker is not None else None
-            full = worker is not None and len(worker.tasks) >= _MAX_TASKS_PER_WORKER
-            if worker is None or full or (task.suspect and worker.tasks):
-                kept.append(task)  # a suspect waits until its worker holds nothing else
-                continue
-            if not self._assign(worker, task):
-                del by_id[worker.worker_id]
-        self._queue = kept
 
     def drain(self) -> list[Event]:
         """Handle every reply already waiting (never blocks), then dispatch queued tasks."""
@@ -277,7 +196,7 @@ class Engine:
             event = self._handle(frames)
             if event is not None:
                 events.append(event)
-        self._dispatch()
+        self._queue = dispatch(self._queue, self._workers.values(), self._send)
         return events
 
     def supervise(self) -> None:
@@ -290,11 +209,11 @@ class Engine:
             self._oom_kills, self._oom_checked = oom_kill_count(), now
         self._check_hangs(now)
         self._check_liveness()
-        self._dispatch()
+        self._queue = dispatch(self._queue, self._workers.values(), self._send)
 
     def poll(self, timeout_s: float) -> list[Event]:
         """Dispatch, then wait up to `timeout_s` for replies; supervise workers meanwhile."""
-        self._dispatch()
+        self._queue = dispatch(self._queue, self._workers.values(), self._send)
         deadline = time.monotonic() + timeout_s
         while True:
             remaining = deadline - time.monotonic()
@@ -331,7 +250,7 @@ class Engine:
         self._finished(worker, event.seq)
         return event
 
-    def _finished(self, worker: _Worker, seq: int) -> None:
+    def _finished(self, worker: PoolWorker, seq: int) -> None:
         """A worker answered task `seq`: time it (for the hang bound); its next task starts now."""
         task = worker.tasks.pop(seq, None)
         now = time.monotonic()
@@ -380,7 +299,10 @@ class Engine:
                     "exit": describe_exit(code), "tasks_redone": len(worker.tasks),
                 }},
             )
-            self._requeue(worker, code, cause)
+            failed, again = charge(list(worker.tasks.values()), code, cause)
+            if failed is not None:
+                self._supervision_events.append(failed)
+            self._queue.extendleft(reversed(again))  # at the front, in their order
             if not worker.ready and cause is Cause.CRASH and code != 0:
                 self._startup_deaths += 1
             if self._startup_deaths >= MAX_STRIKES:
@@ -392,44 +314,6 @@ class Engine:
             self._spawn(worker.worker_id)
         if oom_now is not None:
             self._oom_kills, self._oom_checked = oom_now, time.monotonic()
-
-    def _requeue(self, worker: _Worker, code: int, cause: Cause) -> None:
-        """Put a dead worker's tasks back at the front of the queue, charging only the task that
-        can have caused the death (NOTE [blame]); a task out of strikes fails instead."""
-        lost = list(worker.tasks.values())
-        if lost and cause is Cause.HANG:
-            running = lost[0]  # a worker runs its tasks in order: the first one hung
-            running.hangs += 1
-            running.strikes += 1
-            running.suspect = True
-        elif lost and cause is Cause.CRASH:
-            for task in lost:
-                task.suspect = True
-            if len(lost) == 1:  # it held nothing else: this task killed it
-                lost[0].strikes += 1
-        if lost and lost[0].strikes >= MAX_STRIKES:
-            self._supervision_events.append(self._failed(lost.pop(0), code, cause))
-        for task in reversed(lost):
-            self._queue.appendleft(task)
-
-    def _failed(self, task: Task, code: int, cause: Cause) -> Failure:
-        if cause is Cause.HANG:
-            what = f"hung {task.hangs} worker processes in a row (no reply within the hang bound)"
-            hint = (
-                "a sample may block forever (a stalled network filesystem?); "
-                "raise hang_timeout if it is merely slow"
-            )
-        else:
-            what = f"killed {task.strikes} worker processes in a row (last: {describe_exit(code)})"
-            hint = "a sample probably crashes the decoder, or needs more memory than there is"
-        return Failure(
-            seq=task.seq,
-            message=f"batch {task.batch_index} (samples {task.indices[:8].tolist()}...) {what}; {hint}",
-            path="",
-            index=int(task.indices[0]) if len(task.indices) else -1,
-            exc_type=WorkerError.__name__,
-            traceback="",
-        )
 
     def close(self) -> None:
         """Stop every worker (politely, then by force) and remove the socket."""

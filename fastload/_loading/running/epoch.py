@@ -1,7 +1,7 @@
-"""One epoch of a loader: its batches submitted in plan order, at most `prefetch` in flight,
-their outcomes reordered into plan order and delivered; and, once all are submitted, the next
-epoch's first batches decoded ahead (NOTE [no drain]). It drives a `Pipeline`, which never calls
-it back.
+"""One epoch of a loader: its batches submitted in plan order, as many in flight as the
+pipeline's `InFlightWindow` allows (its limit read before each submission), their outcomes
+reordered into plan order and delivered; and, once all are submitted, the next epoch's first
+batches decoded ahead (NOTE [no drain]). It drives a `Pipeline`, which never calls it back.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Lane:
 
 
 # NOTE [no drain]: a pipeline that stops submitting when an epoch's plan runs out idles its workers
-# while the trainer eats the last `prefetch` batches, and the next epoch then starts cold (its
+# while the trainer eats the last window's batches, and the next epoch then starts cold (its
 # first batch a whole batch-time away). An epoch's plan is known from (seed, epoch), so once this
 # epoch's batches are all submitted, free room in the window goes to the next epoch's first
 # batches (`following`: the epoch the loader will most likely run next). The next iteration takes
@@ -88,7 +88,7 @@ class EpochIterator(Iterator[Any]):
     def _fill_lane(self, lane: Lane) -> None:
         """Submit `lane`'s next batches while the window has room and a slot is free."""
         pipe = self._pipeline
-        while not lane.exhausted and self._in_window() < pipe.prefetch:
+        while not lane.exhausted and self._in_window() < pipe.window.limit:
             indices = next(lane.batches, None)
             if indices is None:
                 lane.exhausted = True

@@ -4,12 +4,13 @@
 gives each batch a ticket (its seq) and every finished batch's outcome is queued under its ticket
 for `take_outcomes`. The epoch iterator (`epoch`) drives it; the flow is one-way: the iterator
 calls the pipeline, never the reverse, and an epoch that ends early `cancel`s its tickets. Every
-wait is bounded and re-checks worker liveness.
+wait is bounded and re-checks worker liveness. What runs the tasks is `executors`' choice; a
+batch's parts are cut and joined by `split_batches`; the ring is sized by `slots.ring_plan`, and
+how many batches are in flight is the `in_flight` window's to say.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import itertools
 import os
@@ -17,7 +18,6 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,53 +35,23 @@ from fastload._loading.jobs.executor import (
     Probed,
     RemoteExecutor,
     Task,
+    raise_failure,
 )
-from fastload._loading.running.engine import Engine, raise_failure
-from fastload._loading.running.inline import InlineExecutor
+from fastload._loading.running.engine import Engine
+from fastload._loading.running.executors import RingSlots, make_executor
+from fastload._loading.running.in_flight import InFlightWindow
+from fastload._loading.running.split_batches import SplitBatches, part_count
 from fastload._loading.running.stats import StatsWriter
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.delivery import CpuDelivery, CudaDelivery, make_delivery
 from fastload._loading.slots.identity import SampleIds
 from fastload._loading.slots.layout import BatchLayout
-from fastload._loading.slots.ring import EXTRA_SLOTS, Ring
+from fastload._loading.slots.ring import Ring
+from fastload._loading.slots.ring_plan import RingPlan, in_flight_without_ring, plan_ring
 from fastload._paths import reap_engine_dirs
-from fastload._shm import install_signal_cleanup, preflight, reap_orphans
+from fastload._shm import install_signal_cleanup, reap_orphans
 
 _POLL_S = 0.05
-# A cold batch is split so that each part keeps at least this many rows.
-_MIN_SPLIT_ROWS = 4
-
-
-@dataclass
-class _Parts:
-    """The joined outcome of a batch split across workers (see NOTE [split batches])."""
-
-    left: int
-    count: int = 0
-    read_ns: int = 0
-    decode_ns: int = 0
-    bytes_read: int = 0
-    read_cpu_ns: int = 0
-    read_runq_ns: int = 0
-    augment_ns: int = 0
-    net_bytes: int = 0
-    net_wait_ns: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
-    skipped: tuple[SkippedSample, ...] = ()
-    failure: Failure | None = None
-
-
-class _RingSlots:
-    """A slot's memory by name, once the ring exists (for the inline executor). It holds the
-    ring, never the pipeline: see NOTE [no reference back]."""
-
-    ring: Ring | None = None
-
-    def buffer(self, name: str) -> Any:
-        if self.ring is None:
-            raise RuntimeError(f"slot {name} was named before the ring was made")
-        return self.ring.buffer(name)
 
 
 # (slot, count, samples replaced in it: NOTE [bad samples]) | failure | opaque batch
@@ -106,7 +76,6 @@ class Pipeline:
         self._name_of = name_of
         self._skips = skips
         self.layout: BatchLayout | None = job.layout if job is not None else None
-        self.opaque = False
         self.ring: Ring | None = None
         self.delivery: CpuDelivery | CudaDelivery | None = None
         self._seqs = itertools.count()
@@ -116,41 +85,30 @@ class Pipeline:
         self._probed: Probed | Failure | None = None  # the reply to the layout probe
         self._probe_seq: int | None = None  # the layout probe's task, once sent (Datasets only)
         self._collect_at = 0  # ring size at which a starved ring next runs the garbage collector
-        self._part_of: dict[int, int] = {}  # seq of a part of a split batch -> the batch's seq
-        self._split: dict[int, _Parts] = {}  # batch seq -> its parts' joined outcome so far
-        self._slots = _RingSlots()  # how tasks run on this thread (inline) find a slot's memory
+        self._split = SplitBatches()  # the parts of batches split across workers
+        self._slots = RingSlots()  # how tasks run on this thread (inline) find a slot's memory
         self.workers = spec.num_workers if session is None else session.workers
-        # Batches in flight: as the user said, else sized from the batch's bytes once they are known
-        # (`spec.ring_prefetch`); until a Dataset's sample is probed, DataLoader's two per worker.
-        self.prefetch = spec.prefetch or 2 * max(1, self.workers)
+        # The ring, sized from the batch's bytes once they are known (a Dataset's, once a sample is
+        # probed); a daemon session's ring is the daemon's.
+        self._ring_plan: RingPlan | None = None
         if self.layout is not None:
-            self.prefetch = spec.ring_prefetch(self.workers, self.layout.slot_bytes)
+            self._ring_plan = plan_ring(self.layout.slot_bytes, self.workers, spec.prefetch)
         install_signal_cleanup()
         reap_orphans()
         reap_engine_dirs()
-        if self.layout is not None and session is None and not spec.decodes_in_trainer:
+        if self._ring_plan is not None and session is None and not spec.decodes_in_trainer:
             # Before any worker is forked: a ring that cannot fit fails here, leaving nothing behind.
-            preflight(self.layout.slot_bytes * (self.prefetch + EXTRA_SLOTS))
-        self.executor: Executor
+            self._ring_plan.preflight()
+        self.executor: Executor = make_executor(job, spec, session, self._slots.buffer)
         # Tasks run in poll, on this thread (the DALI executor's run on threads of its own).
         self.inline = session is None and spec.num_workers == 0 and not spec.decodes_in_trainer
-        if session is not None:
-            self.executor = session
-        elif job is None:
-            raise ValueError("a pipeline needs a job or a daemon session")
-        elif spec.decodes_in_trainer:
-            self.executor = _dali_executor(job, spec)
-            self.opaque = True  # its batches are finished where they go: no ring
-        elif spec.num_workers > 0:
-            self.executor = Engine(
-                {0: job},
-                num_workers=spec.num_workers,
-                mp_context=spec.mp_context,
-                worker_init_fn=spec.worker_init_fn,
-                hang_timeout_s=spec.hang_timeout_s,
-            )
-        else:
-            self.executor = InlineExecutor(job, self._slots.buffer)
+        # The DALI executor's batches are finished where they go: no ring.
+        self.opaque = session is None and spec.decodes_in_trainer
+        # Batches in flight (NOTE [what "prefetch" names]): the ring plan's, or until there is one,
+        # DataLoader's two per worker; fitted to the ring once it exists (`_build_ring`).
+        plan = self._ring_plan
+        start = plan.in_flight if plan is not None else in_flight_without_ring(self.workers, spec.prefetch)
+        self.window = InFlightWindow(start, workers=self.workers, engine=isinstance(self.executor, Engine))
         self.stats = StatsWriter(
             spec.label, "daemon" if session is not None else "local", spec.device.type,
             self.workers, spec.slot_batch_size,
@@ -165,8 +123,6 @@ class Pipeline:
         if session is not None:  # the daemon fixed the layout and made the ring, of its size
             self.layout = session.layout
             self._build_ring_or_close(session.attach_ring)
-            assert self.ring is not None
-            self.prefetch = len(self.ring) - EXTRA_SLOTS
 
     def next_seq(self) -> int:
         return next(self._seqs)
@@ -197,9 +153,10 @@ class Pipeline:
                 self.opaque = True
                 return None
             self.executor.set_layout(self.layout)
-            self.prefetch = self.spec.ring_prefetch(self.workers, self.layout.slot_bytes)
-        layout = self.layout
-        self._build_ring_or_close(lambda: Ring(layout.slot_bytes, self.prefetch + EXTRA_SLOTS))
+            self._ring_plan = plan_ring(self.layout.slot_bytes, self.workers, self.spec.prefetch)
+        plan = self._ring_plan
+        assert plan is not None
+        self._build_ring_or_close(lambda: Ring(plan.slot_bytes, plan.slots))
         return None
 
     @property
@@ -225,6 +182,7 @@ class Pipeline:
         assert self.layout is not None
         self.ring = ring
         self._resources.append(ring)
+        self.window.fit_ring(len(ring))
         self._slots.ring = ring
         plan, spec = self.spec.transforms, self.spec
         stages = (
@@ -255,22 +213,15 @@ class Pipeline:
             self._slot_of[seq] = slot
             slot_name = self.ring.name(slot)
         self._wanted.add(seq)
-        parts = 1 if self.spec.iterable else self._split_count(len(indices))
+        # One task per worker (NOTE [split batches] in `split_batches`); an iterable stream's
+        # batch runs whole on its stream's worker.
+        parts = 1 if self.spec.iterable or self.opaque else part_count(len(indices), self.workers)
         if parts == 1:
             worker = self._worker_of(indices)
             self.executor.submit(Task(seq, epoch, batch_index, indices, slot_name, worker=worker))
             return seq
-        # NOTE [split batches]: one worker decoding a whole batch makes a batch take batch-time
-        # (256 x 2 ms = 0.5 s) to exist, and batches complete in bursts, out of plan order; so
-        # every batch is split into row ranges of its slot, one per worker, and is ready in
-        # about batch-time / workers, in plan order (the first batch of an epoch too). Per-sample
-        # seeds make the result identical to one task's; parts report into the same slot.
-        n = len(indices)
-        self._split[seq] = _Parts(left=parts)
-        for row, end in itertools.pairwise([n * k // parts for k in range(parts + 1)]):
-            part = self.next_seq()
-            self._part_of[part] = seq
-            self.executor.submit(Task(part, epoch, batch_index, indices[row:end], slot_name, row=row))
+        for part, row, rows in self._split.split(seq, indices, parts, self.next_seq):
+            self.executor.submit(Task(part, epoch, batch_index, rows, slot_name, row=row))
         return seq
 
     def _worker_of(self, indices: np.ndarray) -> int | None:
@@ -279,53 +230,6 @@ class Pipeline:
         if not self.spec.iterable or self.inline:
             return None
         return int(indices[0])
-
-    def _split_count(self, n: int) -> int:
-        """How many tasks to make of a batch of `n`: one per worker (see NOTE [split batches])."""
-        if self.opaque:
-            return 1
-        return max(1, min(self.workers, n // _MIN_SPLIT_ROWS))
-
-    def _join_part(self, event: Done | Failure) -> Done | Failure | None:
-        """Fold one part's outcome into its batch's; the batch's outcome once every part is in."""
-        seq = self._part_of.pop(event.seq)
-        parts = self._split[seq]
-        parts.left -= 1
-        if isinstance(event, Done):
-            parts.count += event.count
-            parts.read_ns += event.read_ns
-            parts.decode_ns += event.decode_ns
-            parts.bytes_read += event.bytes_read
-            parts.read_cpu_ns += event.read_cpu_ns
-            parts.read_runq_ns += event.read_runq_ns
-            parts.augment_ns += event.augment_ns
-            parts.net_bytes += event.net_bytes
-            parts.net_wait_ns += event.net_wait_ns
-            parts.cache_hits += event.cache_hits
-            parts.cache_misses += event.cache_misses
-            parts.skipped += event.skipped
-        elif parts.failure is None:
-            parts.failure = dataclasses.replace(event, seq=seq)
-        if parts.left:
-            return None  # the slot stays taken until every part has stopped writing into it
-        del self._split[seq]
-        if parts.failure is not None:
-            return parts.failure
-        return Done(
-            seq,
-            parts.count,
-            parts.read_ns,
-            parts.decode_ns,
-            parts.bytes_read,
-            parts.read_cpu_ns,
-            parts.read_runq_ns,
-            parts.augment_ns,
-            parts.net_bytes,
-            parts.net_wait_ns,
-            parts.cache_hits,
-            parts.cache_misses,
-            skipped=parts.skipped,
-        )
 
     def poll_once(self, deadline: float | None, wait_s: float = _POLL_S) -> None:
         """Wait up to `wait_s` for events and queue each batch's outcome under its ticket; LoaderTimeout
@@ -348,8 +252,8 @@ class Pipeline:
             return
         if isinstance(event, Failure) and event.seq < 0:
             raise_failure(event)
-        if isinstance(event, (Done, Failure)) and event.seq in self._part_of:
-            joined = self._join_part(event)
+        if isinstance(event, (Done, Failure)) and self._split.holds(event.seq):
+            joined = self._split.join(event)
             if joined is None:
                 return
             event = joined
@@ -476,24 +380,6 @@ def _close_all(resources: list[Any], owner_pid: int) -> None:
         for resource in reversed(rest):
             resource.close()
         resources.clear()
-
-
-def _dali_executor(job: Job, spec: LoaderSpec) -> Executor:
-    """The in-process GPU-decoding executor for a source's image job (`spec.decodes_in_trainer`)."""
-    from fastload._loading.decoding.nvjpeg_decoder import NVJPEG_READ_THREADS
-    from fastload._loading.jobs.image_job import ImageJob
-    from fastload._loading.running.dali_executor import DaliExecutor
-    from fastload._native_jpeg import built_native_jpeg
-
-    if not isinstance(job, ImageJob) or spec.transforms is None or spec.images is None:
-        raise ValueError("the DALI executor runs sources of encoded images only")
-    threads = max(1, spec.num_workers)
-    if spec.backend == "nvjpeg":
-        threads = min(threads, NVJPEG_READ_THREADS)
-    return DaliExecutor(
-        job.index, spec.transforms, spec.seed, spec.slot_batch_size, spec.images, spec.device,
-        threads=threads, pin_memory=spec.pin_memory, jpeg=built_native_jpeg(), decoder=spec.backend,
-    )
 
 
 def deadline_after(timeout_s: float) -> float | None:

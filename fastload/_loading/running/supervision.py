@@ -23,6 +23,9 @@ import enum
 import signal
 from collections import deque
 
+from fastload._errors import WorkerError
+from fastload._loading.jobs.executor import Failure, Task
+
 MAX_STRIKES = 3
 DEFAULT_HANG_FLOOR_S = 120.0
 _HANG_FACTOR = 20.0
@@ -103,3 +106,42 @@ class HangBound:
     def limit_s(self, samples: int, earlier_hangs: int) -> float:
         slowest = max(self._per_sample, default=0.0)
         return max(self.floor_s, _HANG_FACTOR * slowest * samples) * 2.0**earlier_hangs
+
+
+def charge(lost: list[Task], code: int, cause: Cause) -> tuple[Failure | None, list[Task]]:
+    """Charge the tasks a dead worker held (in its order) with its death, only the one that can
+    have caused it (NOTE [blame]). Returns the Failure of a task out of strikes (or None), and
+    the tasks to run again, in order."""
+    if lost and cause is Cause.HANG:
+        running = lost[0]  # a worker runs its tasks in order: the first one hung
+        running.hangs += 1
+        running.strikes += 1
+        running.suspect = True
+    elif lost and cause is Cause.CRASH:
+        for task in lost:
+            task.suspect = True
+        if len(lost) == 1:  # it held nothing else: this task killed it
+            lost[0].strikes += 1
+    if lost and lost[0].strikes >= MAX_STRIKES:
+        return _failed(lost[0], code, cause), lost[1:]
+    return None, lost
+
+
+def _failed(task: Task, code: int, cause: Cause) -> Failure:
+    if cause is Cause.HANG:
+        what = f"hung {task.hangs} worker processes in a row (no reply within the hang bound)"
+        hint = (
+            "a sample may block forever (a stalled network filesystem?); "
+            "raise hang_timeout if it is merely slow"
+        )
+    else:
+        what = f"killed {task.strikes} worker processes in a row (last: {describe_exit(code)})"
+        hint = "a sample probably crashes the decoder, or needs more memory than there is"
+    return Failure(
+        seq=task.seq,
+        message=f"batch {task.batch_index} (samples {task.indices[:8].tolist()}...) {what}; {hint}",
+        path="",
+        index=int(task.indices[0]) if len(task.indices) else -1,
+        exc_type=WorkerError.__name__,
+        traceback="",
+    )

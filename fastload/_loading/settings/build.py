@@ -31,7 +31,7 @@ from fastload._loading.settings.arguments import (
 )
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.delivery import ImageOutput
-from fastload._loading.slots.ring import MAX_PREFETCH
+from fastload._loading.slots.ring_plan import MAX_IN_FLIGHT
 from fastload._machine import usable_cores
 from fastload._metrics_seam import metrics_setting
 from fastload.sources import Source, as_source
@@ -115,8 +115,8 @@ def build_spec(
     # bytes once they are known; a daemon sizes the rings of its sessions.
     if prefetch is None and prefetch_factor is not None:
         prefetch = prefetch_factor * max(1, num_workers)
-    if prefetch is not None and not 1 <= prefetch <= MAX_PREFETCH:
-        raise ConfigError(f"prefetch must be 1..{MAX_PREFETCH}, got {prefetch}")
+    if prefetch is not None and not 1 <= prefetch <= MAX_IN_FLIGHT:
+        raise ConfigError(f"prefetch must be 1..{MAX_IN_FLIGHT}, got {prefetch}")
     if is_source:
         rank, world_size = process_position(rank, world_size)
     images = _image_output(normalize, dtype, memory_format) if is_source else None

@@ -21,7 +21,6 @@ from fastload._augment.registry import check_kernels
 from fastload._bad_samples import DEFAULT_MAX_SKIPPED
 from fastload._errors import ConfigError
 from fastload._loading.slots.delivery import ImageOutput
-from fastload._loading.slots.ring import default_prefetch
 from fastload.sources import ImageFolder, Source
 from fastload.transforms import Transform, TransformPlan, compile_transforms, to_config
 
@@ -51,7 +50,7 @@ class LoaderSpec:
     world_size: int
     # Who loads them.
     num_workers: int
-    prefetch: int | None  # None: sized from the batch's bytes (`ring.default_prefetch`)
+    prefetch: int | None  # in flight as asked; None: `ring_plan` derives it (NOTE [what "prefetch" names])
     persistent_workers: bool
     timeout_s: float
     hang_timeout_s: float | None
@@ -152,11 +151,6 @@ class LoaderSpec:
     def label(self) -> str:
         """What `fastload iostat` calls this loader: the source's path, or the Dataset's class."""
         return self.source.where if self.source is not None else type(self.dataset).__name__
-
-    def ring_prefetch(self, workers: int, slot_bytes: int) -> int:
-        """Batches in flight for batches of `slot_bytes`: `prefetch` as given, else sized from the
-        bytes (`ring.default_prefetch`)."""
-        return self.prefetch or default_prefetch(workers, slot_bytes)
 
     def for_arrays(self) -> LoaderSpec:
         """This spec for a source of arrays (rows delivered as stored): no image output, and a

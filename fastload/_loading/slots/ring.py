@@ -13,27 +13,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from fastload._loading.slots.ring_plan import check_ring_room
 from fastload._shm import Segment, ensure_fd_room, preflight
-
-# Ring slots beyond `prefetch`: the batch the user holds while asking for the next, and one spare.
-EXTRA_SLOTS = 2
-# The most batches one loader keeps in flight (also the most a daemon session may ask for).
-MAX_PREFETCH = 64
-# What a loader's ring may take by default. More only buys prefetch beyond "every worker busy".
-DEFAULT_RING_BUDGET_BYTES = 512 << 20
-
-
-def default_prefetch(workers: int, slot_bytes: int, budget_bytes: int = DEFAULT_RING_BUDGET_BYTES) -> int:
-    """Batches in flight when the user does not say: two per worker (DataLoader's
-    prefetch_factor=2) as far as `budget_bytes` of ring allow, but never so few that a worker
-    waits for a slot (workers + 1), and never more than MAX_PREFETCH.
-
-    E.g. 16 workers, batches of 256 images of 224x224 (37 MiB): 11 fit in 512 MiB, 17 keep every
-    worker busy, so 17 (19 slots, 700 MiB), where two per worker would take 34 slots (1.25 GiB).
-    """
-    workers = max(1, workers)
-    affordable = budget_bytes // max(1, slot_bytes) - EXTRA_SLOTS
-    return int(min(MAX_PREFETCH, max(workers + 1, min(2 * workers, affordable))))
 
 
 def _create_slot(slot_bytes: int) -> Segment:
@@ -42,8 +23,9 @@ def _create_slot(slot_bytes: int) -> Segment:
 
 
 class Ring:
-    """Slots of `slot_bytes` each, made up front (after /dev/shm capacity and file-descriptor
-    checks: before Python 3.13 every mapped slot holds one fd, see fastload._shm) by `allocate`.
+    """Slots of `slot_bytes` each, made up front (after the ring plan's /dev/shm capacity and
+    file-descriptor checks: before Python 3.13 every mapped slot holds one fd, see fastload._shm)
+    by `allocate`; `ring_plan` says how many.
 
     In local mode the trainer creates its slots; attached to a daemon, `allocate` asks the daemon
     for one more slot of the session's ring and attaches it.
@@ -57,8 +39,7 @@ class Ring:
         initial: list[Segment] | None = None,
     ) -> None:
         if initial is None:
-            preflight(slot_bytes * num_slots)
-            ensure_fd_room(num_slots)
+            check_ring_room(slot_bytes, num_slots)
         self.slot_bytes = slot_bytes
         self.segments: dict[int, Segment] = {}
         self._by_name: dict[str, Segment] = {}
