@@ -71,11 +71,11 @@ def test_turning_the_window_mid_epoch_changes_batches_in_flight_and_loses_none()
         it = iter(loader)
         for k in range(len(expected)):
             if k == 4:
-                assert loader._pipeline is not None
-                assert loader._pipeline.window.resize(1) == Resized(1)
+                assert loader._runs.pipeline is not None
+                assert loader._runs.pipeline.window.resize(1) == Resized(1)
             if k == 24:
-                assert loader._pipeline is not None
-                assert loader._pipeline.window.resize(6) == Resized(6)
+                assert loader._runs.pipeline is not None
+                assert loader._runs.pipeline.window.resize(6) == Resized(6)
             got.append(next(it).clone())
             in_flight.append(it._in_window())  # type: ignore[attr-defined]
         with pytest.raises(StopIteration):

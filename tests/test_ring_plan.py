@@ -77,7 +77,7 @@ class Rows(Dataset[np.ndarray]):
 def test_a_datasets_ring_is_the_plan_of_its_probed_layout() -> None:
     with FastLoader(Rows(), batch_size=4, num_workers=2) as loader:
         assert len(list(loader)) == 6
-        pipeline = loader._pipeline
+        pipeline = loader._runs.pipeline
         assert pipeline is not None and pipeline.ring is not None and pipeline.layout is not None
         plan = plan_ring(pipeline.layout.slot_bytes, 2, None)
         assert len(pipeline.ring) == plan.slots

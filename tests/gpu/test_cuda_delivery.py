@@ -52,7 +52,7 @@ def test_slots_are_pinned_and_released_after_copy(folder: Path) -> None:
     # holding every batch holds every slot and grows the ring; on CUDA a slot is free once copied.
     with _loader(folder, "cuda", prefetch=2) as gpu:
         batches = list(gpu)
-        pipeline = gpu._pipeline
+        pipeline = gpu._runs.pipeline
         assert pipeline is not None and pipeline.ring is not None
         assert len(batches) > pipeline.window.limit + EXTRA_SLOTS
         grown = len(pipeline.ring) != pipeline.window.limit + EXTRA_SLOTS

@@ -49,7 +49,7 @@ def test_mixed_batches_on_the_gpu_match_the_cpu_dali_path(folder: Path) -> None:
     with _loader(folder, "cpu") as cpu, _loader(folder, "cuda") as gpu:
         reference = [[t.clone() for t in b] for b in cpu]
         got = [[t.clone() for t in b] for b in gpu]
-        assert gpu._pipeline is not None and isinstance(gpu._pipeline.executor, DaliExecutor)
+        assert gpu._runs.pipeline is not None and isinstance(gpu._runs.pipeline.executor, DaliExecutor)
     assert len(got) == len(reference) > 0
     for (xg, yg), (xc, yc) in zip(got, reference, strict=True):
         assert xg.is_cuda and yg.is_cuda
