@@ -533,7 +533,8 @@ class Daemon:
             if session.read_ahead is not None:
                 fetched = session.read_ahead.delivered()
                 if fetched and isinstance(event, Done):  # the trainer's iostat counts what was fetched
-                    event = replace(event, net_bytes=event.net_bytes + fetched)
+                    counted = replace(event.counters, net_bytes=event.counters.net_bytes + fetched)
+                    event = replace(event, counters=counted)
             session.record(event)
             self._count(event)
             if isinstance(event, Done) and rows is not None:  # over TCP: the batch's bytes go with it
@@ -595,7 +596,7 @@ class Daemon:
         if isinstance(event, Done):
             self._totals["samples"] += event.count
             self._totals["tasks"] += 1
-            self._totals["bytes_read"] += event.bytes_read
+            self._totals["bytes_read"] += event.counters.bytes_read
         else:
             self._totals["failures"] += 1
 

@@ -21,6 +21,7 @@ import torch
 
 from fastload._augment.program import SampleProgram
 from fastload._bad_samples import MAX_ATTEMPTS, SkippedSample, reason_of, replacement
+from fastload._batch_counters import BatchCounters
 from fastload._errors import exception_type_name
 from fastload._loading.backends import SampleFailure, make_backend
 from fastload._loading.executor import Done, Event, Failure, Opaque, Probed, Task
@@ -292,10 +293,12 @@ class ImageJob(SourceJob):
             self._run_stage(self._tensor, "tensor", images[:n], task, indices)
         labels[:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
-        return Done(
-            task.seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq, t3 - t2,
+        counters = BatchCounters(
+            samples=n, read_ns=t1 - t0, decode_ns=t2 - t1, bytes_read=sum(len(b) for b in blobs),
+            read_cpu_ns=read_cpu, read_runq_ns=read_runq, augment_ns=t3 - t2,
             net_bytes=net_bytes, net_wait_ns=net_wait, cache_hits=hits, cache_misses=misses,
         )
+        return Done(task.seq, counters)
 
     def _replace(
         self,
@@ -438,7 +441,11 @@ class DatasetJob:
         read_runq = run_delay_since(runq0)
         write_samples(seq, samples, layout, arrays, [int(i) for i in indices], self._path_of)
         decode_ns = time.perf_counter_ns() - t1
-        return Done(seq, len(indices), t1 - t0, decode_ns, 0, read_cpu, read_runq, skipped=tuple(skipped))
+        counters = BatchCounters(
+            samples=len(indices), read_ns=t1 - t0, decode_ns=decode_ns, read_cpu_ns=read_cpu,
+            read_runq_ns=read_runq,
+        )
+        return Done(seq, counters, skipped=tuple(skipped))
 
     def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int, tuple[SkippedSample, ...]]:
         """Load and collate a batch that cannot live in a slot (the documented slow path)."""

@@ -24,6 +24,7 @@ import numpy as np
 
 from fastload._augment.program import TrainerStages
 from fastload._bad_samples import SkipAccount, SkippedSample, stand_ins
+from fastload._batch_counters import BatchCounters
 from fastload._errors import LoaderTimeout
 from fastload._loading.delivery import CpuDelivery, CudaDelivery, make_delivery
 from fastload._loading.engine import Engine, raise_failure
@@ -48,17 +49,7 @@ class _Parts:
     """The joined outcome of a batch split across workers (see NOTE [split batches])."""
 
     left: int
-    count: int = 0
-    read_ns: int = 0
-    decode_ns: int = 0
-    bytes_read: int = 0
-    read_cpu_ns: int = 0
-    read_runq_ns: int = 0
-    augment_ns: int = 0
-    net_bytes: int = 0
-    net_wait_ns: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
+    counters: BatchCounters = dataclasses.field(default_factory=BatchCounters)
     skipped: tuple[SkippedSample, ...] = ()
     failure: Failure | None = None
 
@@ -283,17 +274,7 @@ class Pipeline:
         parts = self._split[seq]
         parts.left -= 1
         if isinstance(event, Done):
-            parts.count += event.count
-            parts.read_ns += event.read_ns
-            parts.decode_ns += event.decode_ns
-            parts.bytes_read += event.bytes_read
-            parts.read_cpu_ns += event.read_cpu_ns
-            parts.read_runq_ns += event.read_runq_ns
-            parts.augment_ns += event.augment_ns
-            parts.net_bytes += event.net_bytes
-            parts.net_wait_ns += event.net_wait_ns
-            parts.cache_hits += event.cache_hits
-            parts.cache_misses += event.cache_misses
+            parts.counters += event.counters
             parts.skipped += event.skipped
         elif parts.failure is None:
             parts.failure = dataclasses.replace(event, seq=seq)
@@ -302,21 +283,7 @@ class Pipeline:
         del self._split[seq]
         if parts.failure is not None:
             return parts.failure
-        return Done(
-            seq,
-            parts.count,
-            parts.read_ns,
-            parts.decode_ns,
-            parts.bytes_read,
-            parts.read_cpu_ns,
-            parts.read_runq_ns,
-            parts.augment_ns,
-            parts.net_bytes,
-            parts.net_wait_ns,
-            parts.cache_hits,
-            parts.cache_misses,
-            skipped=parts.skipped,
-        )
+        return Done(seq, parts.counters, skipped=parts.skipped)
 
     def poll_once(self, deadline: float | None, wait_s: float = _POLL_S) -> None:
         """Wait up to `wait_s` for events and queue each batch's outcome under its ticket; LoaderTimeout
@@ -345,23 +312,9 @@ class Pipeline:
                 return
             event = joined
         if isinstance(event, Done):
-            stats = self.stats
-            stats.add("batches", 1)
-            stats.add("samples", event.count)
-            stats.add("bytes_read", event.bytes_read)
-            stats.add("read_ns", event.read_ns)
-            stats.add("decode_ns", event.decode_ns)
-            stats.add("read_cpu_ns", event.read_cpu_ns)
-            stats.add("read_runq_ns", event.read_runq_ns)
-            stats.add("augment_ns", event.augment_ns)
-            stats.add("net_bytes", event.net_bytes)
-            stats.add("net_wait_ns", event.net_wait_ns)
-            stats.add("cache_hits", event.cache_hits)
-            stats.add("cache_misses", event.cache_misses)
+            self.stats.count_batch(event.counters)
         elif isinstance(event, Opaque):  # made whole elsewhere: its time counts as the work's
-            self.stats.add("batches", 1)
-            self.stats.add("samples", event.count)
-            self.stats.add("decode_ns", event.load_ns)
+            self.stats.count_batch(BatchCounters(samples=event.count, decode_ns=event.load_ns))
         elif isinstance(event, Failure):
             self.stats.add("failures", 1)
         slot = self._slot_of.pop(event.seq, None)
