@@ -11,17 +11,19 @@ bottleneck.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from types import FrameType
 from typing import Any, TextIO
 
+from fastload._batch_counters import column_name, declared, stats_field
 from fastload._diagnostics import sysinfo
 from fastload._loading import read_ahead
 from fastload._loading.stats import LoaderStats, find_loaders
@@ -55,7 +57,9 @@ class LoaderRates:
     batch_size: int
     samples_per_s: float
     read_mb_per_s: float
-    ms_per_sample: dict[str, float]  # read (of which read_cpu, read_runq), decode, slot_wait, h2d
+    # Each per-batch time counter (`_batch_counters`, "read_ns" as "read": read, of which read_cpu,
+    # read_runq and net_wait; decode; augment), and the trainer's slot_wait and h2d.
+    ms_per_sample: dict[str, float]
     worker_busy_percent: float
     trainer_wait_percent: float
     epoch_start_wait_percent: float  # of the interval, waiting for epochs' first batches
@@ -68,6 +72,7 @@ class LoaderRates:
     cache_hit_percent: float | None = None  # of chunk reads of remote objects; None: no remote reads
     verdict: str = ""
     advice: list[str] = field(default_factory=list)
+    per_second: dict[str, float] = field(default_factory=dict)  # each per-batch counter not a time
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,7 @@ def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seco
     sample_per_batch = samples / batches if batches else 0.0
     worker_time = delta("read_s") + delta("decode_s") + delta("augment_s")
     hits, misses = delta("cache_hits"), delta("cache_misses")
+    times = [name for name, c in declared() if c.unit == "ns"]
     return LoaderRates(
         name=name,
         pid=after.pid,
@@ -107,12 +113,7 @@ def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seco
         samples_per_s=samples / seconds,
         read_mb_per_s=delta("bytes_read") / seconds / 1e6,
         ms_per_sample={
-            "read": delta("read_s") * per_sample,
-            "decode": delta("decode_s") * per_sample,
-            "augment": delta("augment_s") * per_sample,
-            "read_cpu": delta("read_cpu_s") * per_sample,
-            "read_runq": delta("read_runq_s") * per_sample,
-            "net_wait": delta("net_wait_s") * per_sample,
+            **{name.removesuffix("_ns"): delta(stats_field(name)) * per_sample for name in times},
             "slot_wait": delta("slot_wait_s") * per_sample,
             "h2d": delta("h2d_s") / max(delta("h2d_batches"), 1) * 1000.0 / max(sample_per_batch, 1.0)
             if delta("h2d_batches")
@@ -128,6 +129,7 @@ def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seco
         epochs_so_far=after.epochs,
         net_mb_per_s=delta("net_bytes") / seconds / 1e6,
         cache_hit_percent=100.0 * hits / (hits + misses) if hits + misses else None,
+        per_second={name: delta(name) / seconds for name, c in declared() if c.unit != "ns"},
     )
 
 
@@ -350,7 +352,8 @@ def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: b
     if remote:  # object storage: what was fetched, and how often the node cache answered
         head += f" {'netMB/s':>8} {'hit%':>5}"
     if extended:
-        head += f" {'read':>7} {'net':>7} {'decode':>7} {'augment':>7} {'slot':>7} {'h2d':>7}  (ms/sample)"
+        head += f" {'read':>7} {'net':>7} {'decode':>7} {'augment':>7} {'slot':>7} {'h2d':>7}"
+        head += "".join(f" {heading:>9}" for heading, _ in _own_columns()) + "  (ms/sample)"
     lines.append(head + "  verdict")
     for r in loaders:
         row = (
@@ -364,9 +367,34 @@ def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: b
             ms = r.ms_per_sample
             row += f" {ms['read']:>7.3f} {ms['net_wait']:>7.3f} {ms['decode']:>7.3f} {ms['augment']:>7.3f}"
             row += f" {ms['slot_wait']:>7.3f} {ms['h2d']:>7.3f}"
+            row += "".join(f" {value(r):>9.3f}" for _, value in _own_columns())
         lines.append(f"{row}  {r.verdict}")
         lines.extend(f"{'':>9}- {a}" for a in r.advice)
     return "\n".join(lines) + "\n"
+
+
+# The table's columns a per-batch counter may name as the one that shows it (`Counter.column`).
+TABLE_COLUMNS = ("samples/s", "rMB/s", "netMB/s", "hit%", "read", "net", "decode", "augment", "verdict")
+
+
+def _own_columns() -> list[tuple[str, Callable[[LoaderRates], float]]]:
+    """A column of `-x` for each per-batch counter no column of the table shows (NOTE [adding a
+    per-batch counter]): a time in ms/sample, any other per second."""
+    return [
+        (column_name(name, c), functools.partial(_per_sample_ms, name.removesuffix("_ns")))
+        if c.unit == "ns"
+        else (f"{column_name(name, c)}/s", functools.partial(_per_second, name))
+        for name, c in declared()
+        if column_name(name, c) not in TABLE_COLUMNS
+    ]
+
+
+def _per_sample_ms(key: str, r: LoaderRates) -> float:
+    return r.ms_per_sample[key]
+
+
+def _per_second(key: str, r: LoaderRates) -> float:
+    return r.per_second[key]
 
 
 class _Stopped(Exception):

@@ -6,12 +6,16 @@ loader's number in its process) or `session` and `rank` (a daemon's), never by s
 series set stays as small as the loaders are few. The iostat verdict (`_diagnostics.iostat.classify`,
 over the time since the previous scrape at least 1 s back) is `fastload_verdict{verdict=...}`,
 1 for the current one and 0 for the others, so its set of series is fixed.
+
+The per-batch counters' series are the declaration's (`_batch_counters`: each counter's family,
+help and label): a counter declared there is exported with no edit here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from fastload._batch_counters import STAGE_HELP, STAGE_SECONDS, declared, series_name, stats_field
 from fastload._diagnostics.iostat import LoaderRates
 from fastload._diagnostics.metrics.families import Families
 from fastload._loading.stats import LoaderStats
@@ -32,17 +36,12 @@ STAGES = ("read", "decode", "augment", "slot_wait", "h2d")
 def add_loader(f: Families, labels: Mapping[str, str], s: LoaderStats, r: LoaderRates | None) -> None:
     """One loader's (or a session's trainer's) series: counters since it started, gauges now, and
     per-second figures and the verdict over the last window (`r`)."""
-    f.counter("fastload_samples_total", "Samples delivered to the trainer.", labels, s.samples)
+    for name, c in declared():  # the per-batch counters, each under the series it declares
+        series_labels = {**labels, **dict([c.series_label] if c.series_label else [])}
+        f.counter(series_name(name, c), c.help, series_labels, getattr(s, stats_field(name)))
     f.counter("fastload_batches_total", "Batches delivered to the trainer.", labels, s.batches)
-    f.counter("fastload_read_bytes_total", "Encoded bytes the workers read.", labels, s.bytes_read)
-    for stage, seconds in _stage_seconds(s).items():
-        f.counter(
-            "fastload_stage_seconds_total",
-            "Time spent in each stage (read, decode, augment: summed over workers; slot_wait, h2d: "
-            "the trainer's).",
-            {**labels, "stage": stage},
-            seconds,
-        )
+    for stage, seconds in (("slot_wait", s.slot_wait_s), ("h2d", s.h2d_s)):  # the trainer's stages
+        f.counter(STAGE_SECONDS, STAGE_HELP, {**labels, "stage": stage}, seconds)
     f.counter(
         "fastload_trainer_wait_seconds_total",
         "Time the trainer spent inside next().",
@@ -59,25 +58,6 @@ def add_loader(f: Families, labels: Mapping[str, str], s: LoaderStats, r: Loader
         s.skipped,
     )
     f.counter("fastload_epochs_total", "Iterations that yielded a batch.", labels, s.epochs)
-    f.counter(
-        "fastload_remote_bytes_total",
-        "Bytes fetched from object storage (workers and the trainer's read-ahead).",
-        labels,
-        s.net_bytes,
-    )
-    f.counter(
-        "fastload_remote_wait_seconds_total",
-        "Of the read stage, time waiting for chunks not in the node cache.",
-        labels,
-        s.net_wait_s,
-    )
-    for outcome, count in (("hit", s.cache_hits), ("miss", s.cache_misses)):
-        f.counter(
-            "fastload_node_cache_reads_total",
-            "Chunk reads of remote objects, answered by the node cache (hit) or waited for (miss).",
-            {**labels, "outcome": outcome},
-            count,
-        )
     f.gauge(
         "fastload_ring_ready_batches", "Batches decoded and waiting for the trainer.", labels, s.ready_batches
     )
@@ -120,12 +100,3 @@ def add_loader(f: Families, labels: Mapping[str, str], s: LoaderStats, r: Loader
             float(r.verdict == verdict),
         )
 
-
-def _stage_seconds(s: LoaderStats) -> dict[str, float]:
-    return {
-        "read": s.read_s,
-        "decode": s.decode_s,
-        "augment": s.augment_s,
-        "slot_wait": s.slot_wait_s,
-        "h2d": s.h2d_s,
-    }
