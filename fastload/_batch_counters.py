@@ -10,7 +10,7 @@ these counters takes its fields from here, in the declared order:
     `_loading.pipeline`               a split batch's parts summed (`+`), then counted
     `_loading.stats`                  the statistics block's counters and `LoaderStats` fields
     `_diagnostics.metrics.series`     a loader's Prometheus series
-    `_diagnostics.iostat`             the rates iostat's table shows
+    `_diagnostics.loader_rates`       the rates iostat's table shows (`_diagnostics.iostat`)
     `_daemon.sessions`                what a daemon session has cost so far
 
 NOTE [adding a per-batch counter]: add a field here, at the end (the worker link and the

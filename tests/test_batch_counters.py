@@ -24,7 +24,8 @@ from fastload._batch_counters import (
     stats_field,
     wire_name,
 )
-from fastload._diagnostics.iostat import MachineRates, format_report, loader_rates
+from fastload._diagnostics.iostat import format_report
+from fastload._diagnostics.loader_rates import MachineRates, loader_rates
 from fastload._loading import daemon_link, stats, worker_link
 from fastload._loading.executor import Done
 from fastload._loading.stats import LoaderStats, StatsWriter

@@ -13,8 +13,8 @@ The room, one job a module:
     servers.py        the HTTP servers; `export_loader` (the loader's seam, `_metrics_seam`)
 
 It may import the foundations, the loader's statistics blocks (`_loading.stats`) and iostat's
-rates and verdict (`_diagnostics.iostat`); nothing imports it but the daemon's server, the
-package's composition root and `_diagnostics.scalars`.
+rates and verdict (`_diagnostics.loader_rates`, `_diagnostics.verdict`); nothing imports it but
+the daemon's server, the package's composition root and `_diagnostics.scalars`.
 """
 
 from fastload._diagnostics.metrics.collectors import DaemonCollector, LoaderCollector

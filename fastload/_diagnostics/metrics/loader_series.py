@@ -3,7 +3,7 @@
 Names, units and labels follow Prometheus' conventions: counters end in `_total`, times are
 `_seconds_total`, sizes `_bytes`; per-loader series are labelled by `rank` and `loader` (a local
 loader's number in its process) or `session` and `rank` (a daemon's), never by sample, so a
-series set stays as small as the loaders are few. The iostat verdict (`_diagnostics.iostat.classify`,
+series set stays as small as the loaders are few. The iostat verdict (`_diagnostics.verdict.classify`,
 over the time since the previous scrape at least 1 s back) is `fastload_verdict{verdict=...}`,
 1 for the current one and 0 for the others, so its set of series is fixed.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fastload._batch_counters import STAGE_HELP, STAGE_SECONDS, declared, series_name, stats_field
-from fastload._diagnostics.iostat import LoaderRates
+from fastload._diagnostics.loader_rates import LoaderRates
 from fastload._diagnostics.metrics.families import Families
 from fastload._loading.stats import LoaderStats
 

@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 from fastload._diagnostics import sysinfo
-from fastload._diagnostics.iostat import LoaderRates, MachineRates, classify, loader_rates
+from fastload._diagnostics.loader_rates import LoaderRates, MachineRates, loader_rates
+from fastload._diagnostics.verdict import classify
 from fastload._loading.stats import LoaderStats
 from fastload._machine import usable_cores
 
