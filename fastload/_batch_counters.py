@@ -9,7 +9,7 @@ these counters takes its fields from here, in the declared order:
     `_loading.daemon_link`            the `done` reply's fields and their schema
     `_loading.pipeline`               a split batch's parts summed (`+`), then counted
     `_loading.stats`                  the statistics block's counters and `LoaderStats` fields
-    `_diagnostics.metrics.series`     a loader's Prometheus series
+    `_diagnostics.metrics.loader_series`  a loader's Prometheus series
     `_diagnostics.loader_rates`       the rates iostat's table shows (`_diagnostics.iostat`)
     `_daemon.sessions`                what a daemon session has cost so far
 
