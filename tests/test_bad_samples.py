@@ -18,6 +18,7 @@ from helpers import build_folder
 
 from fastload import ConfigError, DatasetError, FastLoader, SampleError
 from fastload._bad_samples import SkippedSample, replacement
+from fastload._batch_counters import BatchCounters
 from fastload._errors import WireError
 from fastload._loading.jobs.executor import Done, Opaque
 from fastload._loading.link import daemon_link
@@ -266,9 +267,9 @@ def test_replacement_is_a_function_of_its_arguments_and_never_the_sample() -> No
 
 def test_skipped_samples_cross_both_wires() -> None:
     skipped = (SkippedSample(3, "a/b.jpg", "OSError: truncated", 1, 9), SkippedSample(9, "c.jpg", "x", 1, 4))
-    done = Done(5, 4, 1, 2, 3, 4, 5, 6, skipped=skipped)
+    done = Done(5, BatchCounters(4, 1, 2, 3, 4, 5, 6), skipped=skipped)
     assert worker_link.decode_event(worker_link.encode_event(done)) == done
-    plain = Done(5, 4, 1, 2, 3, 4, 5, 6)
+    plain = Done(5, BatchCounters(4, 1, 2, 3, 4, 5, 6))
     assert worker_link.decode_event(worker_link.encode_event(plain)) == plain
     opaque = Opaque(5, [1, 2], 2, 7, skipped)
     assert worker_link.decode_event([bytes(f) for f in worker_link.encode_event(opaque)]) == opaque

@@ -29,14 +29,9 @@ from torch.utils.data import Dataset
 
 from fastload import FastLoader
 from fastload import transforms as T
-from fastload._diagnostics.iostat import (
-    LoaderRates,
-    MachineRates,
-    Sampler,
-    classify,
-    format_report,
-    loader_rates,
-)
+from fastload._diagnostics.iostat import Sampler, format_report
+from fastload._diagnostics.loader_rates import LoaderRates, MachineRates, loader_rates
+from fastload._diagnostics.verdict import classify
 from fastload._loading.running.stats import LoaderStats
 from fastload.sources import _index
 

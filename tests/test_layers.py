@@ -58,6 +58,7 @@ LAYERS: dict[str, int] = {
     "fastload._bad_samples": FOUNDATIONS,
     "fastload._exclusion": FOUNDATIONS,
     "fastload._metrics_seam": FOUNDATIONS,
+    "fastload._batch_counters": FOUNDATIONS,
     "fastload.sources": FORMATS,
     "fastload.transforms": FORMATS,
     "fastload._augment": KERNELS,

@@ -45,11 +45,11 @@ def _number(table: dict[str, Any], key: str, default: Any, kind: type[int] | typ
 
 def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[str]]:
     """The DaemonConfig and datasets to warm, from a TOML file's [daemon] table plus flags."""
+    from fastload._daemon.config import DaemonConfig
     from fastload._daemon.confine import check_roots
     from fastload._daemon.indexes import IndexLimits
     from fastload._daemon.listeners import check_tcp_config
     from fastload._daemon.plugins import plugin_settings
-    from fastload._daemon.server import DaemonConfig
     from fastload.sources._remote import is_url
 
     table: dict[str, Any] = {}

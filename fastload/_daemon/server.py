@@ -8,6 +8,10 @@ The trainer plans its own batches (the same code as local mode, so the same batc
 and sends tasks naming one of its slots; the daemon validates them, queues them per session and
 feeds the pool round-robin across sessions, so a busy trainer cannot starve another.
 
+Its rooms: `config` (what it runs with), `admission` (hellos, the index they wait for, opening a
+session and its ring within the budget), `sessions` (a session's record), `scheduler` (feeding
+the pool), `listeners` and `peers` (the doors and who is at them); this module is the loop.
+
 Loop: poll the client sockets, their connection monitors and the workers' socket; on
 SIGTERM/SIGINT stop accepting sessions, finish the tasks in flight, then exit, unlinking every
 segment and the socket. Nothing a client or a worker does may end the loop: a worker's death is
@@ -25,91 +29,42 @@ zero-copy views of the slot.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import zmq
 
+from fastload._daemon.admission import Admission, internal_error
+from fastload._daemon.config import DaemonConfig, use_cache_settings
 from fastload._daemon.confine import check_roots
-from fastload._daemon.indexes import DatasetIndexes, IndexEntry, IndexLimits
+from fastload._daemon.indexes import DatasetIndexes, IndexEntry
 from fastload._daemon.listeners import Listeners
 from fastload._daemon.logs import event as log_event
-from fastload._daemon.peers import Peer
 from fastload._daemon.plugins import import_plugins
 from fastload._daemon.scheduler import Scheduler
-from fastload._daemon.sessions import PendingHello, Session, batch_frames, check_hello, peer_view, status_row
+from fastload._daemon.sessions import Session, batch_frames, peer_view, status_row
 from fastload._errors import DaemonError, FastloadError, WorkerError
 from fastload._labels import label
 from fastload._loading.jobs.executor import Done, Event, Failure
-from fastload._loading.jobs.image_job import ImageJob
 from fastload._loading.link import daemon_link as wire
-from fastload._loading.order.read_ahead import task_read_ahead
 from fastload._loading.running.engine import Engine
-from fastload._loading.slots.ring_plan import plan_ring
 from fastload._machine import pid_alive
 from fastload._paths import private_dir, reap_engine_dirs, runtime_dir
-from fastload._shm import Segment, reap_orphans
+from fastload._shm import reap_orphans
 from fastload._sizes import format_size
-from fastload.transforms import TransformPlan
 
 log = logging.getLogger("fastload.daemon")
 
 _POLL_MS = 100
 _LIVENESS_S = 1.0
 _DRAIN_LIMIT_S = 30.0
-_MAX_SLOTS_PER_SESSION = 256
-_PROGRESS_EVERY_S = 1.0  # an `indexing` note to each hello waiting for its folder's index
 _PUBLISH_EVERY_S = 0.1  # NOTE [published status]
 # The largest message a worker sends (DONE, FAILED with a clipped traceback, READY).
 _MAX_WORKER_MESSAGE_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class DaemonConfig:
-    """What `fastload serve` runs with (command line or `--config fastload.toml`)."""
-
-    workers: int
-    memory_budget_bytes: int
-    socket_dir: str | None = None  # default: runtime_dir()
-    listen: str | None = None  # tcp://HOST:PORT, only when asked for
-    curve_secret_key: str | None = None  # Z85; required with `listen`
-    curve_public_key: str | None = None
-    curve_clients: tuple[str, ...] = ()  # Z85 public keys allowed over TCP
-    max_sessions: int = 64
-    max_sessions_per_peer: int = 8  # per trainer process (local) or CURVE key (TCP)
-    hang_timeout_s: float | None = None  # floor of the workers' hang bound (None: default; 0: off)
-    index: IndexLimits = field(default_factory=IndexLimits)
-    index_idle_s: float = 60.0  # an index no session used for this long is dropped
-    # The allowlist (`confine`): directories whose files the daemon may serve. None: any path the
-    # daemon's user can read, over ipc only (a TCP listener requires roots); with roots,
-    # `ipc_any_path` lifts them for the local socket (whose peers run as the daemon's user).
-    roots: tuple[str, ...] | None = None
-    ipc_any_path: bool = False
-    # Prometheus metrics (`_diagnostics.metrics`) served on (host, port), only when asked for.
-    metrics: tuple[str, int] | None = None
-    # The daemon's caches (NOTE [the daemon's cache] in `sessions`): the directory they live in (as
-    # FASTLOAD_CACHE_DIR: remote chunks, tar scans) and the node cache's limit in bytes; None:
-    # the environment's. A peer's source never sets them.
-    cache_dir: str | None = None
-    cache_limit: int | None = None
-    # Modules and .py files imported at start, before the workers fork (`plugins`): the source
-    # kinds and transforms they declare are served. The administrator's only (NOTE [plugins are
-    # the administrator's]).
-    plugins: tuple[str, ...] = ()
-
-
-def _use_cache_settings(config: DaemonConfig) -> None:
-    """The daemon's node cache settings as every process of it will read them: the environment,
-    which its workers and its fork server (started later) inherit (NOTE [the daemon's cache])."""
-    if config.cache_dir is not None:
-        os.environ["FASTLOAD_CACHE_DIR"] = config.cache_dir
-    if config.cache_limit is not None:
-        os.environ["FASTLOAD_CACHE_LIMIT"] = str(config.cache_limit)
 
 
 class Daemon:
@@ -119,7 +74,7 @@ class Daemon:
         self.config = config
         check_roots(config.listen, config.roots)  # before anything a refusal would leave behind
         import_plugins(config.plugins)  # before the workers fork: they inherit what it declares
-        _use_cache_settings(config)
+        use_cache_settings(config)
         directory = private_dir(config.socket_dir) if config.socket_dir else runtime_dir()
         self._doors = Listeners(
             directory, config.listen, config.curve_secret_key, config.curve_public_key, config.curve_clients
@@ -142,9 +97,7 @@ class Daemon:
             raise
         self._sessions: dict[int, Session] = {}
         self._by_identity: dict[tuple[int, bytes], Session] = {}
-        self._pending: dict[tuple[int, bytes], PendingHello] = {}
         self._indexes = DatasetIndexes(config.index, config.index_idle_s, config.roots, config.plugins)
-        self._ids = itertools.count(1)
         self._scheduler = Scheduler(self.engine, config.workers)
         self._stopping = False
         self._last_liveness = 0.0
@@ -152,6 +105,10 @@ class Daemon:
         # are hellos refused.
         self._totals = dict.fromkeys(
             ("samples", "tasks", "bytes_read", "failures", "sessions", "refusals"), 0
+        )
+        self._admission = Admission(
+            config, self.engine, self._indexes, self._sessions, self._by_identity, self._totals,
+            self._reply, self._refused, lambda: self._stopping,
         )
         # NOTE [published status]: what the metrics thread reads. The loop replaces it whole at most
         # every _PUBLISH_EVERY_S (an assignment: no lock); a scrape never asks the loop for anything.
@@ -221,7 +178,7 @@ class Daemon:
                 self._read_clients(sock, local)
         self._end_closed_connections()
         self._on_events(self.engine.drain() if self.engine.socket in ready else [])
-        self._resume_hellos()
+        self._admission.resume()
         if time.monotonic() - self._last_liveness >= _LIVENESS_S:
             self._last_liveness = time.monotonic()
             self.engine.supervise()
@@ -248,7 +205,7 @@ class Daemon:
         self.engine.close()
         for session in list(self._sessions.values()):
             self._end_session(session, notify_engine=False)
-        self._pending.clear()
+        self._admission.pending.clear()
         self._indexes.close()
         self._doors.close()
 
@@ -273,7 +230,7 @@ class Daemon:
                 self._reply(sock, identity, "error", message=str(e))
             except Exception as e:  # a bug must not take the daemon down with every session
                 log.exception("error while handling a client message")
-                self._reply(sock, identity, "error", message=_internal_error(e, local))
+                self._reply(sock, identity, "error", message=internal_error(e, local))
 
     def _reply(self, sock: Any, identity: bytes, op: str, *extra: Any, **fields: Any) -> None:
         # copy=False: a TCP batch's frames are views of its slot; pyzmq copies small frames anyway.
@@ -288,10 +245,10 @@ class Daemon:
             raise wire.WireError(f"{op} takes no frames after its header, got {len(frames) - 1}")
         extra = [f.bytes for f in frames[1:]]
         if op == "hello":
-            if session is not None or (id(sock), identity) in self._pending:
+            if session is not None or (id(sock), identity) in self._admission.pending:
                 raise wire.WireError("this connection already has a session")
             peer = self._doors.trackers[id(sock)].identify(frames[0])
-            self._hello(sock, identity, local, fields, peer)
+            self._admission.hello(sock, identity, local, fields, peer)
         elif op == "task":
             if session is None:
                 raise wire.WireError("task before hello")
@@ -299,11 +256,11 @@ class Daemon:
         elif op == "grow":
             if session is None:
                 raise wire.WireError("grow before hello")
-            self._reply(sock, identity, "slot", name=self._new_slot(session).name)
+            self._reply(sock, identity, "slot", name=self._admission.new_slot(session).name)
         elif op == "ping":
             self._reply(sock, identity, "pong")
         elif op == "bye":
-            self._forget_hellos([(id(sock), identity)])
+            self._admission.forget([(id(sock), identity)])
             if session is not None:
                 self._end_session(session)
         elif op == "status":  # NOTE [what a TCP peer sees]
@@ -317,196 +274,6 @@ class Daemon:
             self._reply(sock, identity, "pong")
         else:
             raise wire.WireError(f"{op} is not a request")
-
-    def _hello(self, sock: Any, identity: bytes, local: bool, f: dict[str, Any], peer: Peer) -> None:
-        if self._stopping:
-            raise DaemonError("the daemon is shutting down and accepts no new sessions")
-        if len(self._sessions) + len(self._pending) >= self.config.max_sessions:
-            raise DaemonError(f"the daemon already serves {self.config.max_sessions} sessions")
-        held = sum(s.peer == peer.name for s in self._sessions.values()) + sum(
-            p.peer.name == peer.name for p in self._pending.values()
-        )
-        if held >= self.config.max_sessions_per_peer:
-            raise DaemonError(
-                f"{peer.name} already holds {held} sessions, the most one trainer may hold "
-                f"(max_sessions_per_peer): close loaders you no longer use"
-            )
-        plan, source = check_hello(f, self.config.memory_budget_bytes)
-        confined = self._confined(local)
-        if not local and not confined:  # check_roots forbids it; never serve TCP unconfined
-            raise DaemonError("this daemon has no dataset roots: it serves no source over TCP")
-        key = self._indexes.key(source, confined)  # NOTE [no resolution before the roots]
-        # NOTE [two policies]: with roots and ipc_any_path, an index opened unchecked for a local
-        # session is keyed apart, so that a TCP session of the same source opens (and checks) its own.
-        if self.config.roots is not None and not confined:
-            key = f"any path: {key}"
-        entry = self._indexes.get(key)
-        if entry is not None:
-            self._open_session(sock, identity, local, f, plan, peer, entry)
-            return
-        # NOTE [indexing off the loop]: a folder is scanned on a background thread; the hello
-        # waits (told `indexing` every second) while the daemon goes on serving everyone else.
-        # What it may take: the budget less what is in use, idle indexes counted free (they are
-        # evicted, longest idle first, once it is made and only if its memory is wanted).
-        left = self.config.memory_budget_bytes - self._used_bytes() + self._indexes.idle_memory
-        self._indexes.request(key, source, max(0, left), confined=confined)
-        self._pending[(id(sock), identity)] = PendingHello(sock, identity, local, f, plan, peer, key)
-
-    def _resume_hellos(self) -> None:
-        """Answer the hellos whose index is now ready (or failed); tell the others to wait on."""
-        for key, outcome in self._indexes.finished():
-            for where, hello in list(self._pending.items()):
-                if hello.key != key:
-                    continue
-                del self._pending[where]
-                try:
-                    if isinstance(outcome, Exception):
-                        raise outcome
-                    self._open_session(
-                        hello.sock, hello.identity, hello.local, hello.fields, hello.plan, hello.peer, outcome
-                    )
-                except FastloadError as e:
-                    # NOTE [refusals carry no content]: a TCP peer gets the open's public text.
-                    message = str(e) if hello.local else getattr(e, "public", str(e))
-                    self._refused(message, hello.local, peer=hello.peer.name, request="hello")
-                    self._reply(hello.sock, hello.identity, "error", message=message)
-                except Exception as e:
-                    log.exception("error while opening a session")
-                    self._reply(hello.sock, hello.identity, "error", message=_internal_error(e, hello.local))
-        # An index just made may have taken the memory of idle ones: back within the budget.
-        self._indexes.evict_for(self._used_bytes() - self.config.memory_budget_bytes)
-        now = time.monotonic()
-        for hello in self._pending.values():
-            if now - hello.progress_at >= _PROGRESS_EVERY_S:
-                hello.progress_at = now
-                seconds = self._indexes.scanning(hello.key) or 0.0
-                # The dataset as the client named it: never where its links lead (a peer naming
-                # /proc/1/cwd would learn that process's directory).
-                path = hello.fields["dataset"]
-                self._reply(hello.sock, hello.identity, "indexing", path=path, seconds=round(seconds, 1))
-
-    def _open_session(
-        self,
-        sock: Any,
-        identity: bytes,
-        local: bool,
-        f: dict[str, Any],
-        plan: TransformPlan,
-        peer: Peer,
-        entry: IndexEntry,
-    ) -> None:
-        if self._stopping:
-            raise DaemonError("the daemon is shutting down and accepts no new sessions")
-        session_id = next(self._ids)
-        batch_size = f["batch_size"]
-        on_error = f.get("on_error", "raise")  # NOTE [bad samples]
-        job = ImageJob(entry.index, plan, f["backend"], f["seed"], batch_size, on_error=on_error)
-        assert job.layout is not None
-        # A trainer that did not choose gets what a local loader of this daemon's pool would.
-        ring = plan_ring(job.layout.slot_bytes, self.config.workers, f["prefetch"])
-        slots, need = ring.slots, ring.total_bytes
-        over = self._used_bytes() + need - self.config.memory_budget_bytes
-        if 0 < over <= self._indexes.evictable(keep=entry.path):  # a session refused anyway evicts nothing
-            self._indexes.evict_for(over, keep=entry.path)
-        used = self._used_bytes()
-        if used + need > self.config.memory_budget_bytes:
-            raise DaemonError(
-                f"this session's ring needs {format_size(need)} but only "
-                f"{format_size(self.config.memory_budget_bytes - used)} of the daemon's "
-                f"{format_size(self.config.memory_budget_bytes)} budget is left: lower batch_size or "
-                "prefetch, or start the daemon with a larger --memory-budget"
-            )
-        ring.check()
-        # The kernel's word for who the trainer is; the hello's own claim only where there is none.
-        pid = peer.pid if peer.pid is not None else f["pid"]
-        session = Session(
-            id=session_id,
-            identity=identity,
-            sock=sock,
-            local=local,
-            pid=pid,
-            rank=f["rank"],
-            world_size=f["world_size"],
-            dataset=f["dataset"],
-            num_samples=len(entry.index),
-            segments={},
-            slot_bytes=job.layout.slot_bytes,
-            batch_size=batch_size,
-            connection=peer.connection,
-            peer=peer.name,
-            key=peer.key,
-            index_key=entry.path,
-            layout=job.layout,
-        )
-        try:
-            for _ in range(slots):
-                segment = Segment.create(session.slot_bytes)
-                session.segments[segment.name] = segment
-        except BaseException:
-            for segment in session.segments.values():
-                segment.close()
-            raise
-        session.read_ahead = task_read_ahead(entry.index)
-        self._sessions[session_id] = session
-        self._by_identity[(id(sock), identity)] = session
-        self._indexes.acquire(entry)
-        # Its workers open samples only beneath the roots (`sources/_beneath`): a file the index
-        # named, checked when it was made, may since have been replaced by a link leading out.
-        roots = self.config.roots if self._confined(local) else None
-        self.engine.add_job(session_id, job.to_config(entry.segment.name, roots))
-        self._totals["sessions"] += 1
-        log.info(
-            "session %d: %s rank %d/%d, %s, %d slots of %d KiB",
-            session_id,
-            peer.name,
-            session.rank,
-            session.world_size,
-            label(f["dataset"]),
-            slots,
-            session.slot_bytes >> 10,
-            extra=log_event(
-                "session_start", session=session_id, peer=peer.name, pid=pid, local=local, rank=session.rank,
-                world_size=session.world_size, dataset=label(f["dataset"]), batch_size=batch_size,
-                slots=slots, slot_bytes=session.slot_bytes,
-            ),
-        )
-        self._reply(
-            sock,
-            identity,
-            "welcome",
-            session=session_id,
-            daemon_pid=os.getpid(),
-            slots=list(session.segments),
-            slot_bytes=session.slot_bytes,
-            layout=job.layout.to_json(),
-            num_samples=len(entry.index),
-            classes=list(entry.classes),
-            workers=self.config.workers,
-        )
-
-    def _confined(self, local: bool) -> bool:
-        """Whether a session on this socket is held to the roots (NOTE [two policies])."""
-        return self.config.roots is not None and not (local and self.config.ipc_any_path)
-
-    def warm(self, path: str) -> IndexEntry:
-        """Index a dataset now (at start-up) and keep it, so that its sessions start fast."""
-        left = max(0, self.config.memory_budget_bytes - self._used_bytes())
-        return self._indexes.warm(path, left, confined=self.config.roots is not None)
-
-    def _used_bytes(self) -> int:
-        return sum(s.memory for s in self._sessions.values()) + self._indexes.memory
-
-    def _new_slot(self, session: Session) -> Segment:
-        if len(session.segments) >= _MAX_SLOTS_PER_SESSION:
-            raise DaemonError(f"a session may hold at most {_MAX_SLOTS_PER_SESSION} slots")
-        if self._used_bytes() + session.slot_bytes > self.config.memory_budget_bytes:
-            raise DaemonError(
-                "no memory left in the daemon's budget for another slot: stop holding every batch "
-                "(e.g. list(loader)), or raise --memory-budget"
-            )
-        segment = Segment.create(session.slot_bytes)
-        session.segments[segment.name] = segment
-        return segment
 
     def _task(self, session: Session, f: dict[str, Any], extra: list[bytes]) -> None:
         if self._stopping:
@@ -524,6 +291,10 @@ class Daemon:
         if session.read_ahead is not None:  # NOTE [read-ahead]: the trainer's tasks are its plan
             session.read_ahead.ask(session.pending[-1].indices)
 
+    def warm(self, path: str) -> IndexEntry:
+        """Index a dataset now (at start-up) and keep it, so that its sessions start fast."""
+        return self._admission.warm(path)
+
     # -- scheduling and results --------------------------------------------------------------
 
     def _schedule(self) -> None:
@@ -537,7 +308,8 @@ class Daemon:
             if session.read_ahead is not None:
                 fetched = session.read_ahead.delivered()
                 if fetched and isinstance(event, Done):  # the trainer's iostat counts what was fetched
-                    event = replace(event, net_bytes=event.net_bytes + fetched)
+                    counted = replace(event.counters, net_bytes=event.counters.net_bytes + fetched)
+                    event = replace(event, counters=counted)
             session.record(event)
             self._count(event)
             if isinstance(event, Done) and rows is not None:  # over TCP: the batch's bytes go with it
@@ -554,16 +326,10 @@ class Daemon:
             for session in list(self._sessions.values()):
                 if id(session.sock) == sock_id and session.connection in closed:
                     self._end_session(session, why="its connection closed")
-            self._forget_hellos(
-                [w for w, h in self._pending.items() if id(h.sock) == sock_id and h.peer.connection in closed]
+            pending = self._admission.pending
+            self._admission.forget(
+                [w for w, h in pending.items() if id(h.sock) == sock_id and h.peer.connection in closed]
             )
-
-    def _forget_hellos(self, hellos: list[tuple[int, bytes]]) -> None:
-        """Forget waiting hellos whose peer is gone (or said bye), and stop the opens that no
-        hello waits for any more: a peer that leaves holds no opening slot (`index_parallel`)."""
-        keys = {self._pending.pop(where).key for where in hellos if where in self._pending}
-        for key in keys - {hello.key for hello in self._pending.values()}:
-            self._indexes.cancel(key)
 
     def _reap_dead_sessions(self) -> None:
         for session in list(self._sessions.values()):
@@ -599,7 +365,7 @@ class Daemon:
         if isinstance(event, Done):
             self._totals["samples"] += event.count
             self._totals["tasks"] += 1
-            self._totals["bytes_read"] += event.bytes_read
+            self._totals["bytes_read"] += event.counters.bytes_read
         else:
             self._totals["failures"] += 1
 
@@ -617,7 +383,7 @@ class Daemon:
             "pid": os.getpid(),
             "workers": self.config.workers,
             "budget_bytes": self.config.memory_budget_bytes,
-            "used_bytes": self._used_bytes(),
+            "used_bytes": self._admission.used_bytes(),
             "draining": self._stopping,
             "metrics": self.metrics_url,
             "totals": dict(self._totals),
@@ -626,10 +392,3 @@ class Daemon:
             "sessions": [status_row(s, now) for s in self._sessions.values()],
         }
 
-
-def _internal_error(e: Exception, local: bool) -> str:
-    """The reply to a request that hit a bug (the daemon's log has the traceback): its text only
-    to a local peer (NOTE [refusals carry no content]: it may quote a path or a file's content)."""
-    if local:
-        return f"internal error: {type(e).__name__}: {e}"
-    return f"internal error ({type(e).__name__}): the daemon's log says more"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastload._bad_samples import ON_ERROR
+from fastload._batch_counters import BatchCounters
 from fastload._daemon.peers import Peer
 from fastload._errors import ConfigError, DaemonError
 from fastload._loading.jobs.executor import Done, Failure, Task
@@ -58,20 +59,21 @@ class Session:
     client_seq: dict[int, int] = field(default_factory=dict)  # daemon seq -> trainer seq
     rows_out: int = 0  # samples its tasks queued or running hold (NOTE [tasks bounded by slots])
     started: float = field(default_factory=time.monotonic)
-    images: int = 0
     # What its tasks cost, as the workers report them (`record`): `status` and the metrics show it.
     # A task is a batch or a part of one (a trainer splits its batches: NOTE [split batches]).
     tasks: int = 0
-    bytes_read: int = 0
-    read_ns: int = 0
-    decode_ns: int = 0
-    augment_ns: int = 0
+    counters: BatchCounters = field(default_factory=BatchCounters)  # its tasks', summed
     failures: int = 0
     epoch: int = -1  # the newest (epoch, batch) the trainer asked for: its position
     batch: int = -1
     layout: BatchLayout | None = None
     task_rows: dict[int, tuple[str, int]] = field(default_factory=dict)  # TCP: daemon seq -> (slot, row)
     read_ahead: TaskReadAhead | None = None  # of its tasks' chunks, when its data is remote
+
+    @property
+    def images(self) -> int:
+        """Samples delivered to this session."""
+        return self.counters.samples
 
     @property
     def memory(self) -> int:
@@ -82,12 +84,8 @@ class Session:
         if isinstance(event, Failure):
             self.failures += 1
             return
-        self.images += event.count
         self.tasks += 1
-        self.bytes_read += event.bytes_read
-        self.read_ns += event.read_ns
-        self.decode_ns += event.decode_ns
-        self.augment_ns += event.augment_ns
+        self.counters += event.counters
 
 
 @dataclass
@@ -128,10 +126,10 @@ def status_row(s: Session, now: float) -> dict[str, Any]:
         "dataset": s.dataset,
         "images": s.images,
         "tasks": s.tasks,
-        "bytes_read": s.bytes_read,
-        "read_s": s.read_ns / 1e9,
-        "decode_s": s.decode_ns / 1e9,
-        "augment_s": s.augment_ns / 1e9,
+        "bytes_read": s.counters.bytes_read,
+        "read_s": s.counters.read_ns / 1e9,
+        "decode_s": s.counters.decode_ns / 1e9,
+        "augment_s": s.counters.augment_ns / 1e9,
         "failures": s.failures,
         "memory_bytes": s.memory,
         "images_per_s": s.images / max(now - s.started, 1e-9),

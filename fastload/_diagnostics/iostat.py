@@ -6,265 +6,33 @@ machine's figures (the dataset's block device from /proc/diskstats, CPU from /pr
 cache, /dev/shm, GPU utilisation when there is one) and classifies each loader:
 storage-bound, decode-bound, augment-bound, transport-bound, host-to-device-bound, or not the
 bottleneck.
+
+The room's other modules: `loader_rates` (a loader's rates over an interval) and `verdict` (the
+classification and its advice), which the Prometheus exporter's verdict shares.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from types import FrameType
 from typing import Any, TextIO
 
+from fastload._batch_counters import column_name, declared
 from fastload._diagnostics import sysinfo
-from fastload._loading.order import read_ahead
+from fastload._diagnostics.loader_rates import LoaderRates, MachineRates, loader_rates
+from fastload._diagnostics.verdict import classify
 from fastload._loading.running.stats import LoaderStats, find_loaders
 from fastload._machine import usable_cores
 from fastload._sizes import format_size
-
-# The trainer waiting less than this share of the time means the loader keeps up.
-WAIT_BOUND_PERCENT = 10.0
-BUSY_BOUND_PERCENT = 80.0
-H2D_BOUND_PERCENT = 60.0
-DISK_BOUND_UTIL = 80.0
-IOWAIT_BOUND_PERCENT = 20.0
-# Reads on a CPU or queued for one less than this share of their time are waiting on I/O
-# (NOTE [storage wait or CPU wait] in `classify`).
-READ_WAITING = 0.3
-CPU_CONTENDED = 0.3  # reads queued for a CPU this share of their time: the cores are oversubscribed
-REMOTE_WAITING = 0.5  # reads waiting for object storage this share of their time: storage-bound
-EPOCH_START_SHARE = 0.3  # the trainer's wait is mostly at epoch starts: the pipeline drains there
-
-
-@dataclass(frozen=True)
-class LoaderRates:
-    """One loader over one interval."""
-
-    name: str
-    pid: int
-    dataset: str
-    mode: str
-    device: str
-    workers: int
-    batch_size: int
-    samples_per_s: float
-    read_mb_per_s: float
-    ms_per_sample: dict[str, float]  # read (of which read_cpu, read_runq), decode, slot_wait, h2d
-    worker_busy_percent: float
-    trainer_wait_percent: float
-    epoch_start_wait_percent: float  # of the interval, waiting for epochs' first batches
-    epochs: int  # epochs started in the interval
-    ready_batches: int
-    in_flight: int
-    skipped: int = 0  # broken samples replaced by stand-ins since the loader started (on_error="skip")
-    epochs_so_far: int = 0  # iterations that yielded a batch since the loader started
-    net_mb_per_s: float = 0.0  # fetched from object storage (workers and read-ahead)
-    cache_hit_percent: float | None = None  # of chunk reads of remote objects; None: no remote reads
-    verdict: str = ""
-    advice: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class MachineRates:
-    cpu: dict[str, float]
-    disk: dict[str, float] | None  # r/s, rMB/s, await ms, %util of the first loader's device
-    device: str  # what the first loader's data is on
-    device_kind: str
-    page_cache_bytes: int
-    shm_used_bytes: int
-    shm_total_bytes: int
-    gpu_percent: list[float] | None
-
-
-def loader_rates(name: str, before: LoaderStats | None, after: LoaderStats, seconds: float) -> LoaderRates:
-    """Rates between two snapshots (or since the loader started when `before` is None)."""
-    if before is None:
-        seconds = max(after.updated - after.created, 1e-9)
-
-    def delta(attr: str) -> float:
-        return float(getattr(after, attr) - (getattr(before, attr) if before is not None else 0))
-
-    samples = delta("samples")
-    per_sample = 1000.0 / samples if samples else 0.0
-    batches = delta("batches")
-    sample_per_batch = samples / batches if batches else 0.0
-    worker_time = delta("read_s") + delta("decode_s") + delta("augment_s")
-    hits, misses = delta("cache_hits"), delta("cache_misses")
-    return LoaderRates(
-        name=name,
-        pid=after.pid,
-        dataset=after.dataset,
-        mode=after.mode,
-        device=after.device,
-        workers=after.num_workers,
-        batch_size=after.batch_size,
-        samples_per_s=samples / seconds,
-        read_mb_per_s=delta("bytes_read") / seconds / 1e6,
-        ms_per_sample={
-            "read": delta("read_s") * per_sample,
-            "decode": delta("decode_s") * per_sample,
-            "augment": delta("augment_s") * per_sample,
-            "read_cpu": delta("read_cpu_s") * per_sample,
-            "read_runq": delta("read_runq_s") * per_sample,
-            "net_wait": delta("net_wait_s") * per_sample,
-            "slot_wait": delta("slot_wait_s") * per_sample,
-            "h2d": delta("h2d_s") / max(delta("h2d_batches"), 1) * 1000.0 / max(sample_per_batch, 1.0)
-            if delta("h2d_batches")
-            else 0.0,
-        },
-        worker_busy_percent=min(100.0, 100.0 * worker_time / (seconds * max(after.num_workers, 1))),
-        trainer_wait_percent=min(100.0, 100.0 * delta("trainer_wait_s") / seconds),
-        epoch_start_wait_percent=min(100.0, 100.0 * delta("epoch_start_wait_s") / seconds),
-        epochs=int(delta("epochs")),
-        ready_batches=after.ready_batches,
-        in_flight=after.in_flight,
-        skipped=after.skipped,
-        epochs_so_far=after.epochs,
-        net_mb_per_s=delta("net_bytes") / seconds / 1e6,
-        cache_hit_percent=100.0 * hits / (hits + misses) if hits + misses else None,
-    )
-
-
-def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str]]:
-    """The loader's verdict and advice lines, from its rates and the machine's."""
-    advice: list[str] = []
-    if r.batch_size % 8 and r.device == "cuda":  # a GPU's matter: no advice for CPU batches
-        advice.append(f"batch size {r.batch_size} is not a multiple of 8: tensor cores prefer multiples of 8")
-    if r.samples_per_s == 0 and r.trainer_wait_percent < WAIT_BOUND_PERCENT:
-        return "idle", advice
-    if r.trainer_wait_percent < WAIT_BOUND_PERCENT:
-        return "not the bottleneck", [
-            f"the trainer waits only {r.trainer_wait_percent:.0f}% of the time in next(): the model "
-            "step is slower than loading, so speed that up (AMP, channels_last, a larger batch); "
-            "the loader has headroom",
-            *advice,
-        ]
-    if r.epochs and r.epoch_start_wait_percent > EPOCH_START_SHARE * r.trainer_wait_percent:
-        # A loader decodes its next epoch's first batches while the trainer eats this epoch's tail
-        # (NOTE [no drain]), locally and with a daemon; these are the cases it cannot.
-        advice.append(
-            f"{r.epoch_start_wait_percent:.0f}% of the time goes to waiting for the first batch of "
-            f"{r.epochs} epoch(s): those epochs started cold. A loader decodes the next epoch ahead "
-            "only when it outlives the epoch (one loader per phase, made once, not per epoch), the "
-            "epoch it runs next is the one after (set_epoch skips none), its order is fastload's "
-            "own (not a sampler= or batch_sampler= of yours) and persistent_workers is not False"
-        )
-        if r.trainer_wait_percent - r.epoch_start_wait_percent < WAIT_BOUND_PERCENT:
-            return "epoch-start-bound", advice  # between epoch starts the trainer hardly waits
-    ms = r.ms_per_sample
-    h2d_busy = ms["h2d"] * r.samples_per_s / 10.0  # percent of wall time spent copying
-    if r.device == "cuda" and h2d_busy > H2D_BOUND_PERCENT:
-        return "host-to-device-bound", [
-            f"copies to the GPU take {h2d_busy:.0f}% of the time: ship uint8 and normalize on the GPU "
-            "(normalize=..., dtype=torch.float16), and check the PCIe link width (nvidia-smi -q)",
-            *advice,
-        ]
-    work = ms["read"] + ms["decode"] + ms["augment"]
-    read_share = ms["read"] / work if work else 0.0
-    # NOTE [storage wait or CPU wait]: a reading thread's wall time is time on a CPU (read_cpu)
-    # + time runnable but waiting for a CPU (read_runq: the kernel's run-queue delay) + time
-    # blocked (storage, sleeps, locks). Only the blocked part is waiting for storage. On an
-    # oversubscribed machine (more runnable tasks than cores: other jobs, or more workers than
-    # cores) a reader that only computes, such as a Dataset decoding in __getitem__, spends most
-    # of its wall time in the run queue: judged by CPU / wall alone, 2 such workers beside 4 busy
-    # processes on 2 cores read at 29% CPU and were called storage-bound. So reads wait on I/O
-    # when they are neither on a CPU nor queued for one most of the time. Where the kernel does
-    # not report run-queue delay, read_runq is 0 and this is CPU / wall, as before.
-    runnable_share = (ms["read_cpu"] + ms["read_runq"]) / ms["read"] if ms["read"] else 1.0
-    runq_share = ms["read_runq"] / ms["read"] if ms["read"] else 0.0
-    if read_share > 0.5 and ms["net_wait"] > REMOTE_WAITING * ms["read"]:
-        return "storage-bound", [_remote_advice(r), *advice]
-    disk_busy = m.disk is not None and m.disk.get("util_percent", 0.0) > DISK_BOUND_UTIL
-    waiting_on_reads = read_share > 0.5 and runnable_share < READ_WAITING
-    if waiting_on_reads or disk_busy or m.cpu.get("iowait", 0.0) > IOWAIT_BOUND_PERCENT:
-        where = m.device
-        if m.device_kind == "network":
-            tip = "copy the data to local NVMe or pack it into shards (large sequential reads)"
-        elif m.device_kind == "hdd":
-            tip = "move the data to an SSD/NVMe, or pack it into shards so reads are sequential"
-        elif disk_busy:
-            tip = "the disk is saturated: a faster disk, or data that fits the page cache"
-        else:
-            tip = f"more workers keep more reads in flight (now {r.workers})"
-        return "storage-bound", [
-            f"storage-bound on {where}: {ms['read']:.2f} ms/sample reading vs "
-            f"{ms['decode']:.2f} decoding; {tip}",
-            *advice,
-        ]
-    if r.worker_busy_percent > BUSY_BOUND_PERCENT and ms["augment"] > ms["decode"]:
-        gpu = (
-            "they run in the workers because batches stay on the CPU: with device='cuda' they run "
-            "batched on the GPU after the copy"
-            if r.device == "cpu"
-            else "fewer or cheaper ones (a hue shift costs the most), or more workers"
-        )
-        return "augment-bound", [
-            f"augment-bound: the pixel transforms (colour, policies) take {ms['augment']:.2f} ms/sample "
-            f"against {ms['decode']:.2f} decoding, with {r.workers} workers {r.worker_busy_percent:.0f}% "
-            f"busy; {gpu}",
-            *advice,
-        ]
-    if r.worker_busy_percent > BUSY_BOUND_PERCENT:
-        if runq_share > CPU_CONTENDED:
-            tip = (
-                f"they wait for a free core {100 * runq_share:.0f}% of the time they read: the cores "
-                "are oversubscribed (other processes, or more workers than cores), so more workers "
-                "will not help; give the loader cores of its own, or add cores"
-            )
-        elif r.workers < cores:
-            tip = f"{cores - r.workers} core(s) are free: raise num_workers to {cores}"
-        elif r.device == "cuda":
-            tip = (
-                "add cores, store smaller images (fastload pack --max-side 320), or decode on the "
-                "GPU (backend='dali')"
-            )
-        else:
-            tip = "add cores, or store smaller images (fastload pack --max-side 320)"
-        return "decode-bound", [
-            f"decode-bound: {r.workers} workers on {cores} cores are "
-            f"{r.worker_busy_percent:.0f}% busy; {tip}",
-            *advice,
-        ]
-    if ms["slot_wait"] > 0.5 * work:
-        return "transport-bound", [
-            "every slot is held while workers could work: release batches sooner (don't keep references), "
-            "or raise prefetch",
-            *advice,
-        ]
-    return "transport-bound", [
-        f"the trainer waits {r.trainer_wait_percent:.0f}% of the time while workers are only "
-        f"{r.worker_busy_percent:.0f}% busy: raise prefetch "
-        f"(now {r.in_flight + r.ready_batches} batches ahead)",
-        *advice,
-    ]
-
-
-def _remote_advice(r: LoaderRates) -> str:
-    """Why reads of object storage hold the loader back, and what to change."""
-    ms = r.ms_per_sample
-    hit = r.cache_hit_percent
-    said = (
-        f"storage-bound on object storage: {ms['net_wait']:.2f} of {ms['read']:.2f} ms/sample reading "
-        f"waits for chunks not in the node cache ({r.net_mb_per_s:.1f} MB/s fetched"
-        f"{f', {hit:.0f}% of chunk reads from the cache' if hit is not None else ''})"
-    )
-    if hit is not None and hit < 50.0 and r.epochs_so_far > 1:  # past the first epoch: the cache's to answer
-        return (
-            f"{said}; later epochs fetch again: the node cache is smaller than the data, so raise "
-            "cache_limit (or FASTLOAD_CACHE_LIMIT), or put the cache (FASTLOAD_CACHE_DIR) on a larger disk"
-        )
-    return (
-        f"{said}; keep more requests in flight (FASTLOAD_REMOTE_REQUESTS, {read_ahead.DEFAULT_REQUESTS} by "
-        "default), use a block shuffle (shuffle_block=) so that a window of batches shares chunks, or "
-        "pack the data "
-        "(`fastload pack SRC s3://...`: packs are read by byte ranges, tar shards whole)"
-    )
 
 
 class Sampler:
@@ -350,7 +118,8 @@ def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: b
     if remote:  # object storage: what was fetched, and how often the node cache answered
         head += f" {'netMB/s':>8} {'hit%':>5}"
     if extended:
-        head += f" {'read':>7} {'net':>7} {'decode':>7} {'augment':>7} {'slot':>7} {'h2d':>7}  (ms/sample)"
+        head += f" {'read':>7} {'net':>7} {'decode':>7} {'augment':>7} {'slot':>7} {'h2d':>7}"
+        head += "".join(f" {heading:>9}" for heading, _ in _own_columns()) + "  (ms/sample)"
     lines.append(head + "  verdict")
     for r in loaders:
         row = (
@@ -364,9 +133,34 @@ def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: b
             ms = r.ms_per_sample
             row += f" {ms['read']:>7.3f} {ms['net_wait']:>7.3f} {ms['decode']:>7.3f} {ms['augment']:>7.3f}"
             row += f" {ms['slot_wait']:>7.3f} {ms['h2d']:>7.3f}"
+            row += "".join(f" {value(r):>9.3f}" for _, value in _own_columns())
         lines.append(f"{row}  {r.verdict}")
         lines.extend(f"{'':>9}- {a}" for a in r.advice)
     return "\n".join(lines) + "\n"
+
+
+# The table's columns a per-batch counter may name as the one that shows it (`Counter.column`).
+TABLE_COLUMNS = ("samples/s", "rMB/s", "netMB/s", "hit%", "read", "net", "decode", "augment", "verdict")
+
+
+def _own_columns() -> list[tuple[str, Callable[[LoaderRates], float]]]:
+    """A column of `-x` for each per-batch counter no column of the table shows (NOTE [adding a
+    per-batch counter]): a time in ms/sample, any other per second."""
+    return [
+        (column_name(name, c), functools.partial(_per_sample_ms, name.removesuffix("_ns")))
+        if c.unit == "ns"
+        else (f"{column_name(name, c)}/s", functools.partial(_per_second, name))
+        for name, c in declared()
+        if column_name(name, c) not in TABLE_COLUMNS
+    ]
+
+
+def _per_sample_ms(key: str, r: LoaderRates) -> float:
+    return r.ms_per_sample[key]
+
+
+def _per_second(key: str, r: LoaderRates) -> float:
+    return r.per_second[key]
 
 
 class _Stopped(Exception):

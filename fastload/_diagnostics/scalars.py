@@ -13,8 +13,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastload._diagnostics.iostat import MachineRates, classify, loader_rates
+from fastload._diagnostics.loader_rates import MachineRates, loader_rates
 from fastload._diagnostics.metrics import STAGES, VERDICTS
+from fastload._diagnostics.verdict import classify
 from fastload._loading.running.stats import LoaderStats
 from fastload._machine import usable_cores
 

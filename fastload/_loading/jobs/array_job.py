@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fastload._batch_counters import BatchCounters
 from fastload._loading.jobs.contract import SourceJob
 from fastload._loading.jobs.executor import Done, Task
 from fastload._loading.slots.layout import BatchLayout
@@ -41,7 +42,11 @@ class ArrayJob(SourceJob):
         )
         t1 = time.perf_counter_ns()
         labels[:n] = self.index.labels[indices]
-        return Done(task.seq, n, t1 - t0, time.perf_counter_ns() - t1, bytes_read, read_cpu, read_runq)
+        counters = BatchCounters(
+            samples=n, read_ns=t1 - t0, decode_ns=time.perf_counter_ns() - t1, bytes_read=bytes_read,
+            read_cpu_ns=read_cpu, read_runq_ns=read_runq,
+        )
+        return Done(task.seq, counters)
 
     def close(self) -> None:
         """Close what this process opened to read (the trainer's, with num_workers=0)."""

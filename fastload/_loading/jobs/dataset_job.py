@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from fastload._bad_samples import MAX_ATTEMPTS, SkippedSample, reason_of, replacement
+from fastload._batch_counters import BatchCounters
 from fastload._loading.jobs.contract import (
     JobFailed,
     collate_or_fail,
@@ -126,7 +127,11 @@ class DatasetJob:
         read_runq = run_delay_since(runq0)
         write_samples(seq, samples, layout, arrays, [int(i) for i in indices], self._path_of)
         decode_ns = time.perf_counter_ns() - t1
-        return Done(seq, len(indices), t1 - t0, decode_ns, 0, read_cpu, read_runq, skipped=tuple(skipped))
+        counters = BatchCounters(
+            samples=len(indices), read_ns=t1 - t0, decode_ns=decode_ns, read_cpu_ns=read_cpu,
+            read_runq_ns=read_runq,
+        )
+        return Done(seq, counters, skipped=tuple(skipped))
 
     def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int, tuple[SkippedSample, ...]]:
         """Load and collate a batch that cannot live in a slot (the documented slow path)."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 import numpy as np
 
 from fastload._bad_samples import SkippedSample
+from fastload._batch_counters import BatchCounters
 from fastload._errors import DaemonError, WorkerError, sample_error
 
 if TYPE_CHECKING:  # not at run time: layout imports torch, which `fastload status` must not pay
@@ -50,29 +51,17 @@ class Task:
 
 @dataclass(frozen=True)
 class Done:
-    """Slot batch `seq` is written; the stage timings feed the loader's statistics."""
+    """Slot batch `seq` is written; its counters (`_batch_counters`) feed the loader's statistics."""
 
     seq: int
-    count: int
-    read_ns: int
-    decode_ns: int
-    bytes_read: int
-    # CPU time of the read stage: near read_ns when reading computes (a Dataset decoding in
-    # __getitem__), far below it when the worker waits, for storage or for a CPU.
-    read_cpu_ns: int = 0
-    # Time the reading thread was runnable but waiting for a CPU (the kernel's run-queue delay;
-    # 0 where it is not reported): what separates the two waits on an oversubscribed machine.
-    read_runq_ns: int = 0
-    # The pixel stage's time (colour, policies: NOTE [transform stages]), apart from decode_ns.
-    augment_ns: int = 0
-    # Reads of remote objects (NOTE [node cache]): bytes fetched from the store, time waited for
-    # chunks not in the node cache, chunks found there and chunks waited for.
-    net_bytes: int = 0
-    net_wait_ns: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
+    counters: BatchCounters
     # Samples that could not be loaded and were replaced (on_error="skip": NOTE [bad samples]).
     skipped: tuple[SkippedSample, ...] = ()
+
+    @property
+    def count(self) -> int:
+        """The samples written into the slot."""
+        return self.counters.samples
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import torch
 
 from fastload._augment.program import SampleProgram
 from fastload._bad_samples import MAX_ATTEMPTS, SkippedSample, reason_of, replacement
+from fastload._batch_counters import BatchCounters
 from fastload._loading.decoding.backend import SampleFailure, make_backend
 from fastload._loading.decoding.host_normalize import HostNormalizer
 from fastload._loading.jobs.contract import JobFailed, SourceJob, failure_of
@@ -214,10 +215,12 @@ class ImageJob(SourceJob):
             self._run_stage(self._tensor, "tensor", images[:n], task, indices)
         labels[:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
-        return Done(
-            task.seq, n, t1 - t0, t2 - t1, sum(len(b) for b in blobs), read_cpu, read_runq, t3 - t2,
+        counters = BatchCounters(
+            samples=n, read_ns=t1 - t0, decode_ns=t2 - t1, bytes_read=sum(len(b) for b in blobs),
+            read_cpu_ns=read_cpu, read_runq_ns=read_runq, augment_ns=t3 - t2,
             net_bytes=net_bytes, net_wait_ns=net_wait, cache_hits=hits, cache_misses=misses,
         )
+        return Done(task.seq, counters)
 
     def _replace(
         self,

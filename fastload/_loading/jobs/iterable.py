@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from fastload._bad_samples import SkippedSample
+from fastload._batch_counters import BatchCounters
 from fastload._errors import ConfigError
 from fastload._loading.jobs.contract import (
     JobFailed,
@@ -194,7 +195,11 @@ class IterableJob:
         t1 = time.perf_counter_ns()
         read_cpu, read_runq = time.process_time_ns() - cpu0, run_delay_since(runq0)
         write_samples(task.seq, samples, layout, arrays, [-1] * len(samples), str)
-        return Done(task.seq, len(samples), t1 - t0, time.perf_counter_ns() - t1, 0, read_cpu, read_runq)
+        counters = BatchCounters(
+            samples=len(samples), read_ns=t1 - t0, decode_ns=time.perf_counter_ns() - t1,
+            read_cpu_ns=read_cpu, read_runq_ns=read_runq,
+        )
+        return Done(task.seq, counters)
 
     def run_opaque(self, task: Task, in_trainer: bool) -> tuple[Any, int, tuple[SkippedSample, ...]]:
         samples = self._samples(task, self.batch_size, in_trainer)

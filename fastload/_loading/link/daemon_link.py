@@ -13,7 +13,8 @@ largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
             world_size[, source, on_error]}                  classes, workers}
     task   {seq, epoch, batch_index, slot, row}      done    {seq, count, read_ns, decode_ns,
            + indices                                          bytes, read_cpu_ns[, read_runq_ns,
-                                                              augment_ns, skipped]}
+                                                              augment_ns, net_bytes, net_wait_ns,
+                                                              cache_hits, cache_misses, skipped]}
     grow   {}                                        failed  {seq, message, path, index,
     ping   {}                                                 exc_type, traceback[, exc_class]}
     bye    {}                                        slot    {name}      (reply to grow)
@@ -27,6 +28,13 @@ largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
                                                      error   {message}   (anything refused)
 
 Fields in [brackets] may be absent (sent by newer versions only); every other field is required.
+
+NOTE [counters on the link]: `done`'s counters are `BatchCounters`' fields, under their `wire`
+names (`count`, `bytes`: the names of version 1). Those declared `required` are always sent; every
+other counter, version 1's later additions and any declared since, is optional: sent only when not
+zero and read as zero when absent, so a trainer and a daemon of different versions still agree on
+every batch that does not use a counter one of them lacks. Either side refuses a field it does not
+know (`decode`): a counter is never silently dropped.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from fastload._bad_samples import SkippedSample
+from fastload._batch_counters import BatchCounters, declared, wire_name
 from fastload._errors import WireError as WireError  # raised by the checks here; `wire.WireError` to callers
 from fastload._loading.jobs.executor import Done, Failure
 
@@ -80,19 +89,10 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "classes": (list,),
         "workers": _INT,
     },
+    # One field per `BatchCounters` counter (its `wire` name): NOTE [counters on the link].
     "done": {
         "seq": _INT,
-        "count": _INT,
-        "read_ns": _INT,
-        "decode_ns": _INT,
-        "bytes": _INT,
-        "read_cpu_ns": _INT,
-        "read_runq_ns": _INT,
-        "augment_ns": _INT,
-        "net_bytes": _INT,  # remote reads (NOTE [node cache]); absent: none
-        "net_wait_ns": _INT,
-        "cache_hits": _INT,
-        "cache_misses": _INT,
+        **{wire_name(n, c): _INT for n, c in declared()},
         "skipped": (list,),  # [[index, name, reason, row, replacement]] (NOTE [bad samples])
     },
     "failed": {
@@ -121,11 +121,10 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "indexing": {"path": (str,), "seconds": (float, int)},
     "error": {"message": (str,)},
 }
-_REMOTE_READS = ("net_bytes", "net_wait_ns", "cache_hits", "cache_misses")  # Done's, in its order
 # op -> fields of its schema that may be absent (added later; an older peer does not send them).
 _OPTIONAL: dict[str, frozenset[str]] = {
     "failed": frozenset({"exc_class"}),
-    "done": frozenset({"read_runq_ns", "augment_ns", "skipped", *_REMOTE_READS}),
+    "done": frozenset({"skipped", *(wire_name(n, c) for n, c in declared() if not c.required)}),
     "hello": frozenset({"source", "on_error"}),  # absent: an image folder; on_error="raise"
     "status_reply": frozenset({"metrics", "totals"}),
 }
@@ -179,12 +178,11 @@ def decode_indices(frame: bytes, num_samples: int) -> np.ndarray:
 
 def event_message(event: Done | Failure, seq: int) -> tuple[str, dict[str, Any]]:
     """The `done` or `failed` reply (op, fields) for a batch's event, as the trainer knows it by `seq`."""
-    if isinstance(event, Done):
+    if isinstance(event, Done):  # NOTE [counters on the link]
         return "done", {
-            "seq": seq, "count": event.count, "read_ns": event.read_ns, "decode_ns": event.decode_ns,
-            "bytes": event.bytes_read, "read_cpu_ns": event.read_cpu_ns, "read_runq_ns": event.read_runq_ns,
-            "augment_ns": event.augment_ns,
-            **({name: getattr(event, name) for name in _REMOTE_READS if getattr(event, name)}),
+            "seq": seq,
+            **{wire_name(n, c): v for (n, c), v in zip(declared(), event.counters.values(), strict=True)
+               if c.required or v},
             **({"skipped": [v.to_json() for v in event.skipped]} if event.skipped else {}),
         }
     return "failed", {
@@ -200,14 +198,8 @@ def event_from_message(op: str, fields: dict[str, Any]) -> Done | Failure:
             skipped = tuple(SkippedSample.from_json(v) for v in fields.get("skipped", ()))
         except ValueError as e:
             raise WireError(f"done.skipped: {e}") from None
-        return Done(
-            fields["seq"], fields["count"], fields["read_ns"], fields["decode_ns"], fields["bytes"],
-            fields["read_cpu_ns"], fields.get("read_runq_ns", 0),  # an older daemon does not send them
-            fields.get("augment_ns", 0),
-            net_bytes=fields.get("net_bytes", 0), net_wait_ns=fields.get("net_wait_ns", 0),
-            cache_hits=fields.get("cache_hits", 0), cache_misses=fields.get("cache_misses", 0),
-            skipped=skipped,
-        )
+        counters = BatchCounters(*(fields.get(wire_name(n, c), 0) for n, c in declared()))
+        return Done(fields["seq"], counters, skipped=skipped)
     return Failure(
         fields["seq"], fields["message"], fields["path"], fields["index"], fields["exc_type"],
         fields["traceback"], fields.get("exc_class", ""),

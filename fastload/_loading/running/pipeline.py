@@ -24,6 +24,7 @@ import numpy as np
 
 from fastload._augment.program import TrainerStages
 from fastload._bad_samples import SkipAccount, SkippedSample, stand_ins
+from fastload._batch_counters import BatchCounters
 from fastload._errors import LoaderTimeout
 from fastload._loading.jobs.contract import Job
 from fastload._loading.jobs.executor import (
@@ -258,23 +259,9 @@ class Pipeline:
                 return
             event = joined
         if isinstance(event, Done):
-            stats = self.stats
-            stats.add("batches", 1)
-            stats.add("samples", event.count)
-            stats.add("bytes_read", event.bytes_read)
-            stats.add("read_ns", event.read_ns)
-            stats.add("decode_ns", event.decode_ns)
-            stats.add("read_cpu_ns", event.read_cpu_ns)
-            stats.add("read_runq_ns", event.read_runq_ns)
-            stats.add("augment_ns", event.augment_ns)
-            stats.add("net_bytes", event.net_bytes)
-            stats.add("net_wait_ns", event.net_wait_ns)
-            stats.add("cache_hits", event.cache_hits)
-            stats.add("cache_misses", event.cache_misses)
+            self.stats.count_batch(event.counters)
         elif isinstance(event, Opaque):  # made whole elsewhere: its time counts as the work's
-            self.stats.add("batches", 1)
-            self.stats.add("samples", event.count)
-            self.stats.add("decode_ns", event.load_ns)
+            self.stats.count_batch(BatchCounters(samples=event.count, decode_ns=event.load_ns))
         elif isinstance(event, Failure):
             self.stats.add("failures", 1)
         slot = self._slot_of.pop(event.seq, None)

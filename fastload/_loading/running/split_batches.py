@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastload._bad_samples import SkippedSample
+from fastload._batch_counters import BatchCounters
 from fastload._loading.jobs.executor import Done, Failure
 
 # A cold batch is split so that each part keeps at least this many rows.
@@ -36,17 +37,7 @@ class _Parts:
     """The joined outcome of a batch split across workers (see NOTE [split batches])."""
 
     left: int
-    count: int = 0
-    read_ns: int = 0
-    decode_ns: int = 0
-    bytes_read: int = 0
-    read_cpu_ns: int = 0
-    read_runq_ns: int = 0
-    augment_ns: int = 0
-    net_bytes: int = 0
-    net_wait_ns: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
+    counters: BatchCounters = dataclasses.field(default_factory=BatchCounters)
     skipped: tuple[SkippedSample, ...] = ()
     failure: Failure | None = None
 
@@ -82,17 +73,7 @@ class SplitBatches:
         parts = self._split[seq]
         parts.left -= 1
         if isinstance(event, Done):
-            parts.count += event.count
-            parts.read_ns += event.read_ns
-            parts.decode_ns += event.decode_ns
-            parts.bytes_read += event.bytes_read
-            parts.read_cpu_ns += event.read_cpu_ns
-            parts.read_runq_ns += event.read_runq_ns
-            parts.augment_ns += event.augment_ns
-            parts.net_bytes += event.net_bytes
-            parts.net_wait_ns += event.net_wait_ns
-            parts.cache_hits += event.cache_hits
-            parts.cache_misses += event.cache_misses
+            parts.counters += event.counters
             parts.skipped += event.skipped
         elif parts.failure is None:
             parts.failure = dataclasses.replace(event, seq=seq)
@@ -101,18 +82,4 @@ class SplitBatches:
         del self._split[seq]
         if parts.failure is not None:
             return parts.failure
-        return Done(
-            seq,
-            parts.count,
-            parts.read_ns,
-            parts.decode_ns,
-            parts.bytes_read,
-            parts.read_cpu_ns,
-            parts.read_runq_ns,
-            parts.augment_ns,
-            parts.net_bytes,
-            parts.net_wait_ns,
-            parts.cache_hits,
-            parts.cache_misses,
-            skipped=parts.skipped,
-        )
+        return Done(seq, parts.counters, skipped=parts.skipped)

@@ -24,23 +24,30 @@ import os
 import struct
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from fastload._batch_counters import BatchCounters, counter_names, stats_field
 from fastload._machine import pid_alive
 from fastload._shm import STATS_TAG, Segment, own_segments
 
 MAGIC = b"FLSTATS1"
 VERSION = 6  # 2: read_runq_ns; 3: epochs, epoch_start_wait_ns; 4: augment_ns; 5: skipped; 6: net_*, cache_*
 _HEAD = struct.Struct("<8sqqqqqqq")
-COUNTERS = (
+# NOTE [the block's counters]: the per-batch counters (`_batch_counters.BatchCounters`: samples,
+# bytes_read, read_ns, decode_ns, read_cpu_ns, read_runq_ns, augment_ns, net_*, cache_*) and the
+# trainer's own, in version 6's order; a per-batch counter declared since goes after them. The
+# layout is what other processes (iostat, the exporters, another version's) read: a change is a
+# new VERSION, which `tests/test_batch_counters.py` holds to the layout it records.
+VERSION_6 = (
     "batches",
     "samples",
     "bytes_read",
     "read_ns",
     "decode_ns",
-    "read_cpu_ns",  # workers' CPU time while reading: near read_ns when computing, low when waiting
-    "read_runq_ns",  # ...and time runnable but waiting for a CPU: the other share of read_ns not I/O
+    "read_cpu_ns",
+    "read_runq_ns",
     "slot_wait_ns",
     "h2d_ns",
     "h2d_batches",
@@ -52,13 +59,16 @@ COUNTERS = (
     "updated_ns",  # monotonic-free wall clock (time.time_ns) of the last update
     "epochs",  # iterations that yielded a batch
     "epoch_start_wait_ns",  # of trainer_wait_ns, the waits for each epoch's first batch
-    "augment_ns",  # workers' time in the pixel stage (colour, policies), apart from decode_ns
+    "augment_ns",
     "skipped",  # broken samples replaced by stand-ins (on_error="skip": NOTE [bad samples])
-    "net_bytes",  # fetched from object storage, by the workers and the trainer's read-ahead
-    "net_wait_ns",  # of read_ns, workers' time waiting for chunks not in the node cache
-    "cache_hits",  # chunk reads of remote objects the node cache answered
-    "cache_misses",  # ...and those that waited for a download
+    "net_bytes",  # + what the trainer's read-ahead fetched
+    "net_wait_ns",
+    "cache_hits",
+    "cache_misses",
 )
+COUNTERS = VERSION_6 + tuple(name for name in counter_names() if name not in VERSION_6)
+# Each counter's `LoaderStats` field: a time (ns) in seconds (`stats_field`), the others as they are.
+_FIELDS = {name: "updated" if name == "updated_ns" else stats_field(name) for name in COUNTERS}
 _INDEX = {name: i for i, name in enumerate(COUNTERS)}
 _PATH_BYTES = 256
 BLOCK_BYTES = _HEAD.size + 8 * len(COUNTERS) + _PATH_BYTES
@@ -69,7 +79,8 @@ class LoaderStats:
     """A snapshot of one loader's counters (cumulative since it started; gauges are current).
 
     Times are seconds summed over batches (worker time for read/decode, so they can exceed wall
-    time with several workers).
+    time with several workers). One field per counter of the block (NOTE [the block's counters]),
+    what each per-batch one means in `_batch_counters`.
     """
 
     pid: int
@@ -131,6 +142,12 @@ class StatsWriter:
         self._c[_INDEX[name]] += value
         self._c[_INDEX["updated_ns"]] = time.time_ns()
 
+    def count_batch(self, counters: BatchCounters) -> None:
+        """One more batch delivered, and what it cost (its per-batch counters)."""
+        self.add("batches", 1)
+        for name, value in counters.items():
+            self.add(name, value)
+
     def set(self, name: str, value: int) -> None:
         self._c[_INDEX[name]] = value
 
@@ -156,7 +173,10 @@ def _parse(buf: memoryview | bytes | bytearray | object) -> LoaderStats:
         raise ValueError("not a fastload statistics block")
     c = np.frombuffer(raw, np.int64, count=len(COUNTERS), offset=_HEAD.size)
     dataset = raw[_HEAD.size + 8 * len(COUNTERS) :].rstrip(b"\0").decode("utf-8", "replace")
-    v = {name: int(c[i]) for i, name in enumerate(COUNTERS)}
+    fields: dict[str, Any] = {
+        _FIELDS[name]: int(value) / 1e9 if name.endswith("_ns") else int(value)
+        for name, value in zip(COUNTERS, c, strict=True)
+    }
     return LoaderStats(
         pid=pid,
         dataset=dataset,
@@ -165,30 +185,7 @@ def _parse(buf: memoryview | bytes | bytearray | object) -> LoaderStats:
         num_workers=workers,
         batch_size=batch,
         created=created / 1e9,
-        batches=v["batches"],
-        samples=v["samples"],
-        bytes_read=v["bytes_read"],
-        read_s=v["read_ns"] / 1e9,
-        decode_s=v["decode_ns"] / 1e9,
-        read_cpu_s=v["read_cpu_ns"] / 1e9,
-        read_runq_s=v["read_runq_ns"] / 1e9,
-        slot_wait_s=v["slot_wait_ns"] / 1e9,
-        h2d_s=v["h2d_ns"] / 1e9,
-        h2d_batches=v["h2d_batches"],
-        trainer_wait_s=v["trainer_wait_ns"] / 1e9,
-        next_calls=v["next_calls"],
-        ready_batches=v["ready_batches"],
-        in_flight=v["in_flight"],
-        failures=v["failures"],
-        updated=v["updated_ns"] / 1e9,
-        epochs=v["epochs"],
-        epoch_start_wait_s=v["epoch_start_wait_ns"] / 1e9,
-        augment_s=v["augment_ns"] / 1e9,
-        skipped=v["skipped"],
-        net_bytes=v["net_bytes"],
-        net_wait_s=v["net_wait_ns"] / 1e9,
-        cache_hits=v["cache_hits"],
-        cache_misses=v["cache_misses"],
+        **fields,
     )
 
 

@@ -10,8 +10,8 @@ Engine (ROUTER) -> worker (DEALER):
     STOP    [b"S"]
 Worker -> engine:
     READY   [b"R", READY_HEAD(pid)]
-    DONE    [b"D", DONE_HEAD(seq, count, read_ns, decode_ns, bytes_read, read_cpu_ns, read_runq_ns,
-                                augment_ns, net_bytes, net_wait_ns, cache_hits, cache_misses)
+    DONE    [b"D", DONE_HEAD(seq, *BatchCounters: samples, read_ns, decode_ns, bytes_read, read_cpu_ns,
+                                read_runq_ns, augment_ns, net_bytes, net_wait_ns, cache_hits, cache_misses)
                  [, skipped JSON [[index, name, reason, row, replacement]]]]
     FAILED  [b"E", SEQ_HEAD(seq), error JSON {message, path, index, exc_type, exc_class, traceback}]
     PROBED  [b"P", SEQ_HEAD(seq), layout JSON or b""]
@@ -21,6 +21,11 @@ NOTE [OPAQUE batches]: a Dataset whose samples are not fixed-shape arrays/number
 ragged shapes, a custom collate_fn) is collated in the worker and sent pickled, as torch's
 DataLoader does. It only ever travels between a trainer and the worker processes it forked
 itself, over an ipc socket in a 0700 directory, never over a network.
+
+NOTE [DONE's layout]: one int64 per field of `BatchCounters`, in its declared order, after the
+seq: a counter declared there is carried here with no edit. Both ends are the same code (the
+trainer's or the daemon's workers are forked from it), so the layout needs no version of its
+own; a frame of another length is refused (`decode_event`) rather than read askew.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from fastload._bad_samples import SkippedSample
+from fastload._batch_counters import BatchCounters, counter_names
 from fastload._loading.jobs.executor import Done, Event, Failure, Opaque, Probed, Task
 from fastload._loading.slots.layout import BatchLayout
 
@@ -52,7 +58,7 @@ OPAQUE = b"B"
 TASK_HEAD = struct.Struct("<qqqqqq")
 JOB_HEAD = struct.Struct("<q")
 READY_HEAD = struct.Struct("<q")
-DONE_HEAD = struct.Struct("<qqqqqqqqqqqq")
+DONE_HEAD = struct.Struct("<q" + "q" * len(counter_names()))  # NOTE [DONE's layout]
 SEQ_HEAD = struct.Struct("<q")
 OPAQUE_HEAD = struct.Struct("<qqq")
 SLOT_LEN = struct.Struct("<H")
@@ -81,11 +87,7 @@ def decode_task(frame: bytes) -> Task:
 def encode_event(event: Event) -> list[Any]:
     """A worker's reply for one task's event (OPAQUE frames are buffers, sent with copy=False)."""
     if isinstance(event, Done):
-        fields = (
-            event.seq, event.count, event.read_ns, event.decode_ns, event.bytes_read, event.read_cpu_ns,
-            event.read_runq_ns, event.augment_ns, event.net_bytes, event.net_wait_ns, event.cache_hits,
-            event.cache_misses,
-        )
+        fields = (event.seq, *event.counters.values())
         extra = [json.dumps([v.to_json() for v in event.skipped]).encode()] if event.skipped else []
         return [DONE, DONE_HEAD.pack(*fields), *extra]
     if isinstance(event, Failure):
@@ -107,7 +109,10 @@ def decode_event(frames: list[bytes]) -> Event:
     """The event a worker's reply carries (`frames` without the identity; not READY)."""
     kind = frames[0]
     if kind == DONE:
-        done = Done(*DONE_HEAD.unpack(frames[1]))
+        if len(frames[1]) != DONE_HEAD.size:  # NOTE [DONE's layout]
+            raise ValueError(f"a DONE of {len(frames[1])} bytes from a worker, not {DONE_HEAD.size}")
+        seq, *values = DONE_HEAD.unpack(frames[1])
+        done = Done(seq, BatchCounters(*values))
         if len(frames) > 2:
             skipped = tuple(SkippedSample.from_json(v) for v in json.loads(frames[2]))
             done = dataclasses.replace(done, skipped=skipped)
