@@ -29,7 +29,7 @@ from fastload._loading.inline import InlineExecutor
 from fastload._loading.jobs import ImageJob
 from fastload._loading.layout import BatchLayout
 from fastload._loading.ring import Ring
-from fastload.sources._folder import scan_image_folder
+from fastload.sources._formats.folder import scan_image_folder
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -38,7 +38,7 @@ from fastload._diagnostics.iostat import (
     loader_rates,
 )
 from fastload._loading.stats import LoaderStats
-from fastload.sources import _index
+from fastload.sources._indexes import sample_index as _index
 
 # ---------------------------------------------------------------------------------------------
 # The classifier, on counters

@@ -21,9 +21,17 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fastload"
 
-FOUNDATIONS, FORMATS, KERNELS, LOADER, SERVICES, ENTRY = range(6)
+FOUNDATIONS, FORMATS, KERNELS, LOADER, SERVICES, ENTRY = 0, 20, 30, 40, 50, 60
+# The rooms of `sources/`, sub-layers below the public face of FORMATS (each room's `__init__`
+# says why it sits where it does): storage < index < the `Source` seam < formats < packing.
+SOURCE_STORAGE, SOURCE_INDEX, SOURCE_SEAM, SOURCE_FORMATS, SOURCE_PACKING = 11, 12, 13, 14, 15
 LAYER_NAMES = {
     FOUNDATIONS: "foundations",
+    SOURCE_STORAGE: "sources' storage",
+    SOURCE_INDEX: "sources' index layer",
+    SOURCE_SEAM: "the Source seam",
+    SOURCE_FORMATS: "sources' formats",
+    SOURCE_PACKING: "packing",
     FORMATS: "sources and transforms",
     KERNELS: "kernels",
     LOADER: "the loader",
@@ -48,7 +56,12 @@ LAYERS: dict[str, int] = {
     "fastload._bad_samples": FOUNDATIONS,
     "fastload._exclusion": FOUNDATIONS,
     "fastload._metrics_seam": FOUNDATIONS,
-    "fastload.sources": FORMATS,
+    "fastload.sources": FORMATS,  # the public face (`sources/__init__.py`)
+    "fastload.sources._storage": SOURCE_STORAGE,
+    "fastload.sources._indexes": SOURCE_INDEX,
+    "fastload.sources._base": SOURCE_SEAM,
+    "fastload.sources._formats": SOURCE_FORMATS,
+    "fastload.sources._packing": SOURCE_PACKING,
     "fastload.transforms": FORMATS,
     "fastload._augment": KERNELS,
     "fastload._loading.backends": KERNELS,
@@ -211,7 +224,12 @@ def test_the_checker_sees_lazy_relative_and_type_only_imports(tmp_path: Path) ->
     ("module", "layer"),
     [
         ("fastload._errors", FOUNDATIONS),
-        ("fastload.sources._tar", FORMATS),
+        ("fastload.sources", FORMATS),
+        ("fastload.sources._storage.remote", SOURCE_STORAGE),
+        ("fastload.sources._indexes.extents", SOURCE_INDEX),
+        ("fastload.sources._base", SOURCE_SEAM),
+        ("fastload.sources._formats.tar", SOURCE_FORMATS),
+        ("fastload.sources._packing.writer", SOURCE_PACKING),
         ("fastload._loading.backends.native", KERNELS),
         ("fastload._loading.loader", LOADER),
         ("fastload._daemon.server", SERVICES),

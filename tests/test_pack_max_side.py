@@ -25,7 +25,8 @@ from test_sources_packed import Interrupted, _interrupt_at
 from fastload import ConfigError, DatasetError, FastLoader, sources
 from fastload import transforms as T
 from fastload.__main__ import main
-from fastload.sources import _pack_writer, _reencode
+from fastload.sources._packing import reencode as _reencode
+from fastload.sources._packing import writer as _pack_writer
 
 Image = pytest.importorskip("PIL.Image")
 jpeg = pytest.importorskip("fastload._jpeg")

@@ -31,7 +31,8 @@ from remote_helpers import list_objects, moto_server, s3_environment
 from test_sources_packed import interrupted_pack
 
 from fastload import ConfigError, DatasetError, sources
-from fastload.sources import _pack_writer, _ray_pack
+from fastload.sources._packing import ray_pack as _ray_pack
+from fastload.sources._packing import writer as _pack_writer
 
 ray = pytest.importorskip("ray", reason="pack --ray needs fastload[ray]")
 pytestmark = pytest.mark.timeout(180)

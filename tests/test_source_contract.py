@@ -21,10 +21,10 @@ from helpers import write_tar_shards
 from fastload import FastLoader
 from fastload import transforms as T
 from fastload.sources import HDF5, FileList, ImageFolder, Source, TarShards, pack
-from fastload.sources._extents import ExtentIndex
-from fastload.sources._folder import scan_image_folder
-from fastload.sources._hdf5 import HDF5BytesIndex
-from fastload.sources._index import PathIndex
+from fastload.sources._formats.folder import scan_image_folder
+from fastload.sources._formats.hdf5 import HDF5BytesIndex
+from fastload.sources._indexes.extents import ExtentIndex
+from fastload.sources._indexes.sample_index import PathIndex
 
 KINDS = ["folder", "file_list", "tar", "packed", "hdf5"]
 TF = [T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3)]

@@ -24,8 +24,8 @@ from helpers import epoch_with_ids, write_tar_shards
 import fastload
 from fastload import DatasetError, FastLoader, sources
 from fastload import transforms as T
-from fastload.sources import _pack_writer
-from fastload.sources._index import PathIndex
+from fastload.sources._indexes.sample_index import PathIndex
+from fastload.sources._packing import writer as _pack_writer
 
 AUGMENT = [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]
 SHARD = 40 << 10  # a few images a data file

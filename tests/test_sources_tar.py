@@ -28,9 +28,9 @@ from helpers import epoch_with_ids, write_tar_shards
 from fastload import DatasetError, FastLoader, SampleError, sources
 from fastload import transforms as T
 from fastload._shm import Segment
-from fastload.sources import _extents
-from fastload.sources import _tar as tar_module
-from fastload.sources._extents import ExtentIndex
+from fastload.sources._formats import tar as tar_module
+from fastload.sources._indexes import extents as _extents
+from fastload.sources._indexes.extents import ExtentIndex
 
 AUGMENT = [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]
 

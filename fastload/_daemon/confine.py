@@ -48,10 +48,10 @@ from typing import Any
 
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources import Source
-from fastload.sources._beneath import Beneath
-from fastload.sources._bounds import identity
-from fastload.sources._remote import is_url
-from fastload.sources._tar import check_shard_patterns, expand_braces
+from fastload.sources._formats.tar import check_shard_patterns, expand_braces
+from fastload.sources._storage.beneath import Beneath
+from fastload.sources._storage.bounds import identity
+from fastload.sources._storage.remote import is_url
 
 
 class Refused(DatasetError):
@@ -206,7 +206,7 @@ def check_hdf5(path: str, roots: Roots, name: str) -> None:
     roots, and what is there a regular file. One exception: a name HDF5 would look up relative
     to the working directory (its last resort) passes while nothing is there, so the daemon's
     working directory need not be under a root."""
-    from fastload.sources._hdf5_reach import files_reached
+    from fastload.sources._formats.hdf5_reach import files_reached
 
     try:
         for candidate in files_reached(path):

@@ -346,10 +346,11 @@ def _index_bytes(index: Any) -> int:
 
 def _open(request: dict[str, Any]) -> dict[str, Any]:
     from fastload._daemon.confine import Roots, check_before_open, check_index, source_name
-    from fastload.sources import ImageFolder, _remote, source_from_config
-    from fastload.sources._arrays import ArrayIndex
-    from fastload.sources._folder import scan_image_folder
-    from fastload.sources._index import SHARED_INDEX_TYPES
+    from fastload.sources import ImageFolder, source_from_config
+    from fastload.sources._formats.folder import scan_image_folder
+    from fastload.sources._indexes.arrays import ArrayIndex
+    from fastload.sources._indexes.sample_index import SHARED_INDEX_TYPES
+    from fastload.sources._storage import remote as _remote
 
     source = source_from_config(request["source"])
     name = source_name(source)

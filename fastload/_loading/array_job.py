@@ -17,8 +17,8 @@ import numpy as np
 from fastload._loading.executor import Done, Task
 from fastload._loading.jobs import SourceJob
 from fastload._loading.layout import BatchLayout
-from fastload.sources._arrays import ArrayIndex
-from fastload.sources._index import target_row
+from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.sample_index import target_row
 
 
 class ArrayJob(SourceJob):

@@ -37,8 +37,8 @@ from fastload._loading.spec import build_spec
 from fastload._loading.stats import LoaderStats, format_summary
 from fastload._metrics_seam import export_loader
 from fastload._shm import preflight
-from fastload.sources._arrays import ArrayIndex
-from fastload.sources._index import SampleIndex
+from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.sample_index import SampleIndex
 from fastload.transforms import Transform, to_config
 
 

@@ -14,11 +14,11 @@ every worker count, resumes with `state_dict`, and reports its reads to `fastloa
 """
 
 from fastload.sources._base import DAEMON_SOURCE_KINDS, Source, as_source, source_from_config
-from fastload.sources._filelist import FileList, ImageFolder
-from fastload.sources._hdf5 import HDF5
-from fastload.sources._pack_writer import pack
-from fastload.sources._packed import Packed
-from fastload.sources._tar import TarShards
+from fastload.sources._formats.file_list import FileList, ImageFolder
+from fastload.sources._formats.hdf5 import HDF5
+from fastload.sources._formats.packed import Packed
+from fastload.sources._formats.tar import TarShards
+from fastload.sources._packing.writer import pack
 
 __all__ = [
     "DAEMON_SOURCE_KINDS",

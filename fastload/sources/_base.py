@@ -19,10 +19,10 @@ from typing import Any, ClassVar, cast
 
 from fastload._errors import ConfigError, DatasetError
 from fastload._sizes import parse_optional_size, shown
-from fastload.sources._arrays import ArrayIndex
-from fastload.sources._bounds import field_text_problem
-from fastload.sources._index import SampleIndex
-from fastload.sources._remote import is_url
+from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.sample_index import SampleIndex
+from fastload.sources._storage.bounds import field_text_problem
+from fastload.sources._storage.remote import is_url
 
 _REGISTRY: dict[str, type[Source]] = {}
 

@@ -46,15 +46,14 @@ from fastload._bad_samples import ON_ERROR
 from fastload._errors import ConfigError, DatasetError, FastloadError
 from fastload._exclusion import ExcludeArg, kept_indices
 from fastload._sizes import parse_size
-from fastload.sources._arrays import ArrayIndex
 from fastload.sources._base import Source, as_source
-from fastload.sources._index import SampleIndex, pack_strings
-from fastload.sources._pack_format import ALIGN, INDEX_FILES, MANIFEST, data_file_name, read_manifest
-from fastload.sources._pack_manifest import check_same, new_manifest
-from fastload.sources._pack_progress import Progress
-from fastload.sources._pack_upload import staging_for, upload_staged
-from fastload.sources._packed import Packed
-from fastload.sources._reencode import (
+from fastload.sources._formats.pack_format import ALIGN, INDEX_FILES, MANIFEST, data_file_name, read_manifest
+from fastload.sources._formats.packed import Packed
+from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.sample_index import SampleIndex, pack_strings
+from fastload.sources._packing.manifest import check_same, new_manifest
+from fastload.sources._packing.progress import Progress
+from fastload.sources._packing.reencode import (
     DEFAULT_QUALITY,
     Blob,
     Made,
@@ -63,7 +62,8 @@ from fastload.sources._reencode import (
     check_encoders,
     made_batches,
 )
-from fastload.sources._remote import is_url
+from fastload.sources._packing.upload import staging_for, upload_staged
+from fastload.sources._storage.remote import is_url
 
 _PACK_ORDER_STREAM = 0x9AC  # the stream of `pack(shuffle_seed=...)`'s order
 CHECKPOINT = "pack-checkpoint.npy"
@@ -116,7 +116,7 @@ def pack(
         raise ConfigError(f"on_error={on_error!r}: it takes 'raise' (the default) or 'skip'")
     shard_bytes = parse_size(shard_bytes, "shard_bytes (--shard-size)", minimum=ALIGN)
     if ray is not False:
-        from fastload.sources._ray_pack import import_ray
+        from fastload.sources._packing.ray_pack import import_ray
 
         import_ray()  # before any work: what to install
     if is_url(os.fspath(dst)):  # packed on local disk next to the cache, then uploaded (`_pack_upload`)
@@ -177,7 +177,7 @@ def pack(
     start = len(writer.sizes)
     skip = on_error == "skip"
     if ray is not False:
-        from fastload.sources._ray_pack import ray_batches
+        from fastload.sources._packing.ray_pack import ray_batches
 
         address = None if ray is True else ray
         staging = os.path.join(root, STAGING)

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload.sources._bounds import MAX_SAMPLE_BYTES, clip, open_regular, read_bounded
-from fastload.sources._extents import ExtentIndex
+from fastload.sources._indexes.extents import ExtentIndex
+from fastload.sources._storage.bounds import MAX_SAMPLE_BYTES, clip, open_regular, read_bounded
 
 FORMAT = "fastload-packed"
 VERSION = 1

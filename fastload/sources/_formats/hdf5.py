@@ -37,12 +37,12 @@ import numpy as np
 
 from fastload._errors import DatasetError
 from fastload._shm import Segment
-from fastload.sources._arrays import MappedRows, PerProcess
 from fastload.sources._base import Source
-from fastload.sources._beneath import Beneath
-from fastload.sources._bounds import MAX_LABEL, MAX_TARGET_BYTES
-from fastload.sources._hdf5_files import Reader, _h5py, located
-from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure
+from fastload.sources._formats.hdf5_files import Reader, _h5py, located
+from fastload.sources._indexes.arrays import MappedRows, PerProcess
+from fastload.sources._indexes.sample_index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure
+from fastload.sources._storage.beneath import Beneath
+from fastload.sources._storage.bounds import MAX_LABEL, MAX_TARGET_BYTES
 
 # Rows per block read at once from a dataset that is not chunked (e.g. contiguous, big-endian).
 _BLOCK_BYTES = 1 << 20

@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
-from fastload.sources._bounds import clip
-from fastload.sources._index import SampleIndex
-from fastload.sources._reencode import Made, Reencoding, Skipped, _checked, _Failure, _Job, _run_task
+from fastload.sources._indexes.sample_index import SampleIndex
+from fastload.sources._packing.reencode import Made, Reencoding, Skipped, _checked, _Failure, _Job, _run_task
+from fastload.sources._storage.bounds import clip
 
 RANGE_SAMPLES = 256  # positions of the pack's order one task makes (tests make it small)
 MAX_RETRIES = 3  # of a task whose worker or node died (Ray's own retry)

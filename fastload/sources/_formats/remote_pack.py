@@ -17,11 +17,7 @@ import json
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload.sources import _remote
-from fastload.sources._bounds import clip
-from fastload.sources._extents import ExtentIndex, remote_file
-from fastload.sources._node_cache import CHUNK_BYTES
-from fastload.sources._pack_format import (
+from fastload.sources._formats.pack_format import (
     INDEX_FILES,
     MANIFEST,
     check_index,
@@ -29,6 +25,10 @@ from fastload.sources._pack_format import (
     checked_manifest_format,
     pack_index,
 )
+from fastload.sources._indexes.extents import ExtentIndex, remote_file
+from fastload.sources._storage import remote as _remote
+from fastload.sources._storage.bounds import clip
+from fastload.sources._storage.node_cache import CHUNK_BYTES
 
 _MAX_MANIFEST_BYTES = 64 << 20
 _MAX_INDEX_BYTES = 8 << 30

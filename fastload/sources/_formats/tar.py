@@ -42,7 +42,10 @@ import numpy as np
 
 from fastload._errors import DatasetError
 from fastload.sources._base import COMPRESSED_TAR_SUFFIXES, Source, absolute
-from fastload.sources._bounds import (
+from fastload.sources._formats.folder import IMG_EXTENSIONS
+from fastload.sources._indexes.extents import ExtentIndex, remote_file
+from fastload.sources._indexes.sample_index import pack_strings
+from fastload.sources._storage.bounds import (
     MAX_SAMPLE_BYTES,
     MAX_SHARD_GLOBS,
     MAX_SHARDS,
@@ -52,13 +55,10 @@ from fastload.sources._bounds import (
     parse_label,
     quoted,
 )
-from fastload.sources._extents import ExtentIndex, remote_file
-from fastload.sources._folder import IMG_EXTENSIONS
-from fastload.sources._index import pack_strings
-from fastload.sources._node_cache import NodeCache, node_cache
-from fastload.sources._remote import is_url
-from fastload.sources._remote import size_of as _remote_size
-from fastload.sources._scan_cache import Identity, Scan, ScanCache, cache_root
+from fastload.sources._storage.node_cache import NodeCache, node_cache
+from fastload.sources._storage.remote import is_url
+from fastload.sources._storage.remote import size_of as _remote_size
+from fastload.sources._storage.scan_cache import Identity, Scan, ScanCache, cache_root
 
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMG_EXTENSIONS)
 _LABEL_EXTS = ("cls", "json")  # in order of preference

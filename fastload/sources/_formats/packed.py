@@ -14,9 +14,7 @@ import numpy as np
 
 from fastload._errors import DatasetError
 from fastload.sources._base import Source, absolute
-from fastload.sources._bounds import clip, identity, open_regular
-from fastload.sources._extents import ExtentIndex
-from fastload.sources._pack_format import (
+from fastload.sources._formats.pack_format import (
     INDEX_FILES,
     MANIFEST,
     check_index,
@@ -24,8 +22,10 @@ from fastload.sources._pack_format import (
     pack_index,
     read_manifest,
 )
-from fastload.sources._remote import is_url
-from fastload.sources._remote_pack import open_remote_pack
+from fastload.sources._formats.remote_pack import open_remote_pack
+from fastload.sources._indexes.extents import ExtentIndex
+from fastload.sources._storage.bounds import clip, identity, open_regular
+from fastload.sources._storage.remote import is_url
 
 
 @dataclass(frozen=True)

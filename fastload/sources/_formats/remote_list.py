@@ -20,11 +20,11 @@ from typing import Protocol
 import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
-from fastload.sources import _remote
-from fastload.sources._bounds import MAX_LIST_BYTES, clip
-from fastload.sources._extents import ExtentIndex, remote_file
-from fastload.sources._index import pack_strings
-from fastload.sources._list_rows import read_rows
+from fastload.sources._formats.list_rows import read_rows
+from fastload.sources._indexes.extents import ExtentIndex, remote_file
+from fastload.sources._indexes.sample_index import pack_strings
+from fastload.sources._storage import remote as _remote
+from fastload.sources._storage.bounds import MAX_LIST_BYTES, clip
 
 HEAD_REQUESTS = 16  # objects outside the listing, sized at once
 

@@ -38,9 +38,10 @@ from typing import BinaryIO
 from fastload._errors import DatasetError
 from fastload._machine import pid_alive
 from fastload._sizes import parse_size
-from fastload.sources import _chunk_file, _remote
-from fastload.sources._private_dir import open_private_dir
-from fastload.sources._scan_cache import cache_root
+from fastload.sources._storage import chunk_file as _chunk_file
+from fastload.sources._storage import remote as _remote
+from fastload.sources._storage.private_dir import open_private_dir
+from fastload.sources._storage.scan_cache import cache_root
 
 CHUNK_BYTES = 8 << 20
 MAX_REQUESTS = 16  # chunk downloads one process runs at once

@@ -19,9 +19,9 @@ import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources._base import Source
-from fastload.sources._index import SampleIndex
-from fastload.sources._pack_format import ALIGN, FORMAT, VERSION
-from fastload.sources._reencode import Reencoding
+from fastload.sources._formats.pack_format import ALIGN, FORMAT, VERSION
+from fastload.sources._indexes.sample_index import SampleIndex
+from fastload.sources._packing.reencode import Reencoding
 
 
 def new_manifest(

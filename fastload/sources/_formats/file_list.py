@@ -20,18 +20,18 @@ import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources._base import Source
-from fastload.sources._bounds import (
+from fastload.sources._formats.folder import scan_image_folder
+from fastload.sources._formats.list_rows import ListRows, delimiter_name, describe, read_rows
+from fastload.sources._indexes.extents import ExtentIndex
+from fastload.sources._indexes.sample_index import PathIndex
+from fastload.sources._storage.bounds import (
     MAX_TARGET_BYTES,
     clip,
     is_int_text,
     parse_label,
     quoted,
 )
-from fastload.sources._extents import ExtentIndex
-from fastload.sources._folder import scan_image_folder
-from fastload.sources._index import PathIndex
-from fastload.sources._list_rows import ListRows, delimiter_name, describe, read_rows
-from fastload.sources._remote import is_url
+from fastload.sources._storage.remote import is_url
 
 _MULTI_SEPARATORS = re.compile(r"[\s;|]+")
 
@@ -120,7 +120,7 @@ class FileList(Source):
     def open(self) -> PathIndex | ExtentIndex:
         list_path = self.where
         if is_url(list_path):  # its images are objects (`_remote_list.py`)
-            from fastload.sources._remote_list import open_remote_list
+            from fastload.sources._formats.remote_list import open_remote_list
 
             return open_remote_list(self)
         root = os.path.abspath(self.root) if self.root is not None else os.path.dirname(list_path)

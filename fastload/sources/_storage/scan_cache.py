@@ -39,8 +39,8 @@ import warnings
 
 import numpy as np
 
-from fastload.sources._bounds import MAX_SAMPLE_BYTES, read_bounded
-from fastload.sources._private_dir import open_private_dir
+from fastload.sources._storage.bounds import MAX_SAMPLE_BYTES, read_bounded
+from fastload.sources._storage.private_dir import open_private_dir
 
 MAX_ENTRY_BYTES = 256 << 20  # one shard's scan: ~40 bytes a sample, 6 M samples
 MAX_CACHE_BYTES = 2 << 30

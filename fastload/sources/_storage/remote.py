@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastload._errors import DatasetError
-from fastload.sources import _remote_wire as wire
+from fastload.sources._storage import wire
 
 SCHEMES = ("s3://", "gs://", "gcs://", "http://", "https://")
 REQUEST_TIMEOUT_S = 30.0  # a stalled read fails after this, and is retried

@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fastload.sources._bounds import MAX_LIST_BYTES, clip, is_int_text, open_regular, read_bounded
+from fastload.sources._storage.bounds import MAX_LIST_BYTES, clip, is_int_text, open_regular, read_bounded
 
 Row = tuple[int, str, list[str]]  # (line number, path, label fields)
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError
-from fastload.sources._beneath import Beneath
-from fastload.sources._bounds import open_regular
+from fastload.sources._storage.beneath import Beneath
+from fastload.sources._storage.bounds import open_regular
 
 # HDF5's chunk cache hash table: a prime, many times the chunks a cache of cache_mb holds.
 _CHUNK_CACHE_SLOTS = 100_003

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from fastload._shm import Segment
-from fastload.sources._bounds import MAX_SAMPLE_BYTES, open_regular, read_bounded
+from fastload.sources._storage.bounds import MAX_SAMPLE_BYTES, open_regular, read_bounded
 
 if TYPE_CHECKING:
-    from fastload.sources._beneath import Beneath
+    from fastload.sources._storage.beneath import Beneath
 
 # Targets are int64 class indices (N,) or float32 rows (N, K) (multi-label, multi-hot): one of two
 # dtypes, named in the shared header by a code.

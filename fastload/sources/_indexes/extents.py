@@ -36,12 +36,18 @@ import numpy as np
 
 from fastload._errors import DatasetError, SourceChanged
 from fastload._shm import Segment
-from fastload.sources._beneath import Beneath, open_file
-from fastload.sources._bounds import check_regular, clip, identity
-from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure, pack_strings
+from fastload.sources._indexes.sample_index import (
+    SHARED_INDEX_TYPES,
+    TARGET_DTYPES,
+    ReadBuffer,
+    ReadFailure,
+    pack_strings,
+)
+from fastload.sources._storage.beneath import Beneath, open_file
+from fastload.sources._storage.bounds import check_regular, clip, identity
 
 if TYPE_CHECKING:
-    from fastload.sources._node_cache import NodeCache
+    from fastload.sources._storage.node_cache import NodeCache
 
 DEFAULT_GAP = 64 << 10  # bytes between two extents still read as one
 DEFAULT_READAHEAD = 32  # samples past a touched stretch to ask the kernel for
@@ -368,12 +374,12 @@ class ExtentIndex:
 
     def node_cache(self) -> NodeCache:
         """The node cache its remote containers are read through (`_node_cache.NodeCache`)."""
-        from fastload.sources._node_cache import node_cache
+        from fastload.sources._storage.node_cache import node_cache
 
         return node_cache(self.cache_dir, self.cache_limit)
 
     def _read_remote(self, remote: tuple[str, int, str, int], start: int, end: int) -> bytes:
-        from fastload.sources._node_cache import node_cache
+        from fastload.sources._storage.node_cache import node_cache
 
         url, size, version, chunk_bytes = remote
         return node_cache(self.cache_dir, self.cache_limit).read(url, version, size, start, end, chunk_bytes)

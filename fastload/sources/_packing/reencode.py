@@ -49,8 +49,8 @@ import numpy as np
 from fastload._encoded_bytes import JPEG_MAGIC, describe
 from fastload._errors import ConfigError, DatasetError
 from fastload._native_jpeg import built_native_jpeg
-from fastload.sources._image_bytes import damage
-from fastload.sources._index import ReadFailure, SampleIndex
+from fastload.sources._indexes.sample_index import ReadFailure, SampleIndex
+from fastload.sources._packing.image_bytes import damage
 
 DEFAULT_QUALITY = 90  # FFCV's default: visually lossless on photos at ~1/3 of quality 100's size
 LANCZOS = 1  # Pillow's Image.Resampling.LANCZOS, native/fl_resample.h's FL_FILTER_LANCZOS

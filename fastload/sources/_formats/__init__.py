@@ -1,0 +1,17 @@
+"""The formats: each a `Source` (the seam in `sources/_base.py`) that opens one kind of dataset
+into an index, from local disk or, where the format allows it, object storage.
+
+It may import the index layer, storage and the seam; never packing (which writes the packed
+format and so sits above it). The public names are re-exported by `fastload.sources`.
+
+- `folder.py`: an ImageNet-layout folder's scan; `file_list.py`: `ImageFolder` and `FileList`
+  (its rows parsed by `list_rows.py`; a list at a URL in `remote_list.py`).
+- `tar.py`: WebDataset tar shards (`TarShards`).
+- `packed.py`: `Packed`, a pack read back (its on-disk format in `pack_format.py`; a pack at a
+  URL in `remote_pack.py`).
+- `hdf5.py`: `HDF5` (opening files and datasets in `hdf5_files.py`; every file the HDF5 library
+  may open in `hdf5_reach.py`).
+
+A private room (its name starts with `_`): users import `fastload.sources`, whose `__all__`
+is the public face.
+"""
