@@ -5,10 +5,10 @@ It may import the index layer, storage and the seam; never packing (which writes
 format and so sits above it). The public names are re-exported by `fastload.sources`.
 
 - `folder.py`: an ImageNet-layout folder's scan; `file_list.py`: `ImageFolder` and `FileList`
-  (its rows parsed by `list_rows.py`; a list at a URL in `remote_list.py`).
+  (its rows parsed by `list_rows.py`; a list at a URL read through storage).
 - `tar.py`: WebDataset tar shards (`TarShards`).
-- `packed.py`: `Packed`, a pack read back (its on-disk format in `pack_format.py`; a pack at a
-  URL in `remote_pack.py`).
+- `packed.py`: `Packed`, a pack read back, locally or from a URL (its on-disk format in
+  `pack_format.py`, which the writer in `_packing/` shares).
 - `hdf5.py`: `HDF5` (opening files and datasets in `hdf5_files.py`; every file the HDF5 library
   may open in `hdf5_reach.py`).
 

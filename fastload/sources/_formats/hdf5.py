@@ -215,7 +215,7 @@ class _HDF5Index:
     classes: tuple[str, ...]
     labels: np.ndarray
     cache_bytes: int
-    # A confined daemon's job opens its file beneath the daemon's roots (`_beneath`); else by path.
+    # A confined daemon's job opens its file beneath the daemon's roots (`_storage/beneath.py`); else by path.
     beneath: Beneath | None = field(default=None, repr=False, compare=False)
     external_links: bool = True  # followed on the way to the dataset (not by a daemon's workers)
     _reader: PerProcess = field(default_factory=PerProcess, init=False, repr=False, compare=False)

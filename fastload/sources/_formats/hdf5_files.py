@@ -2,7 +2,7 @@
 (with its chunk cache), and a dataset reached by a path that crosses no external link.
 
 NOTE [a daemon's workers follow no external link]: a daemon checks, before it opens an HDF5
-source, every file the source may make HDF5 open (`_hdf5_reach`). Its workers then read the
+source, every file the source may make HDF5 open (`_formats/hdf5_reach.py`). Its workers then read the
 dataset from the file that holds it (`located`, found by the checked open), by a path inside
 that file (`dataset_within`): an external link met on the way is an error, not a file opened, so
 a link the check did not see (a file changed since) is never followed.

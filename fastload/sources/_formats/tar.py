@@ -17,7 +17,7 @@ minute to open every time a loader is made. Each shard's scan is kept in a cache
 identity (device, inode, size, mtime, ctime), so a changed or replaced shard is scanned again (a
 remote shard's by its URL, version and size: its copy in the node cache is verified whole before
 a scan reads it, NOTE [chunk verification]); in a private directory, written and read so that no
-other user can plant or redirect an entry, and pruned (`_scan_cache.py`, NOTE [scan cache
+other user can plant or redirect an entry, and pruned (`_storage/scan_cache.py`, NOTE [scan cache
 trust]). A cache that cannot be written or read is ignored (scanned instead).
 
 Integrity: a shard must be a regular file; it must end with tar's end-of-archive (zero) blocks,

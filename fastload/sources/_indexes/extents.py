@@ -158,7 +158,7 @@ class ExtentIndex:
     # (NOTE [node cache]): its directory (None: the default) and limit in bytes (None: the default).
     cache_dir: str | None = None
     cache_limit: int | None = None
-    # A confined daemon's job opens its files beneath the daemon's roots (`_beneath`); else by path.
+    # A confined daemon's job opens its files beneath the daemon's roots (`_storage/beneath`); else by path.
     beneath: Beneath | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -373,7 +373,7 @@ class ExtentIndex:
         return found
 
     def node_cache(self) -> NodeCache:
-        """The node cache its remote containers are read through (`_node_cache.NodeCache`)."""
+        """The node cache its remote containers are read through (`node_cache.NodeCache`)."""
         from fastload.sources._storage.node_cache import node_cache
 
         return node_cache(self.cache_dir, self.cache_limit)

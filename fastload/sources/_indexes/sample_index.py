@@ -183,7 +183,7 @@ class PathIndex:
     path_blob: np.ndarray  # uint8: every path, UTF-8, concatenated
     path_offsets: np.ndarray  # int64, len(self) + 1
     labels: np.ndarray  # int64 (N,) or float32 (N, K)
-    # A confined daemon's job opens its files beneath the daemon's roots (`_beneath`); else by path.
+    # A confined daemon's job opens its files beneath the daemon's roots (`_storage/beneath`); else by path.
     beneath: Beneath | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:

@@ -1,7 +1,7 @@
 """`pack(..., ray=...)` (`fastload pack --ray [ADDRESS]`): a pack's samples read, and re-encoded
 when `max_side` asks, by Ray tasks spread over a cluster, and handed to `pack`'s writer in order.
 
-Its one responsibility is that stage; everything else is `pack`'s own (`_pack_writer.py`): the checks,
+Its one responsibility is that stage; everything else is `pack`'s own (`_packing/writer.py`): the checks,
 the layout of samples into aligned data files (it depends on the samples' sizes alone), the
 checkpoints, the index and the manifest. So the pack is byte-identical to `pack` without Ray.
 
@@ -67,7 +67,7 @@ def ray_batches(
     Ray tasks (NOTE [ray ranges]). The cluster: the one this process is connected to, else the
     one at `address`, else `RAY_ADDRESS`'s, else a new local Ray of `workers` CPUs (disconnected
     after, when this connected). `say`: where a line on the ranges goes. `skip`: a sample that
-    cannot be made is `Skipped` (`_reencode.made_batches`). Errors: ConfigError when Ray is
+    cannot be made is `Skipped` (`reencode.made_batches`). Errors: ConfigError when Ray is
     missing or the cluster cannot be reached, DatasetError (or ConfigError) naming what failed."""
     ray = import_ray()
     connected = _connect(ray, address, workers)

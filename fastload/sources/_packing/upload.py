@@ -1,6 +1,6 @@
 """Packing to a URL: a pack for object storage is made whole on this machine, then uploaded
-(NOTE [staging]). `pack` (`_pack_writer.py`) asks `staging_for` where to pack, packs there as it
-packs any local directory, then calls `upload_staged`; reading a pack at a URL is `_remote_pack`'s.
+(NOTE [staging]). `pack` (`_packing/writer.py`) asks `staging_for` where to pack, packs there as it
+packs any local directory, then calls `upload_staged`; reading a pack at a URL is `_formats/packed.py`'s.
 """
 
 from __future__ import annotations

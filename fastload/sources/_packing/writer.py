@@ -1,7 +1,7 @@
-"""Writing a pack (the format: `_pack_format.py`): `pack` copies any source's encoded samples, in the
-source's order or one shuffled once, checked and re-encoded when `max_side` asks (`_reencode.py`,
-or Ray tasks: `_ray_pack.py`), into aligned data files, then writes the index and the manifest
-(`_pack_manifest.py`).
+"""Writing a pack (the format: `_formats/pack_format.py`): `pack` copies any source's encoded
+samples, in the source's order or one shuffled once, checked and re-encoded when `max_side` asks
+(`reencode.py`, or Ray tasks: `ray_pack.py`), into aligned data files, then writes the index and
+the manifest (`manifest.py`).
 
 `pack` is resumable: every few thousand samples it fsyncs the data and then a checkpoint (the
 sizes of the samples written so far, -1 for one left out, `pack-checkpoint.npy`, after why they
@@ -14,7 +14,7 @@ uninterrupted run (a pack is finished only with the `max_side`, `quality` and `e
 started with).
 
 NOTE [broken bytes]: a pack never stores a sample that is not a whole image as if it were good.
-Every sample stored as the source's bytes is checked without decoding (`_image_bytes`: empty, no
+Every sample stored as the source's bytes is checked without decoding (`_packing/image_bytes.py`: empty, no
 image's magic, a JPEG without its end marker, ...); one re-encoded is decoded anyway. Such a
 sample (or one that cannot be read) stops the run with `on_error="raise"` (the default, as
 FastLoader's), naming it and how to go on, with what was packed checkpointed; `on_error="skip"`
@@ -99,10 +99,10 @@ def pack(
     the samples in an order shuffled once from this seed instead of the source's (a folder's is
     sorted by class), so that a block shuffle's runs hold mixed labels and it mixes batches as a
     full shuffle does (docs/BENCHMARKS.md); names keep saying where each sample came from.
-    `max_side`: re-encode images whose longer side exceeds it, resized to it (`_reencode.py`),
+    `max_side`: re-encode images whose longer side exceeds it, resized to it (`_packing/reencode.py`),
     as JPEG at `quality` (default 90); smaller ones are stored as they are. `workers`: processes
     that re-encode (default: the CPUs this process may use); the pack's bytes do not depend on it.
-    `ray`: read (and re-encode) the samples in Ray tasks (`_ray_pack.py`, `pip install
+    `ray`: read (and re-encode) the samples in Ray tasks (`_packing/ray_pack.py`, `pip install
     'fastload[ray]'`): True for a local Ray of `workers` CPUs (or the cluster `RAY_ADDRESS` names,
     or the one this process is connected to), or a cluster's address; the same bytes again.
     `exclude`: samples to leave out, as `FastLoader(exclude=...)` takes them (the path of the
@@ -111,7 +111,7 @@ def pack(
     DatasetError naming it; the samples packed so far are kept) or "skip" (left out, listed in
     the manifest's `skipped`, and reported at the end).
     A `dst` at a URL (`s3://bucket/prefix`) is packed in a local staging directory first (resumed
-    there when run again), then uploaded, its manifest last (`_pack_upload.py`)."""
+    there when run again), then uploaded, its manifest last (`_packing/upload.py`)."""
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error={on_error!r}: it takes 'raise' (the default) or 'skip'")
     shard_bytes = parse_size(shard_bytes, "shard_bytes (--shard-size)", minimum=ALIGN)
@@ -119,7 +119,7 @@ def pack(
         from fastload.sources._packing.ray_pack import import_ray
 
         import_ray()  # before any work: what to install
-    if is_url(os.fspath(dst)):  # packed on local disk next to the cache, then uploaded (`_pack_upload`)
+    if is_url(os.fspath(dst)):  # packed on local disk next to the cache, then uploaded (`_packing/upload.py`)
         url = os.fspath(dst)
         staging = staging_for(url)
         options: dict[str, Any] = {"shuffle_seed": shuffle_seed, "max_side": max_side, "quality": quality}
