@@ -4,7 +4,7 @@ configured dataset roots, links followed.
 `Roots` resolves paths (`os.path.realpath`, a directory's resolution cached, so a million-file
 index costs one `lstat` per file) and says whether each lands under a root. `check_before_open`
 runs before a source reads anything (its own files: a list, a shard pattern's matches, once the
-names of all its patterns are counted against `sources._bounds`, a pack's directory, an HDF5
+names of all its patterns are counted against `sources._storage.bounds`, a pack's directory, an HDF5
 file and every file HDF5 may open for it, recursively and wherever HDF5 may look: external
 storage, virtual datasets' sources, external links, and each reached file's own; only regular
 files, so no FIFO holds an opening slot); `check_index` after, on every file the
@@ -18,7 +18,7 @@ root with a query, a fragment, credentials, a `.` or `..` segment (or one escape
 refused at start; a URL with any of them is never allowed, nor is another spelling of an allowed
 one (an uppercase host, a default port written out). A local root never allows a URL. The
 process opening a peer's source checks every request it makes against the roots before sending
-it (`_remote.confine`): an object a file list names outside them is refused without a request
+it (`remote.confine`): an object a file list names outside them is refused without a request
 reaching the store.
 
 NOTE [refusals carry no content]: a refusal names the source as the client sent it and which of
@@ -28,7 +28,7 @@ file the peer should not read. The daemon's log gets the path (`Refused.detail`)
 
 A file under a root replaced by a link to one outside *after* the check (an index is kept for
 later hellos) is not followed: a confined session's workers open every file beneath the roots
-(`sources/_beneath`), and `check_identities` holds each scanned shard or pack file to the file
+(`sources/_storage/beneath`), and `check_identities` holds each scanned shard or pack file to the file
 now beneath them; an HDF5 file's external links are not followed by the workers at all (NOTE [a
 daemon's workers follow no external link]). Not covered: the source's own files (a file list,
 an HDF5 file, a manifest, a folder's listing) swapped for a link out between
@@ -202,7 +202,7 @@ def check_before_open(source: Source, roots: Roots) -> None:
 def check_hdf5(path: str, roots: Roots, name: str) -> None:
     """Every file the HDF5 file at `path` may make the library open, recursively (external
     links, virtual datasets' sources, external storage, and each linked file's own; NOTE [where
-    HDF5 looks for a file] in `sources/_hdf5_reach.py`): each place it may look must be under the
+    HDF5 looks for a file] in `sources/_formats/hdf5_reach.py`): each place it may look must be under the
     roots, and what is there a regular file. One exception: a name HDF5 would look up relative
     to the working directory (its last resort) passes while nothing is there, so the daemon's
     working directory need not be under a root."""

@@ -357,7 +357,7 @@ def _open(request: dict[str, Any]) -> dict[str, Any]:
     roots = None if request["roots"] is None else Roots(tuple(request["roots"]))
     if roots is not None:
         check_before_open(source, roots)
-        checked = roots  # NOTE [confined requests] in `sources/_remote.py`
+        checked = roots  # NOTE [confined requests] in `sources/_storage/remote.py`
         _remote.confine(lambda url: checked.check(url, name, "an object it names"))
     max_bytes = int(request["max_bytes"])
     if isinstance(source, ImageFolder):

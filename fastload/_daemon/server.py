@@ -446,7 +446,7 @@ class Daemon:
         self._sessions[session_id] = session
         self._by_identity[(id(sock), identity)] = session
         self._indexes.acquire(entry)
-        # Its workers open samples only beneath the roots (`sources/_beneath`): a file the index
+        # Its workers open samples only beneath the roots (`sources/_storage/beneath`): a file the index
         # named, checked when it was made, may since have been replaced by a link leading out.
         roots = self.config.roots if self._confined(local) else None
         self.engine.add_job(session_id, job.to_config(entry.segment.name, roots))

@@ -198,7 +198,7 @@ class ImageJob(SourceJob):
 
     def to_config(self, index_segment: str, roots: tuple[str, ...] | None = None) -> dict[str, Any]:
         """This job as JSON-able data, its index living in the named shared segment; `roots`:
-        where its workers may open files (a confined daemon session's dataset roots: `_beneath`)."""
+        where its workers may open files (a confined daemon session's dataset roots: `_storage/beneath`)."""
         index_type = next(k for k, t in SHARED_INDEX_TYPES.items() if isinstance(self.index, t))
         return {
             "index_segment": index_segment,
