@@ -385,7 +385,7 @@ def test_a_daemon_serves_a_pack_in_s3_as_a_local_loader_reads_it(
 def test_daemon_roots_confine_urls_to_their_prefixes() -> None:
     """A TCP peer's source is checked against the roots: a URL only under a URL root."""
     from fastload._daemon.confine import Roots
-    from fastload.sources._indexes.extents import remote_file
+    from fastload.sources._storage.remote_file import remote_file
 
     local_only = Roots(("/data",))
     assert not local_only.allows("s3://bucket/datasets/pack/manifest.json")

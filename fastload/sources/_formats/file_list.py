@@ -32,7 +32,7 @@ from fastload._errors import ConfigError, DatasetError
 from fastload.sources._base import Source
 from fastload.sources._formats.folder import scan_image_folder
 from fastload.sources._formats.list_rows import ListRows, delimiter_name, describe, read_rows
-from fastload.sources._indexes.extents import ExtentIndex, remote_file
+from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._indexes.sample_index import PathIndex, pack_strings
 from fastload.sources._storage import remote
 from fastload.sources._storage.bounds import (
@@ -44,6 +44,7 @@ from fastload.sources._storage.bounds import (
     quoted,
 )
 from fastload.sources._storage.remote import is_url
+from fastload.sources._storage.remote_file import remote_file
 
 _MULTI_SEPARATORS = re.compile(r"[\s;|]+")
 

@@ -33,11 +33,12 @@ from fastload.sources._formats.pack_format import (
     pack_index,
     read_manifest,
 )
-from fastload.sources._indexes.extents import ExtentIndex, remote_file
+from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._storage import remote
 from fastload.sources._storage.bounds import clip, identity, open_regular
 from fastload.sources._storage.node_cache import CHUNK_BYTES
 from fastload.sources._storage.remote import is_url
+from fastload.sources._storage.remote_file import remote_file
 
 _MAX_MANIFEST_BYTES = 64 << 20
 _MAX_INDEX_BYTES = 8 << 30

@@ -43,7 +43,7 @@ import numpy as np
 from fastload._errors import DatasetError
 from fastload.sources._base import COMPRESSED_TAR_SUFFIXES, Source, absolute
 from fastload.sources._formats.folder import IMG_EXTENSIONS
-from fastload.sources._indexes.extents import ExtentIndex, remote_file
+from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._indexes.sample_index import pack_strings
 from fastload.sources._storage.bounds import (
     MAX_SAMPLE_BYTES,
@@ -58,6 +58,7 @@ from fastload.sources._storage.bounds import (
 from fastload.sources._storage.node_cache import NodeCache, node_cache
 from fastload.sources._storage.remote import is_url
 from fastload.sources._storage.remote import size_of as _remote_size
+from fastload.sources._storage.remote_file import remote_file
 from fastload.sources._storage.scan_cache import Identity, Scan, ScanCache, cache_root
 
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMG_EXTENSIONS)

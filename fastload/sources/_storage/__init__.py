@@ -7,7 +7,8 @@ formats or packing), so that every format reads local files and object storage t
   regular files, a file's identity, clipped text for messages).
 - `beneath.py`: opening files only beneath a daemon's root directories.
 - `remote.py`: objects at URLs (sizes, ranged and whole reads, listings, writes); `wire.py`: one
-  attempt of one request on the wire.
+  attempt of one request on the wire; `remote_file.py`: `RemoteFile`, one version of an object
+  as an index names it.
 - `node_cache.py`: the node-local cache of remote objects' chunks; `chunk_file.py`: one chunk
   as it is stored there.
 - `private_dir.py`: a user's private directory under a shared parent; `scan_cache.py`: the tar
