@@ -14,7 +14,7 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -23,6 +23,8 @@ from fastload.sources._storage.bounds import MAX_SAMPLE_BYTES, open_regular, rea
 
 if TYPE_CHECKING:
     from fastload.sources._storage.beneath import Beneath
+    from fastload.sources._storage.node_cache import NodeCache
+    from fastload.sources._storage.remote_file import RemoteFile
 
 # Targets are int64 class indices (N,) or float32 rows (N, K) (multi-label, multi-hot): one of two
 # dtypes, named in the shared header by a code.
@@ -121,6 +123,45 @@ class SampleIndex(IndexBase, Protocol):
     def to_segment(self) -> Segment:
         """Copy the index into a new shared-memory segment, for processes not forked from us."""
         ...
+
+
+@runtime_checkable
+class RemoteCapable(Protocol):
+    """An index that may read samples from object storage, through the node cache (NOTE [node
+    cache]): what the read-ahead of remote chunks (`_loading/read_ahead.py`) and the check of a
+    full shuffle over remote data (`_loading/sanity.py`) use, and all they use. An index
+    declares it by implementing every member (`ExtentIndex` does); `remote_reads` is how the
+    loader asks."""
+
+    @property
+    def remote(self) -> bool:
+        """Whether any of its samples lies in object storage."""
+        ...
+
+    @property
+    def remote_bytes(self) -> int:
+        """The bytes of its remote objects (0 when all are local)."""
+        ...
+
+    @property
+    def remote_chunk_count(self) -> int:
+        """The chunks its remote objects are cut into."""
+        ...
+
+    def remote_chunks(self, indices: np.ndarray) -> list[tuple[RemoteFile, int]]:
+        """The chunks these samples lie in: (the object, chunk number) each, in the order of the
+        samples' objects."""
+        ...
+
+    def node_cache(self) -> NodeCache:
+        """The node cache its remote objects are read through."""
+        ...
+
+
+def remote_reads(index: object) -> RemoteCapable | None:
+    """`index` as a `RemoteCapable` when it declares it and some of its samples are remote; None
+    otherwise (a local index, or one that cannot be remote)."""
+    return index if isinstance(index, RemoteCapable) and index.remote else None
 
 
 def pack_strings(strings: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
