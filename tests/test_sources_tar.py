@@ -28,7 +28,7 @@ from helpers import epoch_with_ids, write_tar_shards
 from fastload import DatasetError, FastLoader, SampleError, sources
 from fastload import transforms as T
 from fastload._shm import Segment
-from fastload.sources._formats import tar as tar_module
+from fastload.sources._formats import tar_scan
 from fastload.sources._indexes import extent_files as _extent_files
 from fastload.sources._indexes.extents import ExtentIndex
 
@@ -341,13 +341,13 @@ def test_a_shards_scan_is_cached_until_it_changes(
     written = write_tar_shards(image_folder, tmp_path / "shards", per_shard=10)
     source = sources.TarShards([str(p) for p in written])
     scans: list[str] = []
-    real = tar_module._scan_shard
+    real = tar_scan._scan_shard
 
     def counted(shard: str, *args: Any) -> int:
         scans.append(os.path.basename(shard))
         return real(shard, *args)
 
-    monkeypatch.setattr(tar_module, "_scan_shard", counted)
+    monkeypatch.setattr(tar_scan, "_scan_shard", counted)
     first = source.open()
     assert len(scans) == 3
     again = source.open()

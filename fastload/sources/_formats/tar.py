@@ -1,4 +1,5 @@
-"""WebDataset tar shards as a source: `TarShards` scans the shards' headers into an `ExtentIndex`.
+"""WebDataset tar shards as a source: `TarShards` names shards (paths, globs, brace patterns, URLs)
+and opens them into an `ExtentIndex` of their samples, each shard scanned by `tar_scan.py`.
 
 Its one responsibility is turning shards into an index. Layout (WebDataset): uncompressed `.tar`
 files whose members are grouped by key, the member name up to the first dot of its base name:
@@ -10,71 +11,42 @@ Local paths, or URLs read whole through the node cache (NOTE [node cache]); no c
 (reads go to byte offsets): a `.tar.gz` (or `.tgz`, `.tar.bz2`, `.tar.xz`, `.tar.zst`) is refused
 by name, before anything is read, and a compressed file under another name by its first bytes.
 
-NOTE [shard index cache]: `tarfile` scans ~17k samples/s, so ImageNet's shards would take over a
-minute to open every time a loader is made. Each shard's scan is kept in a cache directory
-(`$FASTLOAD_CACHE_DIR`, else `$XDG_CACHE_HOME/fastload`, else `~/.cache/fastload`; an empty
-`FASTLOAD_CACHE_DIR` turns it off), one entry per shard named by a hash of its real path and
-identity (device, inode, size, mtime, ctime), so a changed or replaced shard is scanned again (a
-remote shard's by its URL, version and size: its copy in the node cache is verified whole before
-a scan reads it, NOTE [chunk verification]); in a private directory, written and read so that no
-other user can plant or redirect an entry, and pruned (`_storage/scan_cache.py`, NOTE [scan cache
-trust]). A cache that cannot be written or read is ignored (scanned instead).
-
-Integrity: a shard must be a regular file; it must end with tar's end-of-archive (zero) blocks,
-else it is reported as truncated (a copy cut at a sample boundary would otherwise load with fewer
-samples and no word); labels are ASCII decimal integers in [0, 2^63). Each shard's identity is
-kept in the index, and a worker that opens a shard compares it (`ExtentIndex`): a shard replaced
-under a running loader is a DatasetError, never read with the old scan's labels and offsets.
+Each shard's identity is kept in the index, and a worker that opens a shard compares it
+(`ExtentIndex`): a shard replaced under a running loader is a DatasetError, never read with the
+old scan's labels and offsets.
 """
 
 from __future__ import annotations
 
 import glob
 import itertools
-import json
 import os
 import re
-import tarfile
 from dataclasses import dataclass
-from typing import Any, BinaryIO, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload.sources._base import COMPRESSED_TAR_SUFFIXES, Source, absolute
-from fastload.sources._formats.folder import IMG_EXTENSIONS
-from fastload.sources._indexes.extents import ExtentIndex
-from fastload.sources._indexes.sample_index import pack_strings
-from fastload.sources._storage.bounds import (
-    MAX_SAMPLE_BYTES,
-    MAX_SHARD_GLOBS,
-    MAX_SHARDS,
-    clip,
-    identity,
-    open_regular,
-    parse_label,
-    quoted,
+from fastload.sources._base import Source, absolute
+from fastload.sources._formats.tar_scan import (
+    EXPECTED,
+    cached_scan,
+    compressed,
+    compressed_by_name,
+    open_cache,
+    remote_scan,
 )
-from fastload.sources._storage.node_cache import NodeCache, node_cache
+from fastload.sources._indexes.extents import ExtentIndex
+from fastload.sources._storage.bounds import MAX_SHARD_GLOBS, MAX_SHARDS, clip
+from fastload.sources._storage.node_cache import node_cache
 from fastload.sources._storage.remote import is_url
 from fastload.sources._storage.remote import size_of as _remote_size
 from fastload.sources._storage.remote_file import remote_file
-from fastload.sources._storage.scan_cache import Identity, Scan, ScanCache, cache_root
+from fastload.sources._storage.scan_cache import Identity
 
-_IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMG_EXTENSIONS)
-_LABEL_EXTS = ("cls", "json")  # in order of preference
-_MAX_LABEL_BYTES = 1 << 20
-_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # WebDataset's split: key, then extension
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^([0-9]{1,18})\.\.([0-9]{1,18})$")
-_MAX_SHARD_BYTES = 1 << 50  # a shard is any regular file
-_COMPRESSED = (
-    (b"\x1f\x8b", "gzip"),
-    (b"BZh", "bzip2"),
-    (b"\xfd7zXZ\x00", "xz"),
-    (b"\x28\xb5\x2f\xfd", "zstd"),
-)
-_EXPECTED = "expected uncompressed .tar shards in the WebDataset layout (KEY.jpg with KEY.cls or KEY.json)"
 
 
 @dataclass(frozen=True)
@@ -114,9 +86,9 @@ class TarShards(Source):
         shards: list[str] = []
         for pattern in patterns:
             for expanded in expand_braces(pattern):
-                compressor = _compressed_by_name(expanded)
+                compressor = compressed_by_name(expanded)
                 if compressor is not None:
-                    raise _compressed(expanded, compressor)
+                    raise compressed(expanded, compressor)
                 if is_url(expanded):  # objects: named one by one (braces), never listed
                     shards.append(expanded)
                 elif glob.has_magic(expanded):
@@ -143,24 +115,24 @@ class TarShards(Source):
         key_lengths: list[np.ndarray] = []
         identities: list[Identity] = []
         files = list(shards)
-        with _open_cache() as cache:
+        with open_cache() as cache:
             scans = []
             for number, shard in enumerate(shards):
                 if is_url(shard):  # NOTE [node cache]: a shard is one chunk, downloaded whole, scanned there
                     try:
                         size, version = _remote_size(shard)
                         node = node_cache(self.cache_dir, self.size("cache_limit"))
-                        scans.append(_remote_scan(shard, size, version, node, cache))
+                        scans.append(remote_scan(shard, size, version, node, cache))
                     except OSError as e:
                         raise DatasetError(f"cannot read tar shard {clip(str(e))}") from None
                     identities.append((-1, -1, size, -1, -1))  # read through the cache: not checked by inode
                     files[number] = remote_file(shard, size, version, max(size, 1))
                 else:
-                    scans.append(_cached_scan(shard, cache, identities))
+                    scans.append(cached_scan(shard, cache, identities))
         for file_id, (shard, scanned) in enumerate(zip(shards, scans, strict=True)):
             count = len(scanned["labels"])
             if count == 0:
-                raise DatasetError(f"tar shard {shard} holds no samples: {_EXPECTED}")
+                raise DatasetError(f"tar shard {shard} holds no samples: {EXPECTED}")
             file_ids.append(np.full(count, file_id, np.int32))
             offsets.append(scanned["offsets"])
             sizes.append(scanned["sizes"])
@@ -246,218 +218,3 @@ def check_shard_patterns(patterns: list[str]) -> None:
                 f"{clip(pattern)} makes over {MAX_SHARD_GLOBS:,} wildcard patterns, each a directory to "
                 "list (NOTE [source bounds]): put the wildcard outside the braces, or name the shards"
             )
-
-
-def cache_dir() -> str | None:
-    """Where shard scans are kept (NOTE [shard index cache]), or None when caching is off."""
-    return cache_root()
-
-
-class _NoCache:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
-def _open_cache() -> ScanCache | _NoCache:
-    return ScanCache.open() or _NoCache()
-
-
-def _cached_scan(shard: str, cache: ScanCache | None, identities: list[Identity]) -> Scan:
-    """One shard's samples (image extents, labels, keys), from the cache when it has this shard
-    as it is now, else scanned (and kept); the identity of the file scanned goes to `identities`."""
-    try:
-        fd, info = open_regular(shard, _MAX_SHARD_BYTES, "tar shard")
-    except OSError as e:
-        raise DatasetError(f"cannot read tar shard {clip(shard)}: {clip(str(e))}") from e
-    with os.fdopen(fd, "rb") as f:
-        ident = identity(info)
-        identities.append(ident)
-        real = os.path.realpath(shard)
-        if cache is not None:
-            kept = cache.get(real, ident)
-            if kept is not None:
-                return kept
-        scanned = _scan_file(shard, f)
-    if cache is not None and scanned["labels"].size:
-        cache.put(real, ident, scanned)
-    return scanned
-
-
-def _remote_scan(url: str, size: int, version: str, node: NodeCache, cache: ScanCache | None) -> Scan:
-    """A remote shard's samples: from the scan cache, which keeps them by URL, version and size,
-    else scanned from its copy in the node cache (verified whole before it is read: NOTE [chunk
-    verification])."""
-    key, ident = f"{url}\0{version}", (-1, -1, size, -1, -1)
-    kept = cache.get(key, ident) if cache is not None else None
-    if kept is not None:
-        return kept
-    with node.open_whole(url, version, size) as f:
-        scanned = _scan_file(url, f)
-    if cache is not None and scanned["labels"].size:
-        cache.put(key, ident, scanned)
-    return scanned
-
-
-def _scan_file(name: str, f: BinaryIO) -> Scan:
-    """The samples of the shard open as `f` (`name`: what errors call it)."""
-    offsets: list[int] = []
-    sizes: list[int] = []
-    labels: list[int] = []
-    keys: list[bytes] = []
-    _scan_shard(name, offsets, sizes, labels, keys, f)
-    key_blob, key_offsets = pack_strings(keys)
-    return {
-        "offsets": np.array(offsets, np.int64),
-        "sizes": np.array(sizes, np.int64),
-        "labels": np.array(labels, np.int64),
-        "key_blob": key_blob,
-        "key_offsets": key_offsets,
-    }
-
-
-def _check_uncompressed(shard: str, f: BinaryIO) -> None:
-    try:
-        f.seek(0)
-        head = f.read(8)
-    except OSError as e:
-        raise DatasetError(f"cannot read tar shard {clip(shard)}: {clip(str(e))}") from e
-    for magic, name in _COMPRESSED:
-        if head.startswith(magic):
-            raise _compressed(shard, name)
-
-
-def _compressed_by_name(shard: str) -> str | None:
-    """The compressor a shard's name says it went through (`COMPRESSED_TAR_SUFFIXES`), or None."""
-    lower = shard.lower()
-    return next((name for suffix, name in COMPRESSED_TAR_SUFFIXES.items() if lower.endswith(suffix)), None)
-
-
-def _compressed(shard: str, name: str) -> DatasetError:
-    """The error for a `name`-compressed shard: what it is and what to do."""
-    return DatasetError(
-        f"{clip(shard)} is a {name}-compressed tar: fastload reads samples at byte offsets, so tar "
-        f"shards must be uncompressed; {_EXPECTED}: decompress it (`{name} -d`) and pass the .tar"
-    )
-
-
-def _scan_shard(
-    shard: str,
-    offsets: list[int],
-    sizes: list[int],
-    labels: list[int],
-    keys: list[bytes],
-    f: BinaryIO | None = None,
-) -> int:
-    """Append the shard's samples (image extent, label, key), read from `f` (the shard opened;
-    by its path when None); return how many."""
-    if f is None:
-        with open(shard, "rb") as own:
-            return _scan_shard(shard, offsets, sizes, labels, keys, own)
-    _check_uncompressed(shard, f)
-    # Per key, in order of first appearance: each member's extension and its (offset, size), or
-    # for a label member its bytes.
-    samples: dict[str, dict[str, tuple[int, int] | bytes]] = {}
-    try:
-        end = f.seek(0, os.SEEK_END)  # a remote shard's verified copy has no descriptor to fstat
-        f.seek(0)
-        with tarfile.open(fileobj=f, mode="r:") as tf:
-            while (member := tf.next()) is not None:
-                tf.members.clear()  # type: ignore[attr-defined]  # keep no TarInfo per member
-                match = _KEY_EXT.match(member.name)
-                if not member.isreg() or match is None:
-                    continue  # a directory, or a name without an extension: no part of a sample
-                key, ext = match.group(1), match.group(2).lower()
-                if member.offset_data + member.size > end:
-                    raise DatasetError(
-                        f"{shard}:{clip(member.name)} runs past the end of the shard (truncated?)"
-                    )
-                found = samples.setdefault(key, {})
-                if ext in found:
-                    raise DatasetError(f"{shard}:{clip(key)} has two .{clip(ext, 40)} members")
-                if ext in _LABEL_EXTS:
-                    if member.size > _MAX_LABEL_BYTES:
-                        raise DatasetError(
-                            f"{shard}:{clip(member.name)} is too large for a label ({member.size} bytes)"
-                        )
-                    label_file = tf.extractfile(member)
-                    assert label_file is not None  # a regular file
-                    found[ext] = label_file.read()
-                elif member.size > MAX_SAMPLE_BYTES and ext in _IMAGE_EXTS:
-                    raise DatasetError(
-                        f"{shard}:{clip(member.name)} is {member.size:,} bytes, over the "
-                        f"{MAX_SAMPLE_BYTES:,}-byte limit of a sample"
-                    )
-                else:
-                    found[ext] = (member.offset_data, member.size)
-            _check_end(shard, f, tf.offset, end, len(samples))
-    except tarfile.TarError as e:
-        raise DatasetError(f"{shard} is not a tar file ({clip(str(e))}): {_EXPECTED}") from e
-    except OSError as e:
-        raise DatasetError(f"cannot read tar shard {shard}: {clip(str(e))}") from e
-    for key, found in samples.items():
-        images = [ext for ext in found if ext in _IMAGE_EXTS]
-        if not images:
-            raise DatasetError(
-                f"{shard}:{clip(key)} has no image member (it has {clip('.' + ', .'.join(found))}; looked "
-                f"for .{', .'.join(sorted(_IMAGE_EXTS))}): {_EXPECTED}"
-            )
-        if len(images) > 1:
-            several = ", .".join(images)
-            raise DatasetError(f"{shard}:{clip(key)} has several images (.{several}); expected one")
-        label_ext = next((ext for ext in _LABEL_EXTS if ext in found), None)
-        if label_ext is None:
-            raise DatasetError(
-                f"{shard}:{clip(key)} has an image but no label (KEY.cls or KEY.json): {_EXPECTED}"
-            )
-        extent, label = found[images[0]], found[label_ext]
-        assert isinstance(extent, tuple) and isinstance(label, bytes)
-        offsets.append(extent[0])
-        sizes.append(extent[1])
-        labels.append(_parse_label(shard, key, label_ext, label))
-        keys.append(key.encode("utf-8", "surrogateescape"))
-    return len(samples)
-
-
-def _check_end(shard: str, f: BinaryIO, at: int, end: int, samples: int) -> None:
-    """DatasetError unless the archive's members end at `at` with an end-of-archive block: tarfile
-    stops silently where a shard was cut at a member boundary, or where a header is garbage."""
-    f.seek(at)
-    block = f.read(tarfile.BLOCKSIZE)
-    if len(block) == tarfile.BLOCKSIZE and block.count(0) == tarfile.BLOCKSIZE:
-        return
-    if at >= end:
-        problem = f"ends after {samples} samples without tar's end-of-archive blocks: it is truncated"
-    else:
-        problem = f"holds {end - at:,} bytes after its {samples} samples that are not a tar header: damaged"
-    raise DatasetError(f"{shard} {problem} (copy it again, or recreate it)")
-
-
-def _parse_label(shard: str, key: str, ext: str, data: bytes) -> int:
-    """A `.cls` member's integer, or a `.json` member's "label" (else "cls"): ASCII decimal, in
-    [0, 2^63) (NOTE [source bounds])."""
-    where = f"{shard}:{clip(key)}.{ext}"
-    value: Any
-    try:
-        text = data.decode("utf-8").strip()
-        if ext == "cls":
-            value = parse_label(text)
-            if value is None:
-                raise DatasetError(
-                    f"{where}: cannot read a label from it: expected a class index (an ASCII decimal "
-                    f"integer from 0 to 2^63 - 1), got {quoted(text)}"
-                )
-        else:
-            obj = json.loads(text)
-            value = obj.get("label", obj.get("cls")) if isinstance(obj, dict) else None
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise DatasetError(f"{where}: cannot read a label from it ({clip(str(e))})") from e
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise DatasetError(
-            f'{where}: expected an integer label (a JSON object\'s "label" or "cls"), got {clip(value)}'
-        )
-    if not 0 <= value < 1 << 63:
-        raise DatasetError(f"{where}: labels must be from 0 to 2^63 - 1, got {clip(value)}")
-    return value

@@ -1,7 +1,7 @@
 """The tar shard scan cache: one file per shard scan, in a private directory, trusted only when it
 is ours, well formed and of the shard as it is now.
 
-Its one responsibility is keeping scans (NOTE [shard index cache] in `_formats/tar.py`) so that a cache
+Its one responsibility is keeping scans (NOTE [shard index cache] in `_formats/tar_scan.py`) so that a cache
 directory another user can write cannot be turned against its user (NOTE [scan cache trust]).
 
 NOTE [scan cache trust]: the cache root (`$FASTLOAD_CACHE_DIR`, else `$XDG_CACHE_HOME/fastload`,
