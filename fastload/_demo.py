@@ -95,7 +95,7 @@ class _BaselineDataset(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     """ImageFolder + RandomResizedCrop + flip + ToTensor + Normalize, as most people run it."""
 
     def __init__(self, root: Path, size: int) -> None:
-        from fastload.sources._folder import scan_image_folder
+        from fastload.sources._formats.folder import scan_image_folder
 
         self.index = scan_image_folder(root)
         self.crop = RandomResizedCrop(size)

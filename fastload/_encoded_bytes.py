@@ -6,7 +6,8 @@ Two users build on it: the backends, to say why a decoder refused a sample
 (`_loading/decoding/undecodable.py`: "empty file (0 bytes)", "not an image: starts with
 b'hello wo' (text?)", "truncated JPEG: no end-of-image marker", rather than a decoder's
 "cannot identify image file <_io.BytesIO object at 0x...>"), and `fastload pack`, to keep broken
-samples out of a pack without decoding them (`sources/_image_bytes.py`). `describe` puts a decoder's refusal
+samples out of a pack without decoding them (`sources/_packing/image_bytes.py`). `describe` puts a decoder's
+refusal
 and what the bytes are in one line of words. A foundation: it imports only `_errors`.
 """
 

@@ -334,7 +334,8 @@ def _keys() -> dict[str, str]:
 
 def env_without_remote_state() -> None:
     """Forget the filesystems this process made (they hold the endpoint they were made with)."""
-    from fastload.sources import _node_cache, _remote
+    from fastload.sources._storage import node_cache as _node_cache
+    from fastload.sources._storage import remote as _remote
 
     _remote._filesystems.clear()
     _remote._stores.clear()

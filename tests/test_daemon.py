@@ -49,7 +49,7 @@ from fastload.__main__ import main
 from fastload._loading.slots.ring_plan import EXTRA_SLOTS, default_in_flight
 from fastload._sizes import format_size
 from fastload.sources import HDF5, FileList, Source, TarShards, pack
-from fastload.sources._folder import scan_image_folder
+from fastload.sources._formats.folder import scan_image_folder
 
 pytestmark = pytest.mark.timeout(180)  # a regression here tends to be a hang
 HANG_S = 60.0  # how long a test waits for something that comes in well under a second

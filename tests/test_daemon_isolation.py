@@ -195,7 +195,7 @@ def test_index_memory_bounds_what_an_open_allocates_not_what_libraries_map(
     threads' buffers are loaded; an open that needs gigabytes is still refused."""
     env = _in_the_fork_server(tmp_path, """
         import mmap
-        import fastload.sources._folder as folder
+        import fastload.sources._formats.folder as folder
         scan, reserved = folder.scan_image_folder, []
         def reserving(*args, **kwargs):
             reserved.append(mmap.mmap(-1, 8 << 30, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, mmap.PROT_READ))
@@ -222,7 +222,7 @@ def test_an_opening_process_that_dies_says_why(
     threads): the hello's error gives the exit status and the last lines the process wrote."""
     env = _in_the_fork_server(tmp_path, """
         import os, sys
-        import fastload.sources._folder as folder
+        import fastload.sources._formats.folder as folder
         def dying(*args, **kwargs):
             print("libexample: cannot start thread 5 of 16: out of resources", file=sys.stderr)
             sys.stderr.flush()

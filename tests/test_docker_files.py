@@ -92,7 +92,8 @@ def _needed_to_serve() -> set[str]:
     """The extras `fastload serve` needs for what it serves: every source kind a daemon serves
     (each source's module names the extra it needs to open, "pip install fastload[hdf5]"), at a
     URL too (the storage layer's module names its extra)."""
-    from fastload.sources import DAEMON_SOURCE_KINDS, _base, _remote
+    from fastload.sources import DAEMON_SOURCE_KINDS, _base
+    from fastload.sources._storage import remote as _remote
 
     modules = {sys.modules[_base._REGISTRY[kind].__module__] for kind in DAEMON_SOURCE_KINDS} | {_remote}
     return {extra for m in modules for extra in _EXTRA.findall(Path(str(m.__file__)).read_text())}

@@ -29,7 +29,7 @@ from fastload._loading.running.engine import Engine
 from fastload._loading.running.inline import InlineExecutor
 from fastload._loading.slots.layout import BatchLayout
 from fastload._loading.slots.ring import Ring
-from fastload.sources._folder import scan_image_folder
+from fastload.sources._formats.folder import scan_image_folder
 
 pytestmark = pytest.mark.timeout(120)
 

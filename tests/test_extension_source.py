@@ -23,7 +23,7 @@ from fastload import FastLoader
 from fastload import transforms as T
 from fastload._errors import DaemonError
 from fastload.sources import ImageFolder, Naming, Source, as_source
-from fastload.sources._index import PathIndex
+from fastload.sources._indexes.sample_index import PathIndex
 
 PLUGIN = str(Path(__file__).resolve())
 TF = [T.RandomResizedCrop(24), T.RandomHorizontalFlip()]

@@ -12,7 +12,7 @@ import pytest
 from fastload import ConfigError, DatasetError
 from fastload.__main__ import main
 from fastload.sources import FileList
-from fastload.sources._folder import scan_image_folder
+from fastload.sources._formats.folder import scan_image_folder
 
 
 def _files(folder: Path) -> list[tuple[str, int]]:

@@ -29,7 +29,7 @@ from daemon_helpers import (
 from fastload._daemon.confine import Refused, Roots, check_before_open
 from fastload._loading.link import daemon_link as wire
 from fastload.sources import HDF5
-from fastload.sources._hdf5 import HDF5BytesIndex
+from fastload.sources._formats.hdf5 import HDF5BytesIndex
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 
@@ -271,7 +271,7 @@ def test_the_walk_is_bounded_and_checks_links_out_of_a_root_by_a_link(
             images,
             **{f"to{j}": h5py.ExternalLink(f"fan-{j}.h5", "/images") for j in range(4)},
         )
-    import fastload.sources._hdf5_reach as reach
+    import fastload.sources._formats.hdf5_reach as reach
 
     monkeypatch.setattr(reach, "MAX_FILES", 3)
     with pytest.raises(Refused, match="more than 3 HDF5 files"):

@@ -25,8 +25,10 @@ from remote_helpers import env_without_remote_state, range_http_server
 
 from fastload import DaemonError, DatasetError, FastLoader
 from fastload import transforms as T
-from fastload.sources import Packed, TarShards, _chunk_file, _remote, pack
-from fastload.sources._node_cache import CHUNK_BYTES, NodeCache, node_cache
+from fastload.sources import Packed, TarShards, pack
+from fastload.sources._storage import chunk_file as _chunk_file
+from fastload.sources._storage import remote as _remote
+from fastload.sources._storage.node_cache import CHUNK_BYTES, NodeCache, node_cache
 
 pytest.importorskip("aiohttp", reason="http(s) URLs need fastload[remote] (aiohttp)")
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]

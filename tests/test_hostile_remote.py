@@ -29,7 +29,8 @@ from remote_helpers import (
 
 from fastload import DatasetError, FastLoader, SampleError, SourceChanged
 from fastload import transforms as T
-from fastload.sources import Packed, _remote, pack
+from fastload.sources import Packed, pack
+from fastload.sources._storage import remote as _remote
 
 pytest.importorskip("s3fs", reason="object storage needs fastload[remote] (s3fs)")
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]

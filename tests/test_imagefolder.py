@@ -21,7 +21,7 @@ from fastload import DatasetError, FastLoader
 from fastload import transforms as T
 from fastload._loading.decoding.pil import decode_into
 from fastload.sources import ImageFolder
-from fastload.sources._folder import scan_image_folder
+from fastload.sources._formats.folder import scan_image_folder
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 TV_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from fastload import DatasetError
-from fastload.sources._folder import IMG_EXTENSIONS, scan_image_folder
-from fastload.sources._index import PathIndex
+from fastload.sources._formats.folder import IMG_EXTENSIONS, scan_image_folder
+from fastload.sources._indexes.sample_index import PathIndex
 
 
 def os_walk_reference(root: Path) -> tuple[list[str], list[tuple[str, int]]]:

@@ -33,7 +33,7 @@ from fastload._diagnostics.iostat import Sampler, format_report
 from fastload._diagnostics.loader_rates import LoaderRates, MachineRates, loader_rates
 from fastload._diagnostics.verdict import classify
 from fastload._loading.running.stats import LoaderStats
-from fastload.sources import _index
+from fastload.sources._indexes import sample_index as _index
 
 # ---------------------------------------------------------------------------------------------
 # The classifier, on counters

@@ -21,13 +21,22 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fastload"
 
-# Layers, lowest first; the gaps leave room for rooms inside a layer. The loader's rooms are
-# ordered too (docs/ARCHITECTURE.md, "Rooms of the loader"): a room imports only rooms below it.
-FOUNDATIONS, FORMATS, KERNELS = 0, 10, 20
-SLOTS, ORDER, JOBS, LINK, SETTINGS, RUNNING, LOADER = 31, 32, 33, 34, 35, 36, 39
-SERVICES, ENTRY = 40, 50
+# Layers, lowest first; the gaps leave room for rooms inside a layer, ordered too (each room's
+# `__init__` says why it sits where it does): a room imports only its layer's rooms below it.
+FOUNDATIONS, FORMATS, KERNELS = 0, 20, 30
+# The rooms of `sources/`, sub-layers below the public face of FORMATS:
+# storage < index < the `Source` seam < formats < packing.
+SOURCE_STORAGE, SOURCE_INDEX, SOURCE_SEAM, SOURCE_FORMATS, SOURCE_PACKING = 11, 12, 13, 14, 15
+# The rooms of `_loading/`, below its top (`assembly`, `loader`).
+SLOTS, ORDER, JOBS, LINK, SETTINGS, RUNNING, LOADER = 41, 42, 43, 44, 45, 46, 49
+SERVICES, ENTRY = 50, 60
 LAYER_NAMES = {
     FOUNDATIONS: "foundations",
+    SOURCE_STORAGE: "sources' storage",
+    SOURCE_INDEX: "sources' index layer",
+    SOURCE_SEAM: "the Source seam",
+    SOURCE_FORMATS: "sources' formats",
+    SOURCE_PACKING: "packing",
     FORMATS: "sources and transforms",
     KERNELS: "kernels",
     SLOTS: "the loader's slots room",
@@ -59,7 +68,12 @@ LAYERS: dict[str, int] = {
     "fastload._exclusion": FOUNDATIONS,
     "fastload._metrics_seam": FOUNDATIONS,
     "fastload._batch_counters": FOUNDATIONS,
-    "fastload.sources": FORMATS,
+    "fastload.sources": FORMATS,  # the public face (`sources/__init__.py`)
+    "fastload.sources._storage": SOURCE_STORAGE,
+    "fastload.sources._indexes": SOURCE_INDEX,
+    "fastload.sources._base": SOURCE_SEAM,
+    "fastload.sources._formats": SOURCE_FORMATS,
+    "fastload.sources._packing": SOURCE_PACKING,
     "fastload.transforms": FORMATS,
     "fastload._augment": KERNELS,
     "fastload._loading.decoding": KERNELS,
@@ -219,7 +233,7 @@ def test_the_checker_sees_lazy_relative_and_type_only_imports(tmp_path: Path) ->
         "def f():\n    from ..sources import _tar\n    from . import sibling\n    import numpy\n"
     )
     (package / "mod.py").write_text(source)
-    known = {"fastload.sub.sibling", "fastload.sources._tar", "fastload._loading.loader"}
+    known = {"fastload.sub.sibling", "fastload.sources._formats.tar", "fastload._loading.loader"}
     names = {name for name, _ in _imports(package / "mod.py", "fastload.sub", known)}
     assert names == known
 
@@ -228,7 +242,12 @@ def test_the_checker_sees_lazy_relative_and_type_only_imports(tmp_path: Path) ->
     ("module", "layer"),
     [
         ("fastload._errors", FOUNDATIONS),
-        ("fastload.sources._tar", FORMATS),
+        ("fastload.sources", FORMATS),
+        ("fastload.sources._storage.remote", SOURCE_STORAGE),
+        ("fastload.sources._indexes.extents", SOURCE_INDEX),
+        ("fastload.sources._base", SOURCE_SEAM),
+        ("fastload.sources._formats.tar", SOURCE_FORMATS),
+        ("fastload.sources._packing.writer", SOURCE_PACKING),
         ("fastload._loading.decoding.native", KERNELS),
         ("fastload._loading.loader", LOADER),
         ("fastload._daemon.server", SERVICES),

@@ -27,8 +27,9 @@ from fastload import transforms as T
 from fastload.__main__ import main
 from fastload._diagnostics.verify import verify
 from fastload._exclusion import write_list
-from fastload.sources import _pack_writer, _reencode
-from fastload.sources._image_bytes import damage
+from fastload.sources._packing import reencode as _reencode
+from fastload.sources._packing import writer as _pack_writer
+from fastload.sources._packing.image_bytes import damage
 
 pytestmark = pytest.mark.timeout(120)
 SHARD = 40_000

@@ -25,7 +25,9 @@ from test_sources_packed import Interrupted, _interrupt_at
 from fastload import ConfigError, DatasetError, FastLoader, sources
 from fastload import transforms as T
 from fastload.__main__ import main
-from fastload.sources import _pack_writer, _reencode
+from fastload.sources._packing import data_files
+from fastload.sources._packing import reencode as _reencode
+from fastload.sources._packing import writer as _pack_writer
 
 Image = pytest.importorskip("PIL.Image")
 jpeg = pytest.importorskip("fastload._jpeg")
@@ -167,7 +169,7 @@ def test_an_interrupted_pack_finishes_identical(
     with pytest.raises(DatasetError, match="incomplete pack"):
         sources.Packed(str(dst)).open()
     if workers == 1 and at == 4:
-        assert np.load(dst / _pack_writer.CHECKPOINT).shape[0] >= 6  # some samples were checkpointed
+        assert np.load(dst / data_files.CHECKPOINT).shape[0] >= 6  # some samples were checkpointed
     # Other options than the pack was started with are refused, and leave it as it was.
     for other in ({}, {"max_side": N + 1}, {"max_side": N, "quality": 80}):
         with pytest.raises(ConfigError, match=r"is a pack with --max-side 100 --quality 90.*finish it"):

@@ -31,7 +31,9 @@ from remote_helpers import list_objects, moto_server, s3_environment
 from test_sources_packed import interrupted_pack
 
 from fastload import ConfigError, DatasetError, sources
-from fastload.sources import _pack_writer, _ray_pack
+from fastload.sources._packing import data_files
+from fastload.sources._packing import ray_pack as _ray_pack
+from fastload.sources._packing import writer as _pack_writer
 
 ray = pytest.importorskip("ray", reason="pack --ray needs fastload[ray]")
 pytestmark = pytest.mark.timeout(180)
@@ -166,7 +168,7 @@ def test_a_failed_range_ends_the_run_and_the_rerun_makes_only_what_is_missing(
     assert failing in _ranges_made(log)
     # What the first run finished: the samples written (checkpointed at the error) and the ranges
     # staged; the rerun must make exactly the others, the failed one among them.
-    written = len(np.load(dst / _pack_writer.CHECKPOINT))
+    written = len(np.load(dst / data_files.CHECKPOINT))
     staged = {int(p.name.split("-")[1]) for p in (dst / _pack_writer.STAGING).glob("range-*.bin")}
     missing = [first for first in range(0, 40, RANGES) if first + RANGES > written and first not in staged]
     assert failing in missing and len(missing) < 10
@@ -183,7 +185,7 @@ def test_a_plain_pack_interrupted_mid_range_finishes_on_ray(
     monkeypatch.setattr(_ray_pack, "RANGE_SAMPLES", 5)
     dst = tmp_path / "mixed"
     interrupted_pack(monkeypatch, folder, dst, shard_bytes=SHARD)
-    written = len(np.load(dst / _pack_writer.CHECKPOINT))
+    written = len(np.load(dst / data_files.CHECKPOINT))
     assert written % 5 != 0  # the Ray run starts inside a range
     sources.pack(folder, dst, shard_bytes=SHARD, progress=False, ray=True)
     assert _files(dst) == _files(plain[0])

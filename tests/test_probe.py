@@ -31,7 +31,7 @@ from fastload._diagnostics.probe import (
 )
 from fastload._diagnostics.sysinfo import MB, BlockDevice
 from fastload._errors import ConfigError, DatasetError
-from fastload.sources._folder import scan_image_folder
+from fastload.sources._formats.folder import scan_image_folder
 
 KINDS = {"nvme", "ssd", "hdd", "network", "memory", "virtual", "unknown"}
 

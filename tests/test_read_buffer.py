@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastload.sources._extents import ExtentIndex
-from fastload.sources._index import PathIndex, ReadBuffer, ReadFailure, read_file
+from fastload.sources._indexes.extents import ExtentIndex
+from fastload.sources._indexes.sample_index import PathIndex, ReadBuffer, ReadFailure, read_file
 
 
 def _files(tmp_path: Path, sizes: list[int]) -> list[Path]:

@@ -29,8 +29,9 @@ from remote_helpers import (
 
 from fastload import ConfigError, DatasetError, FastLoader, SampleError, SettingsWarning
 from fastload import transforms as T
-from fastload.sources import FileList, Packed, TarShards, _remote, pack
-from fastload.sources._node_cache import NodeCache
+from fastload.sources import FileList, Packed, TarShards, pack
+from fastload.sources._storage import remote as _remote
+from fastload.sources._storage.node_cache import NodeCache
 
 pytest.importorskip("s3fs", reason="object storage needs fastload[remote] (s3fs)")
 pytestmark = pytest.mark.timeout(180)
@@ -384,7 +385,7 @@ def test_a_daemon_serves_a_pack_in_s3_as_a_local_loader_reads_it(
 def test_daemon_roots_confine_urls_to_their_prefixes() -> None:
     """A TCP peer's source is checked against the roots: a URL only under a URL root."""
     from fastload._daemon.confine import Roots
-    from fastload.sources._extents import remote_file
+    from fastload.sources._storage.remote_file import remote_file
 
     local_only = Roots(("/data",))
     assert not local_only.allows("s3://bucket/datasets/pack/manifest.json")

@@ -11,8 +11,8 @@ import pytest
 from helpers import write_tar_shards
 
 from fastload import sources
-from fastload.sources import _scan_cache
-from fastload.sources._scan_cache import ScanCache, entry_dir_name
+from fastload.sources._storage import scan_cache as _scan_cache
+from fastload.sources._storage.scan_cache import ScanCache, entry_dir_name
 
 pytestmark = pytest.mark.hostile
 
@@ -63,7 +63,7 @@ def test_a_cache_directory_of_another_user_is_not_trusted(
 
 
 def _identity(shard: Path) -> tuple[int, int, int, int, int]:
-    from fastload.sources._bounds import identity
+    from fastload.sources._storage.bounds import identity
 
     return identity(os.stat(shard))
 

@@ -15,7 +15,7 @@ from fastload import ConfigError, FastLoader
 from fastload._daemon.control import load_config
 from fastload._sizes import format_size, parse_size
 from fastload.sources import FileList, Packed, TarShards, pack
-from fastload.sources._node_cache import default_limit
+from fastload.sources._storage.node_cache import default_limit
 
 
 @pytest.mark.parametrize(

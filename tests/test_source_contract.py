@@ -44,10 +44,10 @@ from fastload.sources import (
     source_from_config,
     source_kinds,
 )
-from fastload.sources._extents import ExtentIndex
-from fastload.sources._folder import scan_image_folder
-from fastload.sources._hdf5 import HDF5BytesIndex
-from fastload.sources._index import PathIndex
+from fastload.sources._formats.folder import scan_image_folder
+from fastload.sources._formats.hdf5 import HDF5BytesIndex
+from fastload.sources._indexes.extents import ExtentIndex
+from fastload.sources._indexes.sample_index import PathIndex
 
 KINDS = ["folder", "file_list", "tar", "packed", "hdf5"]  # with the images below: every kind of the package
 DECLARED = sorted(source_kinds())  # at collection: the package's kinds and any a test module declares

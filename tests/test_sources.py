@@ -14,7 +14,7 @@ from helpers import write_image
 from fastload import ConfigError, DatasetError, FastLoader, SampleError, SampleIds, sources
 from fastload import transforms as T
 from fastload.sources import FileList, ImageFolder, as_source, source_from_config
-from fastload.sources._folder import scan_image_folder
+from fastload.sources._formats.folder import scan_image_folder
 
 TF = [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]
 

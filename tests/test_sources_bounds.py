@@ -20,8 +20,8 @@ from helpers import write_image, write_tar_shards
 
 from fastload import ConfigError, DatasetError, FastLoader, SampleError, sources
 from fastload import transforms as T
-from fastload.sources import _bounds
-from fastload.sources._index import ReadBuffer, read_file
+from fastload.sources._indexes.sample_index import ReadBuffer, read_file
+from fastload.sources._storage import bounds as _bounds
 
 pytestmark = pytest.mark.hostile
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from fastload import DatasetError, sources
-from fastload.sources import _pack_writer
-from fastload.sources._index import PathIndex
+from fastload.sources._indexes.sample_index import PathIndex
+from fastload.sources._packing import writer as _pack_writer
 
 pytestmark = pytest.mark.hostile
 

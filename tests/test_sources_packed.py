@@ -24,8 +24,9 @@ from helpers import epoch_with_ids, write_tar_shards
 import fastload
 from fastload import DatasetError, FastLoader, sources
 from fastload import transforms as T
-from fastload.sources import _pack_writer
-from fastload.sources._index import PathIndex
+from fastload.sources._indexes.sample_index import PathIndex
+from fastload.sources._packing import data_files
+from fastload.sources._packing import writer as _pack_writer
 
 AUGMENT = [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]
 SHARD = 40 << 10  # a few images a data file
@@ -49,7 +50,7 @@ def test_layout(image_folder: Path, packed: Path) -> None:
     assert manifest["target"] == {"dtype": "int64", "shape": []}
     assert manifest["source"] == {"kind": "folder", "root": str(image_folder)}
     assert len(manifest["files"]) > 2
-    assert not (packed / _pack_writer.CHECKPOINT).exists()
+    assert not (packed / data_files.CHECKPOINT).exists()
     offsets = np.load(packed / "offsets.npy")
     sizes = np.load(packed / "sizes.npy")
     file_ids = np.load(packed / "file_ids.npy")
@@ -111,7 +112,7 @@ class Interrupted(Exception):
 def _interrupt_at(monkeypatch: pytest.MonkeyPatch, what: str, at: int) -> None:
     """Make the `at`-th source read (what="read") or index file save (what="save") raise."""
     count = [0]
-    target, name = (PathIndex, "read") if what == "read" else (_pack_writer, "_save_durably")
+    target, name = (PathIndex, "read") if what == "read" else (data_files, "save_durably")
     real = getattr(target, name)
 
     def hooked(*args: Any) -> Any:
@@ -145,7 +146,7 @@ def test_an_interrupted_pack_finishes_identical(
     with pytest.raises(DatasetError, match=r"incomplete pack.*fastload pack"):
         sources.Packed(str(dst)).open()
     if what == "read" and at == 5:  # some samples were checkpointed, more written after
-        assert np.load(dst / _pack_writer.CHECKPOINT).shape[0] >= 8
+        assert np.load(dst / data_files.CHECKPOINT).shape[0] >= 8
     # A torn write past the checkpoint: junk at the end of the last data file, cut when resumed.
     last = max(dst.glob("data-*.bin"), default=None)
     if last is not None:

@@ -28,9 +28,9 @@ from helpers import epoch_with_ids, write_tar_shards
 from fastload import DatasetError, FastLoader, SampleError, sources
 from fastload import transforms as T
 from fastload._shm import Segment
-from fastload.sources import _extents
-from fastload.sources import _tar as tar_module
-from fastload.sources._extents import ExtentIndex
+from fastload.sources._formats import tar_scan
+from fastload.sources._indexes import extent_files as _extent_files
+from fastload.sources._indexes.extents import ExtentIndex
 
 AUGMENT = [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]
 
@@ -175,7 +175,7 @@ def test_readahead_only_for_several_samples_of_a_stretch(
 
 
 def test_readahead_is_not_asked_twice(shards: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_extents, "_CHUNK", 4096)
+    monkeypatch.setattr(_extent_files, "_CHUNK", 4096)
     index = dataclasses.replace(sources.TarShards(tuple(str(s) for s in shards)).open(), readahead=4)
     spy = _PreadSpy(monkeypatch)
     index.read(np.array([0, 2, 3], np.int64))  # samples 0..7 asked for
@@ -186,7 +186,7 @@ def test_readahead_is_not_asked_twice(shards: list[Path], monkeypatch: pytest.Mo
     first_new = (end7 - 1) // 4096 * 4096 + 4096
     assert willneed == [(int(index.offsets[0]), end7 - int(index.offsets[0])), (first_new, end9 - first_new)]
     # What was asked for a while ago (the page cache may have dropped it since) is asked for again.
-    monkeypatch.setattr(_extents, "_ADVISED_S", -1.0)
+    monkeypatch.setattr(_extent_files, "_ADVISED_S", -1.0)
     spy.advised.clear()
     index.read(np.array([1, 2, 3], np.int64))
     again = [a[:2] for a in spy.advised if a[2] == os.POSIX_FADV_WILLNEED]
@@ -341,13 +341,13 @@ def test_a_shards_scan_is_cached_until_it_changes(
     written = write_tar_shards(image_folder, tmp_path / "shards", per_shard=10)
     source = sources.TarShards([str(p) for p in written])
     scans: list[str] = []
-    real = tar_module._scan_shard
+    real = tar_scan._scan_shard
 
     def counted(shard: str, *args: Any) -> int:
         scans.append(os.path.basename(shard))
         return real(shard, *args)
 
-    monkeypatch.setattr(tar_module, "_scan_shard", counted)
+    monkeypatch.setattr(tar_scan, "_scan_shard", counted)
     first = source.open()
     assert len(scans) == 3
     again = source.open()

@@ -6,7 +6,7 @@ index costs one `lstat` per file) and says whether each lands under a root. `che
 runs before a source reads anything, on the files the source says it opens, one at a time
 (`Source.files_before_open`: this module knows no source kind). For the package's kinds: a
 list, a shard pattern's matches (once the names of all its patterns are counted against
-`sources._bounds`, a glob's directory before it is listed), a pack's directory, an HDF5 file and
+`sources._storage.bounds`, a glob's directory before it is listed), a pack's directory, an HDF5 file and
 every file HDF5 may open for it, recursively and wherever HDF5 may look: external storage,
 virtual datasets' sources, external links, and each reached file's own; only regular files, so
 no FIFO holds an opening slot. `check_index` runs after, on every file the opened index will
@@ -20,7 +20,7 @@ root with a query, a fragment, credentials, a `.` or `..` segment (or one escape
 refused at start; a URL with any of them is never allowed, nor is another spelling of an allowed
 one (an uppercase host, a default port written out). A local root never allows a URL. The
 process opening a peer's source checks every request it makes against the roots before sending
-it (`_remote.confine`): an object a file list names outside them is refused without a request
+it (`remote.confine`): an object a file list names outside them is refused without a request
 reaching the store.
 
 NOTE [refusals carry no content]: a refusal names the source as the client sent it and which of
@@ -30,7 +30,7 @@ file the peer should not read. The daemon's log gets the path (`Refused.detail`)
 
 A file under a root replaced by a link to one outside *after* the check (an index is kept for
 later hellos) is not followed: a confined session's workers open every file beneath the roots
-(`sources/_beneath`), and `check_identities` holds each scanned shard or pack file to the file
+(`sources/_storage/beneath`), and `check_identities` holds each scanned shard or pack file to the file
 now beneath them; an HDF5 file's external links are not followed by the workers at all (NOTE [a
 daemon's workers follow no external link]). Not covered: the source's own files (a file list,
 an HDF5 file, a manifest, a folder's listing) swapped for a link out between
@@ -50,9 +50,9 @@ from typing import Any
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources import Source
 from fastload.sources._base import FileToOpen, UnboundedFiles
-from fastload.sources._beneath import Beneath
-from fastload.sources._bounds import identity
-from fastload.sources._remote import is_url
+from fastload.sources._storage.beneath import Beneath
+from fastload.sources._storage.bounds import identity
+from fastload.sources._storage.remote import is_url
 
 
 class Refused(DatasetError):

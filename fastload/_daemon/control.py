@@ -50,7 +50,7 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
     from fastload._daemon.indexes import IndexLimits
     from fastload._daemon.listeners import check_tcp_config
     from fastload._daemon.plugins import plugin_settings
-    from fastload.sources._remote import is_url
+    from fastload.sources._storage.remote import is_url
 
     table: dict[str, Any] = {}
     if path is not None:

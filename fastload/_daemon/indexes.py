@@ -27,7 +27,7 @@ from fastload._labels import label
 from fastload._shm import Segment
 from fastload._sizes import format_size
 from fastload.sources import ImageFolder, Source
-from fastload.sources._index import SHARED_INDEX_TYPES, SampleIndex
+from fastload.sources._indexes.sample_index import SHARED_INDEX_TYPES, SampleIndex
 
 log = logging.getLogger("fastload.daemon")
 

@@ -355,10 +355,11 @@ def _index_bytes(index: Any) -> int:
 def _open(request: dict[str, Any]) -> dict[str, Any]:
     from fastload._daemon.confine import Roots, check_before_open, check_index, source_name
     from fastload._daemon.plugins import import_plugins
-    from fastload.sources import _remote, source_from_config
-    from fastload.sources._arrays import ArrayIndex
+    from fastload.sources import source_from_config
     from fastload.sources._base import OpenBounds
-    from fastload.sources._index import SHARED_INDEX_TYPES
+    from fastload.sources._indexes.arrays import ArrayIndex
+    from fastload.sources._indexes.sample_index import SHARED_INDEX_TYPES
+    from fastload.sources._storage import remote as _remote
 
     import_plugins(tuple(request["plugins"]))  # the kinds they declare (the daemon's own setting)
     source = source_from_config(request["source"])
@@ -366,7 +367,7 @@ def _open(request: dict[str, Any]) -> dict[str, Any]:
     roots = None if request["roots"] is None else Roots(tuple(request["roots"]))
     if roots is not None:
         check_before_open(source, roots)
-        checked = roots  # NOTE [confined requests] in `sources/_remote.py`
+        checked = roots  # NOTE [confined requests] in `sources/_storage/remote.py`
         _remote.confine(lambda url: checked.check(url, name, "an object it names"))
     max_bytes = int(request["max_bytes"])
     bounds = OpenBounds(int(request["max_files"]), max_bytes, time.monotonic() + float(request["timeout_s"]))

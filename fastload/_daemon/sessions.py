@@ -28,8 +28,8 @@ from fastload._loading.slots.ring_plan import MAX_IN_FLIGHT
 from fastload._shm import Segment
 from fastload._sizes import format_size
 from fastload.sources import ImageFolder, Source, source_from_config
-from fastload.sources._bounds import field_text_problem
-from fastload.sources._remote import is_url
+from fastload.sources._storage.bounds import field_text_problem
+from fastload.sources._storage.remote import is_url
 from fastload.transforms import TransformPlan, compile_transforms, from_config
 
 _MAX_PID = 2**31 - 1  # pid_t; os.kill() refuses larger numbers

@@ -23,8 +23,8 @@ from fastload._errors import ConfigError, DatasetError
 from fastload._machine import usable_cores
 from fastload._sizes import format_size
 from fastload.sources import Source, as_source
-from fastload.sources._arrays import ArrayIndex
-from fastload.sources._index import SampleIndex
+from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.sample_index import SampleIndex
 
 KB = 1 << 10
 CROP = 224

@@ -26,8 +26,8 @@ from fastload._loading.settings.position import Plan, recorded_settings, source_
 from fastload._loading.settings.sanity import check_settings_sense
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.ring_plan import plan_ring
-from fastload.sources._arrays import ArrayIndex
-from fastload.sources._index import SampleIndex
+from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.sample_index import SampleIndex
 
 
 class Assembly:

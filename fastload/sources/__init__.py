@@ -26,11 +26,11 @@ from fastload.sources._base import (
     source_from_config,
     source_kinds,
 )
-from fastload.sources._filelist import FileList, ImageFolder
-from fastload.sources._hdf5 import HDF5
-from fastload.sources._pack_writer import pack
-from fastload.sources._packed import Packed
-from fastload.sources._tar import TarShards
+from fastload.sources._formats.file_list import FileList, ImageFolder
+from fastload.sources._formats.hdf5 import HDF5
+from fastload.sources._formats.packed import Packed
+from fastload.sources._formats.tar import TarShards
+from fastload.sources._packing.writer import pack
 
 __all__ = [
     "DAEMON_SOURCE_KINDS",

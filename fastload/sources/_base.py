@@ -34,10 +34,10 @@ from typing import Any, ClassVar, cast
 
 from fastload._errors import ConfigError, DatasetError
 from fastload._sizes import parse_optional_size, shown
-from fastload.sources._arrays import ArrayIndex
-from fastload.sources._bounds import field_text_problem
-from fastload.sources._index import SampleIndex
-from fastload.sources._remote import is_url
+from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.sample_index import SampleIndex
+from fastload.sources._storage.bounds import field_text_problem
+from fastload.sources._storage.remote import is_url
 
 _REGISTRY: dict[str, type[Source]] = {}
 _KIND_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -324,7 +324,7 @@ def source_from_config(config: Any) -> Source:
 # NOTE [fields from a peer]: a daemon rebuilds a hello's source from JSON a peer wrote, and every
 # value then reaches path functions, the allowlist and the opening process. Each field must be of
 # the type its class declares (a list of strings for a `tuple[str, ...]`; a bool is not an int),
-# and every string in it a usable path (`_bounds.field_text_problem`: at most MAX_FIELD_CHARS,
+# and every string in it a usable path (`bounds.field_text_problem`: at most MAX_FIELD_CHARS,
 # PATH_MAX, no NUL, no lone surrogate), or the hello is refused naming the field. A declared
 # type this check does not know is left to the class's own `__post_init__`.
 

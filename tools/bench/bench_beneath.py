@@ -17,8 +17,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from fastload.sources._beneath import READ_FLAGS, Beneath
-from fastload.sources._index import read_file
+from fastload.sources._indexes.sample_index import read_file
+from fastload.sources._storage.beneath import READ_FLAGS, Beneath
 
 
 def best_us(paths: list[str], use: Callable[[str], object], rounds: int, repeats: int) -> float:

@@ -94,7 +94,7 @@ def _store_bandwidth(latency_ms: float) -> None:
     """MiB/s the store and the proxy give alone (no decoders beside them)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from fastload.sources import _remote
+    from fastload.sources._storage import remote as _remote
 
     objects = Path(tempfile.mkdtemp(prefix="fl-bench-store-"))
     for k in range(6):
@@ -139,7 +139,7 @@ def main() -> None:
     if not args.data:
         parser.error("--data (or $BENCH_DATA) is required")
     from fastload.sources import pack
-    from fastload.sources._node_cache import NodeCache
+    from fastload.sources._storage.node_cache import NodeCache
 
     work = Path(tempfile.mkdtemp(prefix="fl-bench-remote-"))
     pack(args.data, str(work / "pack"), progress=False, shard_bytes=args.shard_mib << 20)

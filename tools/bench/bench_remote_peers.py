@@ -130,7 +130,7 @@ def main() -> None:
     systems = args.systems.split(",")
     if not (args.data and args.streaming_python and args.webdataset_python):
         parser.error("--data, --streaming-python and --webdataset-python (or their variables) are required")
-    from fastload.sources._node_cache import NodeCache
+    from fastload.sources._storage.node_cache import NodeCache
 
     items, classes = list_images(Path(args.data))
     work = Path(tempfile.mkdtemp(prefix="fl-bench-peers-"))

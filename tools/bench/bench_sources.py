@@ -43,7 +43,7 @@ from fastload import FastLoader, sources
 from fastload import transforms as T
 from fastload._loading.order.plan import ShuffledPlan
 from fastload._progress import ProgressLine
-from fastload.sources._extents import ExtentIndex
+from fastload.sources._indexes.extents import ExtentIndex
 
 CLASSES = 100
 
@@ -143,7 +143,8 @@ def main() -> int:
     folder = sources.ImageFolder(str(args.folder)).open()
     packed = sources.Packed(str(args.packed)).open()
     folder_files = [folder.path(i) for i in range(len(folder))]
-    packed_files = [*packed.files, *(str(args.packed / f"{n}.npy") for n in sources._pack_format.INDEX_FILES)]
+    index_files = sources._formats.pack_format.INDEX_FILES
+    packed_files = [*packed.files, *(str(args.packed / f"{n}.npy") for n in index_files)]
     n, batch = len(folder), args.batch_size
     full = ShuffledPlan(n, batch, shuffle=True, drop_last=False, seed=0)
     block = ShuffledPlan(

@@ -2,7 +2,7 @@
 straight into a slot as stored: no decoding, no transforms, no per-row Python on the way.
 
 The index reads a batch's rows into the slot's rows in batch order (`read_into`: a gather from a
-memory map, or from a decoded copy, or one sorted selection; see `sources._hdf5`); the targets
+memory map, or from a decoded copy, or one sorted selection; see `sources._formats.hdf5`); the targets
 come from the index's in-memory labels. Batches depend only on the plan's indices, so they are the
 same for every worker count and resume as every source does.
 """
@@ -18,8 +18,8 @@ from fastload._batch_counters import BatchCounters
 from fastload._loading.jobs.contract import SourceJob
 from fastload._loading.jobs.executor import Done, Task
 from fastload._loading.slots.layout import BatchLayout
-from fastload.sources._arrays import ArrayIndex
-from fastload.sources._index import target_row
+from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.sample_index import target_row
 
 
 class ArrayJob(SourceJob):

@@ -22,7 +22,7 @@ from fastload._errors import exception_type_name
 from fastload._loading.jobs.executor import Done, Event, Failure, Opaque, Probed, Task
 from fastload._loading.slots.layout import BatchLayout, LayoutMismatch
 from fastload._machine import run_delay_since, thread_run_delay_ns
-from fastload.sources._index import IndexBase, ReadFailure
+from fastload.sources._indexes.sample_index import IndexBase, ReadFailure
 
 T = TypeVar("T")
 

@@ -25,8 +25,7 @@ from fastload._loading.slots.layout import BatchLayout
 from fastload._machine import run_delay_since, thread_run_delay_ns
 from fastload._sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
 from fastload._shm import Segment
-from fastload.sources._beneath import Beneath
-from fastload.sources._index import (
+from fastload.sources._indexes.sample_index import (
     SHARED_INDEX_TYPES,
     PathIndex,
     ReadBuffer,
@@ -34,7 +33,8 @@ from fastload.sources._index import (
     SampleIndex,
     target_row,
 )
-from fastload.sources._node_cache import READS as REMOTE_READS
+from fastload.sources._storage.beneath import Beneath
+from fastload.sources._storage.node_cache import READS as REMOTE_READS
 from fastload.transforms import TransformPlan, compile_transforms, from_config, to_config
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError
+from fastload.sources._indexes.sample_index import RemoteCapable, remote_reads
 
 # How many batches past the last one delivered the walk runs (NOTE [what "prefetch" names] in
 # `slots.ring_plan`). Not the in-flight window: read-ahead holds no slot, only node-cache space,
@@ -56,7 +57,9 @@ class ReadAhead:
     """One epoch's read-ahead (`delivered` after each batch the trainer takes, which says the
     bytes it downloaded since the previous call; `stop`)."""
 
-    def __init__(self, index: Any, batches: Iterator[np.ndarray], ahead: int = AHEAD_BATCHES) -> None:
+    def __init__(
+        self, index: RemoteCapable, batches: Iterator[np.ndarray], ahead: int = AHEAD_BATCHES
+    ) -> None:
         self._index = index
         self._cache = index.node_cache()
         self._batches = batches
@@ -161,7 +164,7 @@ class TaskReadAhead(ReadAhead):
     (`ask`, never blocking the daemon's loop); `delivered` as each task's event goes back. The
     trainer sends tasks as far ahead as its ring's slots, so that is how far this reads ahead."""
 
-    def __init__(self, index: Any) -> None:
+    def __init__(self, index: RemoteCapable) -> None:
         self._arriving = _Arriving()
         super().__init__(index, iter(self._arriving))
 
@@ -175,11 +178,11 @@ class TaskReadAhead(ReadAhead):
 
 def task_read_ahead(index: Any) -> TaskReadAhead | None:
     """A daemon session's read-ahead over `index`, or None when its data is local."""
-    return TaskReadAhead(index) if getattr(index, "remote", False) else None
+    remote = remote_reads(index)
+    return None if remote is None else TaskReadAhead(remote)
 
 
 def read_ahead(index: Any, batches: Iterator[np.ndarray]) -> ReadAhead | None:
     """A read-ahead for `index`'s epoch of `batches`, or None when its data is local."""
-    if not getattr(index, "remote", False):
-        return None
-    return ReadAhead(index, batches)
+    remote = remote_reads(index)
+    return None if remote is None else ReadAhead(remote, batches)

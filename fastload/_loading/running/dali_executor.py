@@ -62,7 +62,7 @@ from fastload._loading.jobs.executor import Event, Failure, Opaque, Task
 from fastload._loading.slots.delivery import ImageOutput, present_batch
 from fastload._loading.slots.layout import BatchLayout
 from fastload._sample_random import sample_randoms
-from fastload.sources._index import ReadBuffer, ReadFailure, SampleIndex
+from fastload.sources._indexes.sample_index import ReadBuffer, ReadFailure, SampleIndex
 from fastload.transforms import TransformPlan
 
 _STOP = None  # the driver's inbox: a task's request, or this to stop

@@ -19,8 +19,8 @@ from fastload._loading.running.epoch import EpochIterator, Lane
 from fastload._loading.running.pipeline import Pipeline
 from fastload._loading.running.stats import LoaderStats, format_summary
 from fastload._loading.settings.position import Plan
-from fastload.sources._arrays import ArrayIndex
-from fastload.sources._index import SampleIndex
+from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.sample_index import SampleIndex
 
 
 class Iterations:

@@ -18,8 +18,8 @@ from fastload._loading.jobs.iterable import IterablePlan
 from fastload._loading.order.plan import SamplerPlan, ShuffledPlan
 from fastload._loading.settings.resume import STATE_VERSION, check_state, convert, fingerprint, plain
 from fastload._loading.settings.spec import LoaderSpec
-from fastload.sources._arrays import ArrayIndex
-from fastload.sources._index import SampleIndex
+from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.sample_index import SampleIndex
 from fastload.transforms import to_config
 
 Plan = ShuffledPlan | SamplerPlan | IterablePlan

@@ -32,6 +32,7 @@ from fastload._loading.order.plan import GeneratorShuffle
 from fastload._loading.order.ranks import processes_around
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._sizes import format_size
+from fastload.sources._indexes.sample_index import remote_reads
 from fastload.transforms import CutMix, MixUp, RandomChoice
 
 __all__ = ["check_settings_sense"]
@@ -136,13 +137,13 @@ def _check_batches(spec: LoaderSpec, num_samples: int) -> None:
 
 
 def _check_remote_shuffle(spec: LoaderSpec, index: Any) -> None:
-    remote_bytes = getattr(index, "remote_bytes", 0)
-    if not remote_bytes or not spec.shuffle or spec.shuffle_block is not None or spec.sampler is not None:
+    remote = remote_reads(index)
+    if remote is None or not spec.shuffle or spec.shuffle_block is not None or spec.sampler is not None:
         return
-    limit = index.node_cache().limit
+    remote_bytes, limit = remote.remote_bytes, remote.node_cache().limit
     if remote_bytes <= limit:
         return  # the first epoch downloads each chunk once; the others read the cache
-    chunks = index.remote_chunk_count
+    chunks = remote.remote_chunk_count
     per_chunk = max(1, round(len(index) / max(chunks, 1)))
     warnings.warn(
         f"a full shuffle of {spec.source.where if spec.source else 'remote data'} "

@@ -15,7 +15,7 @@ from bench_common import parse_args
 
 from fastload._loading.decoding.backend import make_backend
 from fastload._sample_random import sample_randoms
-from fastload.sources._folder import scan_image_folder
+from fastload.sources._formats.folder import scan_image_folder
 from fastload.transforms import RandomHorizontalFlip, RandomResizedCrop, compile_transforms
 
 

@@ -1,7 +1,7 @@
 """The tar shard scan cache: one file per shard scan, in a private directory, trusted only when it
 is ours, well formed and of the shard as it is now.
 
-Its one responsibility is keeping scans (NOTE [shard index cache] in `_tar.py`) so that a cache
+Its one responsibility is keeping scans (NOTE [shard index cache] in `_formats/tar_scan.py`) so that a cache
 directory another user can write cannot be turned against its user (NOTE [scan cache trust]).
 
 NOTE [scan cache trust]: the cache root (`$FASTLOAD_CACHE_DIR`, else `$XDG_CACHE_HOME/fastload`,
@@ -39,8 +39,8 @@ import warnings
 
 import numpy as np
 
-from fastload.sources._bounds import MAX_SAMPLE_BYTES, read_bounded
-from fastload.sources._private_dir import open_private_dir
+from fastload.sources._storage.bounds import MAX_SAMPLE_BYTES, read_bounded
+from fastload.sources._storage.private_dir import open_private_dir
 
 MAX_ENTRY_BYTES = 256 << 20  # one shard's scan: ~40 bytes a sample, 6 M samples
 MAX_CACHE_BYTES = 2 << 30

@@ -1,7 +1,7 @@
 """`pack(..., ray=...)` (`fastload pack --ray [ADDRESS]`): a pack's samples read, and re-encoded
 when `max_side` asks, by Ray tasks spread over a cluster, and handed to `pack`'s writer in order.
 
-Its one responsibility is that stage; everything else is `pack`'s own (`_pack_writer.py`): the checks,
+Its one responsibility is that stage; everything else is `pack`'s own (`_packing/writer.py`): the checks,
 the layout of samples into aligned data files (it depends on the samples' sizes alone), the
 checkpoints, the index and the manifest. So the pack is byte-identical to `pack` without Ray.
 
@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
-from fastload.sources._bounds import clip
-from fastload.sources._index import SampleIndex
-from fastload.sources._reencode import Made, Reencoding, Skipped, _checked, _Failure, _Job, _run_task
+from fastload.sources._indexes.sample_index import SampleIndex
+from fastload.sources._packing.reencode import Made, Reencoding, Skipped, _checked, _Failure, _Job, _run_task
+from fastload.sources._storage.bounds import clip
 
 RANGE_SAMPLES = 256  # positions of the pack's order one task makes (tests make it small)
 MAX_RETRIES = 3  # of a task whose worker or node died (Ray's own retry)
@@ -67,7 +67,7 @@ def ray_batches(
     Ray tasks (NOTE [ray ranges]). The cluster: the one this process is connected to, else the
     one at `address`, else `RAY_ADDRESS`'s, else a new local Ray of `workers` CPUs (disconnected
     after, when this connected). `say`: where a line on the ranges goes. `skip`: a sample that
-    cannot be made is `Skipped` (`_reencode.made_batches`). Errors: ConfigError when Ray is
+    cannot be made is `Skipped` (`reencode.made_batches`). Errors: ConfigError when Ray is
     missing or the cluster cannot be reached, DatasetError (or ConfigError) naming what failed."""
     ray = import_ray()
     connected = _connect(ray, address, workers)

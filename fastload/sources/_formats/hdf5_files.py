@@ -2,7 +2,7 @@
 (with its chunk cache), and a dataset reached by a path that crosses no external link.
 
 NOTE [a daemon's workers follow no external link]: a daemon checks, before it opens an HDF5
-source, every file the source may make HDF5 open (`_hdf5_reach`). Its workers then read the
+source, every file the source may make HDF5 open (`_formats/hdf5_reach.py`). Its workers then read the
 dataset from the file that holds it (`located`, found by the checked open), by a path inside
 that file (`dataset_within`): an external link met on the way is an error, not a file opened, so
 a link the check did not see (a file changed since) is never followed.
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import ConfigError
-from fastload.sources._beneath import Beneath
-from fastload.sources._bounds import open_regular
+from fastload.sources._storage.beneath import Beneath
+from fastload.sources._storage.bounds import open_regular
 
 # HDF5's chunk cache hash table: a prime, many times the chunks a cache of cache_mb holds.
 _CHUNK_CACHE_SLOTS = 100_003

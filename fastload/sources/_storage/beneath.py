@@ -28,8 +28,8 @@ import errno
 import os
 import threading
 
-from fastload.sources._bounds import clip
-from fastload.sources._remote import is_url
+from fastload.sources._storage.bounds import clip
+from fastload.sources._storage.remote import is_url
 
 READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO does not wait (NOTE [source bounds])
 

@@ -1,6 +1,6 @@
 """Packing to a URL: a pack for object storage is made whole on this machine, then uploaded
-(NOTE [staging]). `pack` (`_pack_writer.py`) asks `staging_for` where to pack, packs there as it
-packs any local directory, then calls `upload_staged`; reading a pack at a URL is `_remote_pack`'s.
+(NOTE [staging]). `pack` (`_packing/writer.py`) asks `staging_for` where to pack, packs there as it
+packs any local directory, then calls `upload_staged`; reading a pack at a URL is `_formats/packed.py`'s.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import sys
 
 from fastload._errors import DatasetError
 from fastload._progress import ProgressLine
-from fastload.sources import _remote
-from fastload.sources._bounds import clip
-from fastload.sources._node_cache import NodeCache
-from fastload.sources._pack_format import MANIFEST
+from fastload.sources._formats.pack_format import MANIFEST
+from fastload.sources._storage import remote as _remote
+from fastload.sources._storage.bounds import clip
+from fastload.sources._storage.node_cache import NodeCache
 
 # NOTE [staging]: a pack for a URL is made whole on this machine first, in
 # `<node cache>/pack-staging/<hash of the URL>` (`~/.cache/fastload/remote-UID/...`, under

@@ -19,16 +19,17 @@ indexed: a shard replaced under a running loader (even with its size and mtime k
 batch with a DatasetError naming the file, instead of being read at the old scan's offsets with
 the old scan's labels. Descriptors already open keep reading the file they opened (its old
 inode, when it was replaced by a rename).
+
+Remote containers (`RemoteFile` entries of `files`) are read through the node cache, and the index
+implements `RemoteCapable` (`sample_index.py`) for the read-ahead of their chunks. A process's
+descriptors and positioned reads are `extent_files.py`'s; the shared-memory layout is
+`extent_layout.py`'s.
 """
 
 from __future__ import annotations
 
-import errno
-import itertools
 import os
-import struct
 import threading
-import time
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,17 +37,24 @@ import numpy as np
 
 from fastload._errors import DatasetError, SourceChanged
 from fastload._shm import Segment
-from fastload.sources._beneath import Beneath, open_file
-from fastload.sources._bounds import check_regular, clip, identity
-from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure, pack_strings
+from fastload.sources._indexes.extent_files import MAX_OPEN_FILES, Handles, pread_all, short_read
+from fastload.sources._indexes.extent_layout import (
+    IDENTITY_FIELDS,
+    SharedExtents,
+    read_segment,
+    write_segment,
+)
+from fastload.sources._indexes.sample_index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure
+from fastload.sources._storage.beneath import Beneath, open_file
+from fastload.sources._storage.bounds import check_regular, clip, identity
+from fastload.sources._storage.remote_file import RemoteFile
 
 if TYPE_CHECKING:
-    from fastload.sources._node_cache import NodeCache
+    from fastload.sources._storage.node_cache import NodeCache
 
 DEFAULT_GAP = 64 << 10  # bytes between two extents still read as one
 DEFAULT_READAHEAD = 32  # samples past a touched stretch to ask the kernel for
 DEFAULT_READAHEAD_BYTES = 4 << 20  # ... but no more bytes than this past its last touched sample
-MAX_OPEN_FILES = 128  # descriptors one process keeps open at once (least recently used closed)
 
 # NOTE [extent readahead]: a full shuffle over a large file must not read ahead (every sample it
 # touches is alone: 32 samples read for one would be a 32x read amplification), while a block
@@ -57,25 +65,10 @@ MAX_OPEN_FILES = 128  # descriptors one process keeps open at once (least recent
 # batch of B within 2 x readahead of each other is rare (~B^3 (2 x 32 / N)^2 / 6: 7 batches in a
 # thousand for ImageNet's 1.28 M and B = 256, each then asking for ~32 samples more).
 #
-# Asking again for pages already cached still costs the kernel a lookup per page (~2 ms a batch
-# of 256 ~50 KB samples with window 8, measured warm; ~0.5 ms with what follows), so each
-# process remembers the 1 MiB chunks it asked for in the last `_ADVISED_S` seconds (a window's
-# runs are read within a few batches) and asks only for the rest. The memory is short because
-# the page cache may drop those pages: a chunk read again an epoch later is asked for again.
+# What a process asked for lately is remembered, so as not to ask again: `extent_files.py`.
 _CLUSTER = 3
-_CHUNK = 1 << 20
-_ADVISED_S = 30.0
-_ADVISED_CHUNKS = 16384  # at most (16 GiB asked for within _ADVISED_S)
 
-_MAGIC = b"FLEXTNT2"
-# Shared layout: magic, then (count, files, files blob bytes, key blob bytes, target width (0:
-# class indices), target dtype code, gap, readahead, readahead bytes), then int64 offsets[n],
-# sizes[n], key_offsets[n + 1], file_offsets[files + 1], targets, int32 file_ids[n], the files
-# blob, the key blob, int64 file identities[files, 5] (all -1: not checked); every array at a
-# multiple of 8 bytes.
-_IDENTITY_FIELDS = 5
 _MAX_FILE_BYTES = 1 << 50  # a container file may be any size; only its samples are bounded
-_HEAD = struct.Struct("<8s9q")
 
 _fork_lock = threading.Lock()
 
@@ -86,38 +79,6 @@ def _new_lock_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_new_lock_in_child)
-
-
-class _Handles:
-    """One process's open descriptors, by file id, least recently used first."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.fds: dict[int, int] = {}
-        # (file id, chunk) -> when it was asked for, oldest first (NOTE [extent readahead])
-        self.advised: dict[tuple[int, int], float] = {}
-
-    def not_yet_advised(self, file_id: int, start: int, end: int) -> tuple[int, int] | None:
-        """The part of [start, end) of the file to ask for: from its first chunk not asked for
-        lately through its last; None when every chunk was. Records the chunks it touches (a
-        chunk asked for in part counts: the kernel's own readahead covers the rest)."""
-        now = time.monotonic()
-        advised = self.advised
-        while advised and (len(advised) > _ADVISED_CHUNKS or now - next(iter(advised.values())) > _ADVISED_S):
-            del advised[next(iter(advised))]  # the oldest
-        chunks = range(start // _CHUNK, (end - 1) // _CHUNK + 1)
-        todo = [c for c in chunks if (file_id, c) not in advised]
-        if not todo:
-            return None
-        for c in todo:
-            advised[(file_id, c)] = now
-        return max(start, todo[0] * _CHUNK), min(end, (todo[-1] + 1) * _CHUNK)
-
-    def close(self) -> None:
-        if self.pid == os.getpid():  # a forked child leaves its parent's alone
-            for fd in self.fds.values():
-                os.close(fd)
-        self.fds.clear()
 
 
 @dataclass(eq=False)
@@ -152,7 +113,7 @@ class ExtentIndex:
     # (NOTE [node cache]): its directory (None: the default) and limit in bytes (None: the default).
     cache_dir: str | None = None
     cache_limit: int | None = None
-    # A confined daemon's job opens its files beneath the daemon's roots (`_beneath`); else by path.
+    # A confined daemon's job opens its files beneath the daemon's roots (`_storage/beneath`); else by path.
     beneath: Beneath | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -173,11 +134,11 @@ class ExtentIndex:
             )
         self.classes, self.files = tuple(self.classes), tuple(self.files)
         ids = self.file_identities
-        if ids is not None and (ids.dtype != np.int64 or ids.shape != (len(self.files), _IDENTITY_FIELDS)):
+        if ids is not None and (ids.dtype != np.int64 or ids.shape != (len(self.files), IDENTITY_FIELDS)):
             got = f"{ids.dtype} {ids.shape}"
             raise ValueError(f"file_identities must be int64 ({len(self.files)}, 5), got {got}")
-        self._remote = tuple(remote_parts(f) for f in self.files)
-        paths = [r[0] if r is not None else f for f, r in zip(self.files, self._remote, strict=True)]
+        self._remote = tuple(RemoteFile.of(f) for f in self.files)
+        paths = [r.url if r is not None else f for f, r in zip(self.files, self._remote, strict=True)]
         self._basenames = tuple(os.path.basename(p) for p in paths)
         # Readahead needs storage order: each file's samples consecutive, at increasing offsets.
         # `_file_end[f]`: one past the last sample of file f.
@@ -185,7 +146,7 @@ class ExtentIndex:
         local = all(r is None for r in self._remote)  # the kernel reads ahead local files only
         if self.readahead > 0 and n and local and self._in_storage_order():
             self._file_end = np.searchsorted(self.file_ids, np.arange(len(self.files)), side="right")
-        self._handles = _Handles()
+        self._handles = Handles()
 
     def _in_storage_order(self) -> bool:
         ids, offsets = self.file_ids, self.offsets
@@ -202,7 +163,7 @@ class ExtentIndex:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
-        self._handles = _Handles()
+        self._handles = Handles()
 
     def __del__(self) -> None:
         handles = getattr(self, "_handles", None)
@@ -230,7 +191,7 @@ class ExtentIndex:
             with _fork_lock:
                 if self._handles.pid != os.getpid():
                     self._handles.close()
-                    self._handles = _Handles()
+                    self._handles = Handles()
             handles = self._handles
         fd = handles.fds.pop(file_id, None)
         if fd is None:
@@ -280,11 +241,11 @@ class ExtentIndex:
             return self._read_remote(remote, offset, offset + size)
         fd = self._open_checked(int(self.file_ids[i]))
         try:
-            data = _pread_all(fd, size, offset)
+            data = pread_all(fd, size, offset)
         finally:
             os.close(fd)
         if len(data) < size:
-            raise _short_read(self.files[int(self.file_ids[i])], offset, size, len(data))
+            raise short_read(self.files[int(self.file_ids[i])], offset, size, len(data))
         return bytes(data)
 
     def read(self, indices: np.ndarray, into: ReadBuffer | None = None) -> list[bytes | memoryview]:
@@ -316,7 +277,7 @@ class ExtentIndex:
                 data: bytes | memoryview = (
                     self._read_remote(remote, lo, hi)
                     if remote is not None
-                    else _pread_all(self._fd(file_id), hi - lo, lo, into)
+                    else pread_all(self._fd(file_id), hi - lo, lo, into)
                 )
             except SourceChanged as e:  # name a sample now past its end, if the file was cut
                 past = [p for p in group if ends_l[p] > e.size]
@@ -327,7 +288,7 @@ class ExtentIndex:
             for p in group:
                 if ends_l[p] - lo > len(data):
                     size, got = ends_l[p] - starts_l[p], len(data) + lo - starts_l[p]
-                    raise ReadFailure(p, _short_read(self.files[file_id], starts_l[p], size, got))
+                    raise ReadFailure(p, short_read(self.files[file_id], starts_l[p], size, got))
                 out[p] = view[starts_l[p] - lo : ends_l[p] - lo]
             k = j
         return out
@@ -340,23 +301,23 @@ class ExtentIndex:
     @property
     def remote_bytes(self) -> int:
         """The bytes of its remote containers (0 when all are local)."""
-        return sum(r[1] for r in self._remote if r is not None)
+        return sum(r.size for r in self._remote if r is not None)
 
     @property
     def remote_chunk_count(self) -> int:
         """The chunks its remote containers are cut into (NOTE [node cache])."""
-        return sum(-(-r[1] // r[3]) for r in self._remote if r is not None)
+        return sum(r.chunks for r in self._remote if r is not None)
 
-    def remote_chunks(self, indices: np.ndarray) -> list[tuple[tuple[str, int, str, int], int]]:
+    def remote_chunks(self, indices: np.ndarray) -> list[tuple[RemoteFile, int]]:
         """The chunks of remote containers (NOTE [node cache]) these samples lie in, in the order
-        of the samples' containers: ((url, size, version, chunk bytes), chunk number) each."""
+        of the samples' containers: (`RemoteFile`, chunk number) each."""
         idx = np.asarray(indices, dtype=np.int64)
-        found: list[tuple[tuple[str, int, str, int], int]] = []
+        found: list[tuple[RemoteFile, int]] = []
         for file_id in np.unique(self.file_ids[idx]).tolist():
             remote = self._remote[file_id]
             if remote is None:
                 continue
-            chunk_bytes = remote[3]
+            chunk_bytes = remote.chunk_bytes
             mine = idx[self.file_ids[idx] == file_id]
             starts, ends = self.offsets[mine], self.offsets[mine] + self.sizes[mine]
             chunks: set[int] = set()
@@ -367,13 +328,13 @@ class ExtentIndex:
         return found
 
     def node_cache(self) -> NodeCache:
-        """The node cache its remote containers are read through (`_node_cache.NodeCache`)."""
-        from fastload.sources._node_cache import node_cache
+        """The node cache its remote containers are read through (`node_cache.NodeCache`)."""
+        from fastload.sources._storage.node_cache import node_cache
 
         return node_cache(self.cache_dir, self.cache_limit)
 
-    def _read_remote(self, remote: tuple[str, int, str, int], start: int, end: int) -> bytes:
-        from fastload.sources._node_cache import node_cache
+    def _read_remote(self, remote: RemoteFile, start: int, end: int) -> bytes:
+        from fastload.sources._storage.node_cache import node_cache
 
         url, size, version, chunk_bytes = remote
         return node_cache(self.cache_dir, self.cache_limit).read(url, version, size, start, end, chunk_bytes)
@@ -403,21 +364,18 @@ class ExtentIndex:
 
     def to_segment(self) -> Segment:
         """Copy the index (file list included) into a new shared-memory segment."""
-        files_blob, file_offsets = pack_strings([f.encode("utf-8", "surrogateescape") for f in self.files])
-        n, nfiles = len(self), len(self.files)
-        width = int(self.labels.shape[1]) if self.labels.ndim == 2 else 0
-        dtype_code = TARGET_DTYPES.index(self.labels.dtype)
-        head: tuple[object, ...] = (_MAGIC, n, nfiles, len(files_blob), len(self.key_blob), width, dtype_code)
-        head += (self.gap, self.readahead, self.readahead_bytes)
-        size = _HEAD.size + sum(_align8(_nbytes(shape, dtype)) for shape, dtype in _layout(head))
-        segment = Segment.create(max(size, 8))
-        _HEAD.pack_into(segment.buf, 0, *head)
-        views = _shared_views(segment)
-        sources = (self.offsets, self.sizes, self.key_offsets, file_offsets, self.labels, self.file_ids)
-        ids = self.file_identities if self.file_identities is not None else np.full((nfiles, 5), -1, np.int64)
-        for view, source in zip(views, (*sources, files_blob, self.key_blob, ids), strict=True):
-            view[...] = source
-        return segment
+        shared = SharedExtents(
+            self.files,
+            self.file_ids,
+            self.offsets,
+            self.sizes,
+            self.key_blob,
+            self.key_offsets,
+            self.labels,
+            self.file_identities,
+            (self.gap, self.readahead, self.readahead_bytes),
+        )
+        return write_segment(shared)
 
     @classmethod
     def from_segment(cls, segment: Segment, root: str = "", beneath: Beneath | None = None) -> ExtentIndex:
@@ -425,115 +383,24 @@ class ExtentIndex:
         opening its files through `beneath` when given. It reads remote files through the
         attaching process's default node cache (a daemon's: NOTE [the daemon's cache] in
         `_daemon/sessions.py`); `cache_dir` and `cache_limit` do not travel."""
-        head = _HEAD.unpack_from(segment.buf, 0)
-        views = _shared_views(segment)
-        offsets, sizes, key_offsets, file_offsets, labels, file_ids, files_blob, key_blob, ids = views
-        raw = files_blob.tobytes()
-        bounds = file_offsets.tolist()
-        files = [raw[a:b].decode("utf-8", "surrogateescape") for a, b in itertools.pairwise(bounds)]
-        gap, readahead, readahead_bytes = head[7:]
+        shared = read_segment(segment)
+        gap, readahead, readahead_bytes = shared.tuning
         return cls(
             root,
             (),
-            tuple(files),
-            file_ids,
-            offsets,
-            sizes,
-            key_blob,
-            key_offsets,
-            labels,
+            shared.files,
+            shared.file_ids,
+            shared.offsets,
+            shared.sizes,
+            shared.key_blob,
+            shared.key_offsets,
+            shared.labels,
             gap=gap,
             readahead=readahead,
             readahead_bytes=readahead_bytes,
-            file_identities=ids,
+            file_identities=shared.file_identities,
             beneath=beneath,
         )
-
-
-def remote_file(url: str, size: int, version: str, chunk_bytes: int) -> str:
-    """An entry of `ExtentIndex.files` for an object at `url` (one version of it), read in chunks
-    of `chunk_bytes` through the node cache."""
-    return "\0".join((url, str(size), version.replace("\0", ""), str(chunk_bytes)))
-
-
-def remote_parts(entry: str) -> tuple[str, int, str, int] | None:
-    """(url, size, version, chunk bytes) of a `remote_file` entry; None for a local path."""
-    if "\0" not in entry:
-        return None
-    url, size, version, chunk = entry.split("\0")
-    return url, int(size), version, int(chunk)
-
-
-def _align8(n: int) -> int:
-    return (n + 7) // 8 * 8
-
-
-def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
-    return int(np.prod(shape)) * dtype.itemsize
-
-
-def _layout(head: tuple[object, ...]) -> list[tuple[tuple[int, ...], np.dtype]]:
-    """(shape, dtype) of each array a segment with header `head` holds, in order."""
-    _, n, nfiles, files_len, keys_len, width, dtype_code = head[:7]
-    assert isinstance(n, int) and isinstance(nfiles, int) and isinstance(width, int)
-    assert isinstance(files_len, int) and isinstance(keys_len, int) and isinstance(dtype_code, int)
-    i64, i32, u8 = np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.uint8)
-    target_shape = (n, width) if width else (n,)
-    return [
-        ((n,), i64),
-        ((n,), i64),
-        ((n + 1,), i64),
-        ((nfiles + 1,), i64),
-        (target_shape, TARGET_DTYPES[dtype_code]),
-        ((n,), i32),
-        ((files_len,), u8),
-        ((keys_len,), u8),
-        ((nfiles, _IDENTITY_FIELDS), i64),
-    ]
-
-
-def _shared_views(segment: Segment) -> list[np.ndarray]:
-    head = _HEAD.unpack_from(segment.buf, 0)
-    if head[0] != _MAGIC:
-        raise ValueError(f"segment {segment.name} does not hold an ExtentIndex")
-    views, at = [], _HEAD.size
-    for shape, dtype in _layout(head):
-        views.append(np.ndarray(shape, dtype, buffer=segment.buf, offset=at))
-        at += _align8(_nbytes(shape, dtype))
-    return views
-
-
-def _pread_all(fd: int, length: int, offset: int, into: ReadBuffer | None = None) -> bytes | memoryview:
-    """`length` bytes at `offset` (in `into`'s memory when given), fewer only at the end of the file."""
-    if into is not None:
-        view = into.take(length)
-        got = 0
-        while got < length:
-            n = os.preadv(fd, [view[got:]], offset + got)
-            if n == 0:
-                break
-            got += n
-        return view[:got]
-    data = os.pread(fd, length, offset)
-    if len(data) == length or not data:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < length:
-        more = os.pread(fd, length - got, offset + got)
-        if not more:
-            break
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
-
-
-def _short_read(path: str, offset: int, size: int, got: int) -> OSError:
-    return OSError(
-        errno.EIO,
-        f"{path} ends before the sample's {size} bytes at offset {offset} (read {max(got, 0)}): "
-        "the file is truncated or changed since it was indexed",
-    )
 
 
 SHARED_INDEX_TYPES["extents"] = ExtentIndex  # a daemon's workers attach it (`ImageJob.from_config`)

@@ -1,8 +1,8 @@
-"""One attempt of a request to a store, as `_remote` makes it: a ranged GET that returns only
+"""One attempt of a request to a store, as `_storage/remote.py` makes it: a ranged GET that returns only
 bytes of the version indexed, and HTTP's HEAD. Coroutines, run on the filesystem's event loop
-(`_remote` bounds each with the request's deadline).
+(`_storage/remote.py` bounds each with the request's deadline).
 
-NOTE [conditional reads]: an object is indexed at one version (its ETag: `_remote.size_of`), and
+NOTE [conditional reads]: an object is indexed at one version (its ETag: `remote.size_of`), and
 its chunks are cached under it (NOTE [node cache]). Every GET of its bytes names that version:
 S3's `IfMatch` (a 412 if the object was rewritten since), HTTP's `If-Match` (for a strong ETag;
 a weak one cannot be matched so), and the answer's own ETag (or Last-Modified, for an HTTP
@@ -36,7 +36,7 @@ class Refused(OSError):
 
 
 def is_etag(version: str) -> bool:
-    """Whether a version (`_remote.size_of`'s) is an entity tag (`"..."` or `W/"..."`) rather
+    """Whether a version (`remote.size_of`'s) is an entity tag (`"..."` or `W/"..."`) rather
     than a modification time."""
     return version.startswith(('"', 'W/"')) and version.endswith('"')
 
@@ -140,7 +140,7 @@ def _raise_for_status(url: str, response: Any) -> None:
         raise FileNotFoundError(url)
     if response.status in (401, 403):
         raise PermissionError(url)
-    response.raise_for_status()  # other 4xx: refused at once (`_remote._refused`); 5xx: retried
+    response.raise_for_status()  # other 4xx: refused at once (`remote._refused`); 5xx: retried
 
 
 async def _body(response: Any, length: int) -> bytes:

@@ -54,7 +54,7 @@ def files_reached(path: str) -> Iterator[Candidate]:
     """The HDF5 file at `path` (as `its file`), then every file it may make HDF5 open,
     recursively (see the module docstring). DatasetError when it reaches more than MAX_FILES
     HDF5 files, or names its sources with a printf pattern (which files it reads is unbounded)."""
-    from fastload.sources._hdf5_files import _h5py
+    from fastload.sources._formats.hdf5_files import _h5py
 
     h5py = _h5py()
     start = os.path.abspath(path)

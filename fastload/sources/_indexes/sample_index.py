@@ -14,15 +14,17 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from fastload._shm import Segment
-from fastload.sources._bounds import MAX_SAMPLE_BYTES, open_regular, read_bounded
+from fastload.sources._storage.bounds import MAX_SAMPLE_BYTES, open_regular, read_bounded
 
 if TYPE_CHECKING:
-    from fastload.sources._beneath import Beneath
+    from fastload.sources._storage.beneath import Beneath
+    from fastload.sources._storage.node_cache import NodeCache
+    from fastload.sources._storage.remote_file import RemoteFile
 
 # Targets are int64 class indices (N,) or float32 rows (N, K) (multi-label, multi-hot): one of two
 # dtypes, named in the shared header by a code.
@@ -123,6 +125,45 @@ class SampleIndex(IndexBase, Protocol):
         ...
 
 
+@runtime_checkable
+class RemoteCapable(Protocol):
+    """An index that may read samples from object storage, through the node cache (NOTE [node
+    cache]): what the read-ahead of remote chunks (`_loading/order/read_ahead.py`) and the check of a
+    full shuffle over remote data (`_loading/settings/sanity.py`) use, and all they use. An index
+    declares it by implementing every member (`ExtentIndex` does); `remote_reads` is how the
+    loader asks."""
+
+    @property
+    def remote(self) -> bool:
+        """Whether any of its samples lies in object storage."""
+        ...
+
+    @property
+    def remote_bytes(self) -> int:
+        """The bytes of its remote objects (0 when all are local)."""
+        ...
+
+    @property
+    def remote_chunk_count(self) -> int:
+        """The chunks its remote objects are cut into."""
+        ...
+
+    def remote_chunks(self, indices: np.ndarray) -> list[tuple[RemoteFile, int]]:
+        """The chunks these samples lie in: (the object, chunk number) each, in the order of the
+        samples' objects."""
+        ...
+
+    def node_cache(self) -> NodeCache:
+        """The node cache its remote objects are read through."""
+        ...
+
+
+def remote_reads(index: object) -> RemoteCapable | None:
+    """`index` as a `RemoteCapable` when it declares it and some of its samples are remote; None
+    otherwise (a local index, or one that cannot be remote)."""
+    return index if isinstance(index, RemoteCapable) and index.remote else None
+
+
 def pack_strings(strings: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 blob, int64 offsets of len + 1) holding `strings` end to end: how every index keeps
     names and paths (one blob, never a Python list per sample). The blob is a read-only view of
@@ -183,7 +224,7 @@ class PathIndex:
     path_blob: np.ndarray  # uint8: every path, UTF-8, concatenated
     path_offsets: np.ndarray  # int64, len(self) + 1
     labels: np.ndarray  # int64 (N,) or float32 (N, K)
-    # A confined daemon's job opens its files beneath the daemon's roots (`_beneath`); else by path.
+    # A confined daemon's job opens its files beneath the daemon's roots (`_storage/beneath`); else by path.
     beneath: Beneath | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:

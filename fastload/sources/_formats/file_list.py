@@ -5,6 +5,16 @@
 or the other for the whole file), or with `multi_label` several per line, giving float32
 multi-hot targets. The label type and shape are declared once, by the source, never per sample.
 A flat folder with a label file is a `FileList` whose `root` is that folder.
+
+A file list at a URL (`FileList("s3://bucket/lists/train.csv")`) opens as an index of remote
+objects: its images are objects named by the list, relative to `root` (default: the list's own
+prefix) or as full URLs. Each one is a container of one sample, read whole through the node cache
+(NOTE [node cache]: one chunk the object's size, one download per node), so the index is an
+`ExtentIndex` of `remote_file` entries and everything a remote pack has (read-ahead, the cache's
+limit, the daemon's roots, iostat's network columns) holds for it. Sizes and versions come from
+one listing of the root prefix (a request per thousand objects on S3), and a HEAD request only
+for an object outside it (or for http(s)://, which cannot be listed), `remote.HEAD_REQUESTS` at a
+time; the reads themselves are storage's (`_storage/remote.py`, `_storage/node_cache.py`).
 """
 
 from __future__ import annotations
@@ -20,18 +30,21 @@ import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources._base import Naming, OpenBounds, Source
-from fastload.sources._bounds import (
+from fastload.sources._formats.folder import scan_image_folder
+from fastload.sources._formats.list_rows import ListRows, delimiter_name, describe, read_rows
+from fastload.sources._indexes.extents import ExtentIndex
+from fastload.sources._indexes.sample_index import PathIndex, pack_strings
+from fastload.sources._storage import remote
+from fastload.sources._storage.bounds import (
+    MAX_LIST_BYTES,
     MAX_TARGET_BYTES,
     clip,
     is_int_text,
     parse_label,
     quoted,
 )
-from fastload.sources._extents import ExtentIndex
-from fastload.sources._folder import scan_image_folder
-from fastload.sources._index import PathIndex
-from fastload.sources._list_rows import ListRows, delimiter_name, describe, read_rows
-from fastload.sources._remote import is_url
+from fastload.sources._storage.remote import is_url
+from fastload.sources._storage.remote_file import remote_file
 
 _MULTI_SEPARATORS = re.compile(r"[\s;|]+")
 LIST_SUFFIXES = (".csv", ".tsv", ".txt")
@@ -75,7 +88,7 @@ class FileList(
     - `header`: None (auto) skips a first line that is clearly column names: its path column
       reads like one ("path", "img_path", "filename", "image", ...), or its label is not an
       integer while every other line's are and it names no file (`img_path,class_id`). True
-      always skips the first line, False never does (`_list_rows.py`).
+      always skips the first line, False never does (`_formats/list_rows.py`).
     - `root`: the folder image paths are relative to (default: the list file's folder); absolute
       paths are kept. A flat folder of images with a label file is `FileList(labels, root=folder)`.
     - labels: all integers (class indices, used as they are) or all class names (indexed in
@@ -86,7 +99,7 @@ class FileList(
       `MAX_TARGET_BYTES` (NOTE [source bounds]).
     - At a URL (`s3://bucket/lists/train.csv`): its images are objects under `root` (default:
       the list's prefix; a URL prefix) or full URLs, each read whole through the node cache
-      (`cache_dir`, `cache_limit` as for a remote pack; `_remote_list.py`).
+      (`cache_dir`, `cache_limit` as for a remote pack; see the module docstring).
 
     The list must be a regular file of at most `MAX_LIST_BYTES`; integer labels are ASCII
     decimal, in [0, 2^63).
@@ -126,10 +139,8 @@ class FileList(
 
     def open(self) -> PathIndex | ExtentIndex:
         list_path = self.where
-        if is_url(list_path):  # its images are objects (`_remote_list.py`)
-            from fastload.sources._remote_list import open_remote_list
-
-            return open_remote_list(self)
+        if is_url(list_path):  # its images are objects (see the module docstring)
+            return _open_at_url(self)
         root = os.path.abspath(self.root) if self.root is not None else os.path.dirname(list_path)
         try:
             read = read_rows(list_path, root, self.delimiter, self.header)
@@ -241,3 +252,75 @@ def _missing_first_image(
             "header= (--header), the separator with delimiter= (--delimiter)"
         )
     return f"{clip(first)}, the first image {clip(list_path)} names, does not exist ({parsed}): {advice}"
+
+
+def _open_at_url(source: FileList) -> ExtentIndex:
+    """The index of the objects a list at a URL names (see the module docstring)."""
+    url = source.where
+    root = source.root if source.root is not None else url.rsplit("/", 1)[0]
+    if not remote.is_url(root):
+        raise ConfigError(
+            f"the file list {url} is at a URL, so its images are objects: root must be a URL prefix "
+            f"(s3://bucket/images), got {clip(root)}"
+        )
+    try:
+        data = remote.read_whole(url, MAX_LIST_BYTES)
+        objects = remote.listing(root)
+    except OSError as e:
+        raise DatasetError(f"cannot read file list {clip(str(e))}") from None
+
+    def object_url(path: str) -> str:
+        return path if remote.is_url(path) else remote.join(root, path.lstrip("/"))
+
+    try:
+        listed = lambda path: object_url(path) in objects  # noqa: E731
+        read = read_rows(url, root, source.delimiter, source.header, data=data, names_file=listed)
+    except csv.Error as e:
+        raise DatasetError(f"file list {url} is not valid CSV: {clip(str(e))}") from e
+    rows = read.rows
+    if not rows:
+        raise DatasetError(f"file list {url} lists no images (expected `path,label` lines)")
+    urls = [object_url(path) for _, path, _ in rows]
+    _size_the_rest(url, rows, urls, objects)
+    classes, labels = source._targets(url, rows)
+    unique = list(dict.fromkeys(urls))
+    number = {u: k for k, u in enumerate(unique)}
+    sizes = np.array([objects[u][0] for u in urls], np.int64)
+    keys, key_offsets = pack_strings([path.encode("utf-8", "surrogateescape") for _, path, _ in rows])
+    files = tuple(remote_file(u, objects[u][0], objects[u][1], max(objects[u][0], 1)) for u in unique)
+    return ExtentIndex(
+        url,
+        classes,
+        files,
+        np.array([number[u] for u in urls], np.int32),
+        np.zeros(len(urls), np.int64),
+        sizes,
+        keys,
+        key_offsets,
+        labels,
+        file_identities=np.array([(-1, -1, objects[u][0], -1, -1) for u in unique], np.int64).reshape(-1, 5),
+        cache_dir=source.cache_dir,
+        cache_limit=source.size("cache_limit"),
+    )
+
+
+def _size_the_rest(
+    list_url: str,
+    rows: list[tuple[int, str, list[str]]],
+    urls: list[str],
+    objects: dict[str, tuple[int, str]],
+) -> None:
+    """Size (HEAD) the objects the root's listing did not hold; DatasetError naming the first
+    line whose image does not exist."""
+    rest = [u for u in dict.fromkeys(urls) if u not in objects]
+    if not rest:
+        return
+    found = remote.sizes_of(rest)
+    for (line, path, _), u in zip(rows, urls, strict=True):
+        outcome = found.get(u)
+        if isinstance(outcome, OSError):
+            raise DatasetError(
+                f"{list_url} line {line}: image {clip(path)} cannot be read ({clip(str(outcome))}); paths "
+                "are relative to the list's prefix unless root= names another"
+            )
+    objects.update({u: v for u, v in found.items() if not isinstance(v, OSError)})

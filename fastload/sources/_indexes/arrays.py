@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from fastload.sources._index import IndexBase, ReadFailure
+from fastload.sources._indexes.sample_index import IndexBase, ReadFailure
 
 # At most this many bytes of rows are gathered into one temporary array (rows[offsets] copies):
 # a batch of large rows (decoded images) is gathered in pieces, each then copied into the slot.

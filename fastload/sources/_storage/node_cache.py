@@ -4,7 +4,7 @@ download per node, each verified before use, least recently used evicted past `c
 NOTE [node cache]: an object (one version of it: its URL with its ETag) is cut into chunks of
 `CHUNK_BYTES` (the last one shorter; a tar shard is one chunk, read whole). A read of a byte
 range takes the chunks it covers: a chunk in the cache is read with `pread` from its file and
-checked against the digests written with it (NOTE [chunk verification] in `_chunk_file.py`; a
+checked against the digests written with it (NOTE [chunk verification] in `_storage/chunk_file.py`; a
 damaged chunk is dropped and fetched again); a missing one is downloaded (the missing chunks of
 one read concurrently) by the process that *claims* it first, `O_CREAT|O_EXCL` on `CHUNK.claim`
 holding its pid: the data goes to a temporary file renamed into place, so no process ever reads
@@ -38,9 +38,10 @@ from typing import BinaryIO
 from fastload._errors import DatasetError
 from fastload._machine import pid_alive
 from fastload._sizes import parse_size
-from fastload.sources import _chunk_file, _remote
-from fastload.sources._private_dir import open_private_dir
-from fastload.sources._scan_cache import cache_root
+from fastload.sources._storage import chunk_file as _chunk_file
+from fastload.sources._storage import remote as _remote
+from fastload.sources._storage.private_dir import open_private_dir
+from fastload.sources._storage.scan_cache import cache_root
 
 CHUNK_BYTES = 8 << 20
 MAX_REQUESTS = 16  # chunk downloads one process runs at once

@@ -1,20 +1,12 @@
-"""Writing a pack (the format: `_pack_format.py`): `pack` copies any source's encoded samples, in the
-source's order or one shuffled once, checked and re-encoded when `max_side` asks (`_reencode.py`,
-or Ray tasks: `_ray_pack.py`), into aligned data files, then writes the index and the manifest
-(`_pack_manifest.py`).
+"""Writing a pack (the format: `_formats/pack_format.py`): `pack` copies any source's encoded
+samples, in the source's order or one shuffled once, checked and re-encoded when `max_side` asks
+(`reencode.py`, or Ray tasks: `ray_pack.py`), into aligned data files, then writes the index and
+the manifest (`manifest.py`).
 
-`pack` is resumable: every few thousand samples it fsyncs the data and then a checkpoint (the
-sizes of the samples written so far, -1 for one left out, `pack-checkpoint.npy`, after why they
-were left out, `pack-skipped.json`), and the same command run again after a kill truncates what
-came after the checkpoint and goes on, when the source's index is still the one it started from
-(`source_fingerprint` in the manifest: names, targets, extents); an error from the source's side
-(a sample unreadable or broken, a Ray task failed) checkpoints first. The layout depends only on
-the samples' sizes, and re-encoding is deterministic, so the result is byte-identical to an
-uninterrupted run (a pack is finished only with the `max_side`, `quality` and `exclude` it was
-started with).
+`pack` is resumable (NOTE [pack checkpoints] in `data_files.py`).
 
 NOTE [broken bytes]: a pack never stores a sample that is not a whole image as if it were good.
-Every sample stored as the source's bytes is checked without decoding (`_image_bytes`: empty, no
+Every sample stored as the source's bytes is checked without decoding (`image_bytes.py`: empty, no
 image's magic, a JPEG without its end marker, ...); one re-encoded is decoded anyway. Such a
 sample (or one that cannot be read) stops the run with `on_error="raise"` (the default, as
 FastLoader's), naming it and how to go on, with what was packed checkpointed; `on_error="skip"`
@@ -30,9 +22,6 @@ beside two CPU burners (64 JPEGs of 47 KB): about 5 µs on an idle core.
 
 from __future__ import annotations
 
-import array
-import contextlib
-import json
 import os
 import shutil
 import sys
@@ -46,28 +35,27 @@ from fastload._bad_samples import ON_ERROR
 from fastload._errors import ConfigError, DatasetError, FastloadError
 from fastload._exclusion import ExcludeArg, kept_indices
 from fastload._sizes import parse_size
-from fastload.sources._arrays import ArrayIndex
 from fastload.sources._base import Source, as_source
-from fastload.sources._index import SampleIndex, pack_strings
-from fastload.sources._pack_format import ALIGN, INDEX_FILES, MANIFEST, data_file_name, read_manifest
-from fastload.sources._pack_manifest import check_same, new_manifest
-from fastload.sources._pack_progress import Progress
-from fastload.sources._pack_upload import staging_for, upload_staged
-from fastload.sources._packed import Packed
-from fastload.sources._reencode import (
+from fastload.sources._formats.pack_format import ALIGN, INDEX_FILES, MANIFEST, data_file_name, read_manifest
+from fastload.sources._formats.packed import Packed
+from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.sample_index import SampleIndex, pack_strings
+from fastload.sources._packing import data_files
+from fastload.sources._packing.data_files import DataFiles, drop_checkpoint, load_checkpoint
+from fastload.sources._packing.manifest import check_same, new_manifest
+from fastload.sources._packing.progress import Progress
+from fastload.sources._packing.reencode import (
     DEFAULT_QUALITY,
-    Blob,
     Made,
     Reencoding,
     Skipped,
     check_encoders,
     made_batches,
 )
-from fastload.sources._remote import is_url
+from fastload.sources._packing.upload import staging_for, upload_staged
+from fastload.sources._storage.remote import is_url
 
 _PACK_ORDER_STREAM = 0x9AC  # the stream of `pack(shuffle_seed=...)`'s order
-CHECKPOINT = "pack-checkpoint.npy"
-SKIPPED = "pack-skipped.json"
 STAGING = "ray-staging"
 DEFAULT_SHARD_BYTES = 1 << 30
 # Samples read from the source at a time, and written between two checkpoints (or bytes, whichever
@@ -99,10 +87,10 @@ def pack(
     the samples in an order shuffled once from this seed instead of the source's (a folder's is
     sorted by class), so that a block shuffle's runs hold mixed labels and it mixes batches as a
     full shuffle does (docs/BENCHMARKS.md); names keep saying where each sample came from.
-    `max_side`: re-encode images whose longer side exceeds it, resized to it (`_reencode.py`),
+    `max_side`: re-encode images whose longer side exceeds it, resized to it (`_packing/reencode.py`),
     as JPEG at `quality` (default 90); smaller ones are stored as they are. `workers`: processes
     that re-encode (default: the CPUs this process may use); the pack's bytes do not depend on it.
-    `ray`: read (and re-encode) the samples in Ray tasks (`_ray_pack.py`, `pip install
+    `ray`: read (and re-encode) the samples in Ray tasks (`_packing/ray_pack.py`, `pip install
     'fastload[ray]'`): True for a local Ray of `workers` CPUs (or the cluster `RAY_ADDRESS` names,
     or the one this process is connected to), or a cluster's address; the same bytes again.
     `exclude`: samples to leave out, as `FastLoader(exclude=...)` takes them (the path of the
@@ -111,15 +99,15 @@ def pack(
     DatasetError naming it; the samples packed so far are kept) or "skip" (left out, listed in
     the manifest's `skipped`, and reported at the end).
     A `dst` at a URL (`s3://bucket/prefix`) is packed in a local staging directory first (resumed
-    there when run again), then uploaded, its manifest last (`_pack_upload.py`)."""
+    there when run again), then uploaded, its manifest last (`_packing/upload.py`)."""
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error={on_error!r}: it takes 'raise' (the default) or 'skip'")
     shard_bytes = parse_size(shard_bytes, "shard_bytes (--shard-size)", minimum=ALIGN)
     if ray is not False:
-        from fastload.sources._ray_pack import import_ray
+        from fastload.sources._packing.ray_pack import import_ray
 
         import_ray()  # before any work: what to install
-    if is_url(os.fspath(dst)):  # packed on local disk next to the cache, then uploaded (`_pack_upload`)
+    if is_url(os.fspath(dst)):  # packed on local disk next to the cache, then uploaded (`_packing/upload.py`)
         url = os.fspath(dst)
         staging = staging_for(url)
         options: dict[str, Any] = {"shuffle_seed": shuffle_seed, "max_side": max_side, "quality": quality}
@@ -173,11 +161,11 @@ def pack(
         )
     else:
         _create(root, wanted)
-    writer = _Writer(root, shard_bytes, *_load_checkpoint(root))
+    writer = DataFiles(root, shard_bytes, *load_checkpoint(root))
     start = len(writer.sizes)
     skip = on_error == "skip"
     if ray is not False:
-        from fastload.sources._ray_pack import ray_batches
+        from fastload.sources._packing.ray_pack import ray_batches
 
         address = None if ray is True else ray
         staging = os.path.join(root, STAGING)
@@ -201,7 +189,7 @@ def _create(root: str, manifest: dict[str, Any]) -> None:
     place cannot be written (before any sample is read)."""
     try:
         os.makedirs(root, exist_ok=True)
-        _write_json(os.path.join(root, MANIFEST), manifest)
+        data_files.write_json(os.path.join(root, MANIFEST), manifest)
     except OSError as e:
         raise DatasetError(
             f"cannot write the pack at {root} ({e.strerror or e}): pack into a directory you can write"
@@ -240,117 +228,9 @@ def _worker_count(workers: int | None) -> int:
     return workers if workers is not None else len(os.sched_getaffinity(0))
 
 
-class _Writer:
-    """Appends samples to the data files at aligned offsets; knows each one's place, and which
-    positions of the pack's order were left out (`skip`)."""
-
-    def __init__(self, root: str, shard_bytes: int, done: np.ndarray, reasons: dict[int, str]) -> None:
-        self.root = root
-        self.shard_bytes = shard_bytes
-        self.sizes = array.array("q")  # per position of the order: bytes written, -1 if left out
-        self.skipped: dict[int, str] = {}  # position -> why it was left out
-        self.lengths = array.array("q")  # per sample written: its size, offset and data file
-        self.offsets = array.array("q")
-        self.file_ids = array.array("i")
-        self.file = 0
-        self.length = 0  # of the current data file
-        for position, size in enumerate(done.tolist()):  # replay the checkpoint's layout (sizes alone)
-            if size < 0:
-                self.sizes.append(-1)
-                self.skipped[position] = reasons.get(position, "left out by on_error='skip'")
-            else:
-                self._place(size)
-        self._truncate()
-        self.unsynced = 0  # samples written since the last checkpoint
-        self.unsynced_bytes = 0
-        self.saved_skips = len(self.skipped)  # those `pack-skipped.json` holds
-        path = os.path.join(root, data_file_name(self.file))
-        self.out = open(path, "r+b" if os.path.exists(path) else "wb")  # noqa: SIM115  # closed by finish
-        self.out.seek(self.length)
-
-    def _place(self, size: int) -> int:
-        """Record a sample of `size` bytes; return its padding (the zeros before it)."""
-        start = -(-self.length // ALIGN) * ALIGN
-        if self.length > 0 and start + size > self.shard_bytes:
-            self.file, self.length, start = self.file + 1, 0, 0
-        padding = start - self.length
-        self.sizes.append(size)
-        self.lengths.append(size)
-        self.offsets.append(start)
-        self.file_ids.append(self.file)
-        self.length = start + size
-        return padding
-
-    def _truncate(self) -> None:
-        """Cut what came after the checkpoint: the current file's tail, and any later file."""
-        for name in os.listdir(self.root):
-            if name.startswith("data-") and name.endswith(".bin") and name > data_file_name(self.file):
-                os.unlink(os.path.join(self.root, name))
-        expected = [0] * (self.file + 1)
-        for file_id, offset, size in zip(self.file_ids, self.offsets, self.lengths, strict=True):
-            expected[file_id] = offset + size
-        for number, length in enumerate(expected):
-            path = os.path.join(self.root, data_file_name(number))
-            have = os.path.getsize(path) if os.path.exists(path) else 0
-            if have < length:
-                raise DatasetError(
-                    f"{path} is shorter ({have} bytes) than the checkpoint says ({length}): the pack is "
-                    f"damaged; remove {self.root} and pack again"
-                )
-            if number == self.file and have > length:
-                os.truncate(path, length)
-
-    def write(self, blob: Blob) -> None:
-        file = self.file
-        padding = self._place(len(blob))
-        if self.file != file:
-            self._sync()
-            self.out.close()
-            self.out = open(os.path.join(self.root, data_file_name(self.file)), "wb")  # noqa: SIM115
-        elif padding:
-            self.out.write(bytes(padding))
-        self.out.write(blob)
-        self.unsynced += 1
-        self.unsynced_bytes += len(blob) + padding
-
-    def skip(self, reason: str) -> None:
-        """Leave the next position of the order out, for `reason`."""
-        self.skipped[len(self.sizes)] = reason
-        self.sizes.append(-1)
-        self.unsynced += 1
-
-    def _sync(self) -> None:
-        self.out.flush()
-        os.fsync(self.out.fileno())
-
-    def checkpoint(self) -> None:
-        """Make what was written durable, and why samples were left out, then record it."""
-        self._sync()
-        if len(self.skipped) != self.saved_skips:
-            _write_json(os.path.join(self.root, SKIPPED), {str(k): v for k, v in self.skipped.items()})
-            self.saved_skips = len(self.skipped)
-        _save_durably(os.path.join(self.root, CHECKPOINT), np.frombuffer(self.sizes, np.int64))
-        self.unsynced = self.unsynced_bytes = 0
-
-    def close(self) -> None:
-        self._sync()
-        self.out.close()
-
-
-def _load_checkpoint(root: str) -> tuple[np.ndarray, dict[int, str]]:
-    """The checkpoint's sizes, and why the samples it says were left out were (by position)."""
-    try:
-        sizes = np.asarray(np.load(os.path.join(root, CHECKPOINT)), np.int64)
-        with contextlib.suppress(FileNotFoundError), open(os.path.join(root, SKIPPED), encoding="utf-8") as f:
-            return sizes, {int(k): str(v) for k, v in json.load(f).items()}
-        return sizes, {}
-    except FileNotFoundError:
-        return np.empty(0, np.int64), {}
-    except (OSError, ValueError, AttributeError) as e:
-        raise DatasetError(f"cannot read {root}'s checkpoint ({e}): remove {root} and pack again") from e
-
-
-def _copy(batches: Iterator[Sequence[Made]], total: int, writer: _Writer, progress: Progress | None) -> None:
+def _copy(
+    batches: Iterator[Sequence[Made]], total: int, writer: DataFiles, progress: Progress | None
+) -> None:
     """Write `batches` (the samples from the writer's position on, in order), checkpointing as it
     goes, until all `total` samples are written or left out."""
     done = len(writer.sizes)
@@ -377,7 +257,7 @@ def _copy(batches: Iterator[Sequence[Made]], total: int, writer: _Writer, progre
 
 
 def _checkpointed_on_error(
-    batches: Iterator[Sequence[Made]], writer: _Writer
+    batches: Iterator[Sequence[Made]], writer: DataFiles
 ) -> Generator[Sequence[Made], None, None]:
     """`batches`; when one cannot be made (a sample unreadable, a Ray task failed), what the writer
     holds is whole samples: checkpointed, so that the same command run again goes on after them."""
@@ -389,7 +269,7 @@ def _checkpointed_on_error(
 
 
 def _finish(
-    root: str, index: SampleIndex, order: np.ndarray, src: Source, writer: _Writer, manifest: dict[str, Any]
+    root: str, index: SampleIndex, order: np.ndarray, src: Source, writer: DataFiles, manifest: dict[str, Any]
 ) -> None:
     """Write the index (in the pack's `order` of the source's samples, less those left out), then
     the manifest marked complete, then drop the checkpoint."""
@@ -404,19 +284,17 @@ def _finish(
         "name_offsets": name_offsets,
     }
     for name in INDEX_FILES:
-        _save_durably(os.path.join(root, f"{name}.npy"), arrays[name])
+        data_files.save_durably(os.path.join(root, f"{name}.npy"), arrays[name])
     files = [data_file_name(k) for k in range(writer.file + 1)]
     skipped = [[index.name(int(order[k])), why] for k, why in sorted(writer.skipped.items())]
     done = {**manifest, "complete": True, "files": files, "count": len(held), "skipped": skipped}
-    _write_json(os.path.join(root, MANIFEST), done)
+    data_files.write_json(os.path.join(root, MANIFEST), done)
     _drop_leftovers(root)
 
 
 def _drop_leftovers(root: str) -> None:
     """Remove what only an unfinished pack needs: the checkpoint and `pack(ray=...)`'s staging."""
-    for name in (CHECKPOINT, SKIPPED):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(root, name))
+    drop_checkpoint(root)
     shutil.rmtree(os.path.join(root, STAGING), ignore_errors=True)
 
 
@@ -431,33 +309,3 @@ def _names(index: SampleIndex, order: np.ndarray, src: Source) -> list[bytes]:
             (name[len(prefix) :] if name.startswith(prefix) else name).encode("utf-8", "surrogateescape")
         )
     return names
-
-
-def _save_durably(path: str, values: np.ndarray) -> None:
-    """np.save to `path` through a temporary file, synced, then renamed over it."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        np.save(f, values, allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _sync_dir(os.path.dirname(path))
-
-
-def _write_json(path: str, value: dict[str, Any]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _sync_dir(os.path.dirname(path))
-
-
-def _sync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -15,7 +15,7 @@ NOTE [remote retries]: a request that fails with anything but "not found" or "de
 throttle, a reset connection, a read stalled past `REQUEST_TIMEOUT_S`) is retried until
 `REQUEST_DEADLINE_S` after its first attempt; then the read fails naming the URL. 404 and 403 fail
 at once, and so do a changed object (`SourceChanged`: NOTE [conditional reads] in
-`_remote_wire`) and a redirect to another host (NOTE [same-origin redirects]).
+`_storage/wire.py`) and a redirect to another host (NOTE [same-origin redirects]).
 NOTE [request deadline]: the same deadline bounds every attempt as a whole, its answer's body
 included (each attempt runs under `asyncio.wait_for` with the time left), not only the gaps
 between attempts: a store that drips its answer a byte at a time never trips `REQUEST_TIMEOUT_S`
@@ -44,16 +44,18 @@ import random
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastload._errors import DatasetError
-from fastload.sources import _remote_wire as wire
+from fastload.sources._storage import wire
 
 SCHEMES = ("s3://", "gs://", "gcs://", "http://", "https://")
 REQUEST_TIMEOUT_S = 30.0  # a stalled read fails after this, and is retried
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_DEADLINE_S = 120.0  # a read, its retries and every byte of its answers (NOTE [request deadline])
+HEAD_REQUESTS = 16  # objects `sizes_of` sizes at once
 _FIRST_PROBE_GAP_S = 0.1
 _MAX_PROBE_GAP_S = 0.5
 _PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "http": "aiohttp", "https": "aiohttp"}
@@ -178,7 +180,7 @@ def _make_filesystem(protocol: str, url: str) -> Any:
 
             timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S, sock_read=REQUEST_TIMEOUT_S)
             options["client_kwargs"] = {"timeout": timeout}
-            options["allow_redirects"] = False  # ours follow them within the host only (`_remote_wire`)
+            options["allow_redirects"] = False  # ours follow them within the host only (`_storage/wire.py`)
         return fsspec.filesystem(protocol, **options)
     except ImportError as e:
         package = _PACKAGES.get(protocol, "fsspec")
@@ -271,6 +273,20 @@ def size_of(url: str) -> tuple[int, str]:
     if info.get("type") == "directory":
         raise DatasetError(f"{url} is a prefix (a directory), not an object")
     return int(info["size"]), _version(info)
+
+
+def sizes_of(urls: Iterable[str]) -> dict[str, tuple[int, str] | OSError]:
+    """`size_of` each URL, HEAD_REQUESTS at a time: URL -> (size, version), or the OSError sizing
+    it raised (the caller names what it was: a file list, its line)."""
+
+    def one(url: str) -> tuple[str, tuple[int, str] | OSError]:
+        try:
+            return url, size_of(url)
+        except OSError as e:
+            return url, e
+
+    with ThreadPoolExecutor(HEAD_REQUESTS, "fastload-list-head") as pool:
+        return dict(pool.map(one, urls))
 
 
 def _version(info: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload.sources._index import PathIndex
+from fastload.sources._indexes.sample_index import PathIndex
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 

@@ -2,7 +2,7 @@
 `max_resolution` does, as a stage between the source's reads and the pack's writer.
 
 Its one responsibility is turning a source's samples into the pack's, in order (with or without
-`max_side`): each is checked to be a whole image first (`_image_bytes`: a pack never holds broken
+`max_side`): each is checked to be a whole image first (`_packing/image_bytes.py`: a pack never holds broken
 bytes as if good; `on_error="skip"` leaves such a sample out, as `Skipped`, else it is an error
 naming it), then, with `max_side`:
 
@@ -49,8 +49,8 @@ import numpy as np
 from fastload._encoded_bytes import JPEG_MAGIC, describe
 from fastload._errors import ConfigError, DatasetError
 from fastload._native_jpeg import built_native_jpeg
-from fastload.sources._image_bytes import damage
-from fastload.sources._index import ReadFailure, SampleIndex
+from fastload.sources._indexes.sample_index import ReadFailure, SampleIndex
+from fastload.sources._packing.image_bytes import damage
 
 DEFAULT_QUALITY = 90  # FFCV's default: visually lossless on photos at ~1/3 of quality 100's size
 LANCZOS = 1  # Pillow's Image.Resampling.LANCZOS, native/fl_resample.h's FL_FILTER_LANCZOS
@@ -189,7 +189,7 @@ _HOW_TO_LEAVE_OUT = (
 @dataclass(frozen=True)
 class _Failure:
     """Sample `position` of a task could not be made: `kind` is "read" (unreadable), "broken"
-    (not a whole image: `_image_bytes`), "reencode" (the decoder refused it) or "config" (the
+    (not a whole image: `_packing/image_bytes.py`), "reencode" (the decoder refused it) or "config" (the
     message is a ConfigError's: what to install)."""
 
     position: int
@@ -294,7 +294,7 @@ def made_batches(
     step: int | None = None,
 ) -> Generator[Sequence[Made], None, None]:
     """The samples `order[start:]` as the pack stores them, a task's worth at a time, in order:
-    checked (`_image_bytes`), and re-encoded when `setting` asks. `workers` processes re-encode
+    checked (`_packing/image_bytes.py`), and re-encoded when `setting` asks. `workers` processes re-encode
     (1, or no `setting`: this process). `skip`: a sample that cannot be read, is broken or cannot
     be re-encoded is `Skipped`; else it is a DatasetError naming it and how to go on. ConfigError
     when Pillow is needed and missing. `step`: samples a task (default `TASK_SAMPLES`)."""

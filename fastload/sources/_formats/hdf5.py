@@ -38,13 +38,13 @@ import numpy as np
 
 from fastload._errors import DatasetError
 from fastload._shm import Segment
-from fastload.sources._arrays import MappedRows, PerProcess
 from fastload.sources._base import FileToOpen, Naming, Source, UnboundedFiles
-from fastload.sources._beneath import Beneath
-from fastload.sources._bounds import MAX_LABEL, MAX_TARGET_BYTES
-from fastload.sources._hdf5_files import Reader, _h5py, located
-from fastload.sources._hdf5_reach import files_reached
-from fastload.sources._index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure
+from fastload.sources._formats.hdf5_files import Reader, _h5py, located
+from fastload.sources._formats.hdf5_reach import files_reached
+from fastload.sources._indexes.arrays import MappedRows, PerProcess
+from fastload.sources._indexes.sample_index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure
+from fastload.sources._storage.beneath import Beneath
+from fastload.sources._storage.bounds import MAX_LABEL, MAX_TARGET_BYTES
 
 # Rows per block read at once from a dataset that is not chunked (e.g. contiguous, big-endian).
 _BLOCK_BYTES = 1 << 20
@@ -237,7 +237,7 @@ class _HDF5Index:
     classes: tuple[str, ...]
     labels: np.ndarray
     cache_bytes: int
-    # A confined daemon's job opens its file beneath the daemon's roots (`_beneath`); else by path.
+    # A confined daemon's job opens its file beneath the daemon's roots (`_storage/beneath.py`); else by path.
     beneath: Beneath | None = field(default=None, repr=False, compare=False)
     external_links: bool = True  # followed on the way to the dataset (not by a daemon's workers)
     _reader: PerProcess = field(default_factory=PerProcess, init=False, repr=False, compare=False)

@@ -1,6 +1,6 @@
 """The packed format: what a pack is on disk, its constants, and the checks of its manifest and
-index that every reader runs (`_packed.Packed`, local; `_remote_pack`, at a URL) and the writer
-(`_pack_writer`, `_pack_manifest`) follows. It imports no reader or writer, so that they all
+index that every reader runs (`packed.Packed`, locally or at a URL) and the writer (`_packing/`:
+`writer.py`, `manifest.py`) follows. It imports no reader or writer, so that they all
 build on it without a cycle.
 
 A pack is a directory:
@@ -8,14 +8,14 @@ A pack is a directory:
     manifest.json          format name and version, count, classes, target dtype and shape, the
                            data files, the source it came from, and `complete`
     data-00000.bin, ...    the samples' bytes as the source stores them (re-encoded only when
-                           `max_side` asks: `_reencode.py`), in the pack's order, each starting
+                           `max_side` asks: `_packing/reencode.py`), in the pack's order, each starting
                            at a multiple of 4096 bytes (O_DIRECT reads are possible), each file
                            at most `shard_bytes` (a larger sample gets a file of its own)
     offsets.npy sizes.npy file_ids.npy labels.npy names.npy name_offsets.npy
                            the index (int64, int64, int32, int64 (N,) or float32 (N, K), a uint8
                            blob of sample names and its int64 offsets), loaded with mmap_mode="r"
                            so forked workers share its pages
-    ray-staging/           while `pack(ray=...)` runs: ranges of samples Ray made (`_ray_pack.py`)
+    ray-staging/           while `pack(ray=...)` runs: ranges of samples Ray made (`_packing/ray_pack.py`)
 
 A pack made with `max_side` (`fastload pack --max-side N --quality Q`) records `"max_side": N,
 "quality": Q` in its manifest (null in a pack of the source's bytes, and absent in packs made
@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload.sources._bounds import MAX_SAMPLE_BYTES, clip, open_regular, read_bounded
-from fastload.sources._extents import ExtentIndex
+from fastload.sources._indexes.extents import ExtentIndex
+from fastload.sources._storage.bounds import MAX_SAMPLE_BYTES, clip, open_regular, read_bounded
 
 FORMAT = "fastload-packed"
 VERSION = 1

@@ -2,7 +2,7 @@
 
 Its one responsibility is reading a list file into `(line number, path, label fields)` rows and
 saying how it read them (`ListRows.how`), so that an error about the list can show what was
-parsed. `FileList` (`_filelist.py`) turns the rows into an index.
+parsed. `FileList` (`_formats/file_list.py`) turns the rows into an index.
 
 - Delimiter: `delimiter=` when given; else by suffix (',' for .csv, tab for .tsv, any whitespace
   for other files), unless the first line does not split in two that way but does with a tab,
@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fastload.sources._bounds import MAX_LIST_BYTES, clip, is_int_text, open_regular, read_bounded
+from fastload.sources._storage.bounds import MAX_LIST_BYTES, clip, is_int_text, open_regular, read_bounded
 
 Row = tuple[int, str, list[str]]  # (line number, path, label fields)
 

@@ -1,14 +1,8 @@
-"""WebDataset tar shards as a source: `TarShards` scans the shards' headers into an `ExtentIndex`.
+"""One tar shard's samples as a `Scan` (keys, image extents, labels), read from its headers and
+small label members, or from the scan cache when it holds the shard as it is now.
 
-Its one responsibility is turning shards into an index. Layout (WebDataset): uncompressed `.tar`
-files whose members are grouped by key, the member name up to the first dot of its base name:
-`KEY.jpg` (or .jpeg, .png, .webp, ... one image per key) with `KEY.cls` (an integer, as text) or
-`KEY.json` (an object whose "label", else "cls", is an integer). Samples are numbered in shard
-order, then member order, which is storage order: a block shuffle reads them sequentially.
-Only the headers and the small label members are read; the images are read by offset when loaded.
-Local paths, or URLs read whole through the node cache (NOTE [node cache]); no compressed shards
-(reads go to byte offsets): a `.tar.gz` (or `.tgz`, `.tar.bz2`, `.tar.xz`, `.tar.zst`) is refused
-by name, before anything is read, and a compressed file under another name by its first bytes.
+Its one responsibility is that scan; which shards, and the index made of their scans, are
+`tar.py`'s (`TarShards`).
 
 NOTE [shard index cache]: `tarfile` scans ~17k samples/s, so ImageNet's shards would take over a
 minute to open every time a loader is made. Each shard's scan is kept in a cache directory
@@ -17,54 +11,38 @@ minute to open every time a loader is made. Each shard's scan is kept in a cache
 identity (device, inode, size, mtime, ctime), so a changed or replaced shard is scanned again (a
 remote shard's by its URL, version and size: its copy in the node cache is verified whole before
 a scan reads it, NOTE [chunk verification]); in a private directory, written and read so that no
-other user can plant or redirect an entry, and pruned (`_scan_cache.py`, NOTE [scan cache
+other user can plant or redirect an entry, and pruned (`_storage/scan_cache.py`, NOTE [scan cache
 trust]). A cache that cannot be written or read is ignored (scanned instead).
 
 Integrity: a shard must be a regular file; it must end with tar's end-of-archive (zero) blocks,
 else it is reported as truncated (a copy cut at a sample boundary would otherwise load with fewer
-samples and no word); labels are ASCII decimal integers in [0, 2^63). Each shard's identity is
-kept in the index, and a worker that opens a shard compares it (`ExtentIndex`): a shard replaced
-under a running loader is a DatasetError, never read with the old scan's labels and offsets.
+samples and no word); labels are ASCII decimal integers in [0, 2^63).
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
 import tarfile
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from fastload._errors import DatasetError
-from fastload.sources._base import FileToOpen, Naming, Source, absolute
-from fastload.sources._bounds import (
+from fastload.sources._formats.folder import IMG_EXTENSIONS
+from fastload.sources._formats.shard_names import COMPRESSED_TAR_SUFFIXES
+from fastload.sources._indexes.sample_index import pack_strings
+from fastload.sources._storage.bounds import (
     MAX_SAMPLE_BYTES,
-    MAX_SHARDS,
     clip,
     identity,
     open_regular,
     parse_label,
     quoted,
 )
-from fastload.sources._extents import ExtentIndex, remote_file
-from fastload.sources._folder import IMG_EXTENSIONS
-from fastload.sources._index import pack_strings
-from fastload.sources._node_cache import NodeCache, node_cache
-from fastload.sources._remote import is_url
-from fastload.sources._remote import size_of as _remote_size
-from fastload.sources._scan_cache import Identity, Scan, ScanCache, cache_root
-from fastload.sources._shard_names import (
-    COMPRESSED_TAR_SUFFIXES,
-    TAR_SUFFIXES,
-    check_shard_patterns,
-    expand_braces,
-    files_named,
-)
+from fastload.sources._storage.node_cache import NodeCache
+from fastload.sources._storage.scan_cache import Identity, Scan, ScanCache, cache_root
 
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMG_EXTENSIONS)
 _LABEL_EXTS = ("cls", "json")  # in order of preference
@@ -77,122 +55,7 @@ _COMPRESSED = (
     (b"\xfd7zXZ\x00", "xz"),
     (b"\x28\xb5\x2f\xfd", "zstd"),
 )
-_EXPECTED = "expected uncompressed .tar shards in the WebDataset layout (KEY.jpg with KEY.cls or KEY.json)"
-
-
-@dataclass(frozen=True)
-class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True), served_by_daemon=True):
-    """WebDataset tar shards (see the module docstring): `paths` one path, a list of paths, a
-    glob (`shards/*.tar`) or brace notation (`train-{000000..000099}.tar`, `{a,b}.tar`), each
-    pattern's matches sorted. Labels are class indices; `classes` is empty."""
-
-    path_fields: ClassVar[tuple[str, ...]] = ("paths",)
-    quiet_defaults: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
-    size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)
-    machine_fields: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
-    paths: str | tuple[str, ...]
-    # Shards at URLs: the node cache they are kept in (NOTE [node cache]); None: the defaults.
-    cache_dir: str | None = None
-    cache_limit: int | str | None = None
-
-    def __post_init__(self) -> None:
-        self._parse_sizes()
-        if not isinstance(self.paths, str):
-            object.__setattr__(self, "paths", tuple(os.fspath(p) for p in self.paths))
-        # Bounded before anything is expanded or walked, here and wherever a daemon is sent it.
-        check_shard_patterns([self.paths] if isinstance(self.paths, str) else list(self.paths))
-
-    @property
-    def where(self) -> str:
-        first = self.paths if isinstance(self.paths, str) else (self.paths[0] if self.paths else "")
-        return absolute(first)
-
-    def files_before_open(self) -> Iterator[FileToOpen]:
-        return files_named([self.paths] if isinstance(self.paths, str) else list(self.paths))
-
-    def shard_paths(self) -> list[str]:
-        """Every shard, absolute, in order; DatasetError when a pattern matches nothing."""
-        patterns = [self.paths] if isinstance(self.paths, str) else list(self.paths)
-        if not patterns:
-            raise DatasetError("TarShards needs at least one shard path")
-        check_shard_patterns(patterns)
-        shards: list[str] = []
-        for pattern in patterns:
-            for expanded in expand_braces(pattern):
-                compressor = _compressed_by_name(expanded)
-                if compressor is not None:
-                    raise _compressed(expanded, compressor)
-                if is_url(expanded):  # objects: named one by one (braces), never listed
-                    shards.append(expanded)
-                elif glob.has_magic(expanded):
-                    matches = sorted(glob.glob(expanded))
-                    if not matches:
-                        raise DatasetError(f"no tar shards match {clip(expanded)}")
-                    shards.extend(matches)
-                elif not os.path.isfile(expanded):
-                    what = "is not a file" if os.path.exists(expanded) else "does not exist"
-                    raise DatasetError(f"tar shard {clip(os.path.abspath(expanded))} {what}")
-                else:
-                    shards.append(expanded)
-                if len(shards) > MAX_SHARDS:
-                    raise DatasetError(f"{clip(pattern)} names over {MAX_SHARDS:,} shards (the limit)")
-        return [absolute(s) for s in shards]
-
-    def open(self) -> ExtentIndex:
-        shards = self.shard_paths()
-        file_ids: list[np.ndarray] = []
-        offsets: list[np.ndarray] = []
-        sizes: list[np.ndarray] = []
-        labels: list[np.ndarray] = []
-        key_blobs: list[np.ndarray] = []
-        key_lengths: list[np.ndarray] = []
-        identities: list[Identity] = []
-        files = list(shards)
-        with _open_cache() as cache:
-            scans = []
-            for number, shard in enumerate(shards):
-                if is_url(shard):  # NOTE [node cache]: a shard is one chunk, downloaded whole, scanned there
-                    try:
-                        size, version = _remote_size(shard)
-                        node = node_cache(self.cache_dir, self.size("cache_limit"))
-                        scans.append(_remote_scan(shard, size, version, node, cache))
-                    except OSError as e:
-                        raise DatasetError(f"cannot read tar shard {clip(str(e))}") from None
-                    identities.append((-1, -1, size, -1, -1))  # read through the cache: not checked by inode
-                    files[number] = remote_file(shard, size, version, max(size, 1))
-                else:
-                    scans.append(_cached_scan(shard, cache, identities))
-        for file_id, (shard, scanned) in enumerate(zip(shards, scans, strict=True)):
-            count = len(scanned["labels"])
-            if count == 0:
-                raise DatasetError(f"tar shard {shard} holds no samples: {_EXPECTED}")
-            file_ids.append(np.full(count, file_id, np.int32))
-            offsets.append(scanned["offsets"])
-            sizes.append(scanned["sizes"])
-            labels.append(scanned["labels"])
-            key_blobs.append(scanned["key_blob"])
-            key_lengths.append(np.diff(scanned["key_offsets"]))
-        key_blob = np.concatenate(key_blobs)
-        key_offsets = np.zeros(sum(len(k) for k in key_lengths) + 1, np.int64)
-        np.cumsum(np.concatenate(key_lengths), out=key_offsets[1:])
-        if isinstance(self.paths, str) or len(shards) == 1:
-            root = self.where
-        else:
-            root = f"{shards[0]} and {len(shards) - 1} more shards"
-        return ExtentIndex(
-            root,
-            (),
-            tuple(files),
-            np.concatenate(file_ids),
-            np.concatenate(offsets),
-            np.concatenate(sizes),
-            key_blob,
-            key_offsets,
-            np.concatenate(labels),
-            file_identities=np.array(identities, np.int64).reshape(len(shards), 5),
-            cache_dir=self.cache_dir,
-            cache_limit=self.size("cache_limit"),
-        )
+EXPECTED = "expected uncompressed .tar shards in the WebDataset layout (KEY.jpg with KEY.cls or KEY.json)"
 
 
 def cache_dir() -> str | None:
@@ -208,11 +71,11 @@ class _NoCache:
         pass
 
 
-def _open_cache() -> ScanCache | _NoCache:
+def open_cache() -> ScanCache | _NoCache:
     return ScanCache.open() or _NoCache()
 
 
-def _cached_scan(shard: str, cache: ScanCache | None, identities: list[Identity]) -> Scan:
+def cached_scan(shard: str, cache: ScanCache | None, identities: list[Identity]) -> Scan:
     """One shard's samples (image extents, labels, keys), from the cache when it has this shard
     as it is now, else scanned (and kept); the identity of the file scanned goes to `identities`."""
     try:
@@ -233,7 +96,7 @@ def _cached_scan(shard: str, cache: ScanCache | None, identities: list[Identity]
     return scanned
 
 
-def _remote_scan(url: str, size: int, version: str, node: NodeCache, cache: ScanCache | None) -> Scan:
+def remote_scan(url: str, size: int, version: str, node: NodeCache, cache: ScanCache | None) -> Scan:
     """A remote shard's samples: from the scan cache, which keeps them by URL, version and size,
     else scanned from its copy in the node cache (verified whole before it is read: NOTE [chunk
     verification])."""
@@ -273,20 +136,20 @@ def _check_uncompressed(shard: str, f: BinaryIO) -> None:
         raise DatasetError(f"cannot read tar shard {clip(shard)}: {clip(str(e))}") from e
     for magic, name in _COMPRESSED:
         if head.startswith(magic):
-            raise _compressed(shard, name)
+            raise compressed(shard, name)
 
 
-def _compressed_by_name(shard: str) -> str | None:
+def compressed_by_name(shard: str) -> str | None:
     """The compressor a shard's name says it went through (`COMPRESSED_TAR_SUFFIXES`), or None."""
     lower = shard.lower()
     return next((name for suffix, name in COMPRESSED_TAR_SUFFIXES.items() if lower.endswith(suffix)), None)
 
 
-def _compressed(shard: str, name: str) -> DatasetError:
+def compressed(shard: str, name: str) -> DatasetError:
     """The error for a `name`-compressed shard: what it is and what to do."""
     return DatasetError(
         f"{clip(shard)} is a {name}-compressed tar: fastload reads samples at byte offsets, so tar "
-        f"shards must be uncompressed; {_EXPECTED}: decompress it (`{name} -d`) and pass the .tar"
+        f"shards must be uncompressed; {EXPECTED}: decompress it (`{name} -d`) and pass the .tar"
     )
 
 
@@ -341,7 +204,7 @@ def _scan_shard(
                     found[ext] = (member.offset_data, member.size)
             _check_end(shard, f, tf.offset, end, len(samples))
     except tarfile.TarError as e:
-        raise DatasetError(f"{shard} is not a tar file ({clip(str(e))}): {_EXPECTED}") from e
+        raise DatasetError(f"{shard} is not a tar file ({clip(str(e))}): {EXPECTED}") from e
     except OSError as e:
         raise DatasetError(f"cannot read tar shard {shard}: {clip(str(e))}") from e
     for key, found in samples.items():
@@ -349,7 +212,7 @@ def _scan_shard(
         if not images:
             raise DatasetError(
                 f"{shard}:{clip(key)} has no image member (it has {clip('.' + ', .'.join(found))}; looked "
-                f"for .{', .'.join(sorted(_IMAGE_EXTS))}): {_EXPECTED}"
+                f"for .{', .'.join(sorted(_IMAGE_EXTS))}): {EXPECTED}"
             )
         if len(images) > 1:
             several = ", .".join(images)
@@ -357,7 +220,7 @@ def _scan_shard(
         label_ext = next((ext for ext in _LABEL_EXTS if ext in found), None)
         if label_ext is None:
             raise DatasetError(
-                f"{shard}:{clip(key)} has an image but no label (KEY.cls or KEY.json): {_EXPECTED}"
+                f"{shard}:{clip(key)} has an image but no label (KEY.cls or KEY.json): {EXPECTED}"
             )
         extent, label = found[images[0]], found[label_ext]
         assert isinstance(extent, tuple) and isinstance(label, bytes)

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 from fastload._errors import DatasetError
 from fastload.sources._base import FileToOpen
-from fastload.sources._bounds import MAX_SHARD_GLOBS, MAX_SHARDS, clip
-from fastload.sources._remote import is_url
+from fastload.sources._storage.bounds import MAX_SHARD_GLOBS, MAX_SHARDS, clip
+from fastload.sources._storage.remote import is_url
 
 # Compressed tar names, with the compressor that undoes them: they name a `TarShards`, which
 # refuses them saying so (it reads samples at byte offsets).

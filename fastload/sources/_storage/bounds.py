@@ -40,8 +40,8 @@ MAX_LIST_BYTES = 1 << 30
 
 
 class Opener(Protocol):
-    """What `open_regular` opens through: `_beneath.Beneath` (a confined daemon's roots), typed by
-    what is called so that this module does not import `_beneath` (which imports it)."""
+    """What `open_regular` opens through: `beneath.Beneath` (a confined daemon's roots), typed by
+    what is called so that this module does not import `_storage/beneath.py` (which imports it)."""
 
     def open(self, path: str) -> int: ...
 MAX_SHARDS = 1 << 20

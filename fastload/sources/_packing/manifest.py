@@ -2,7 +2,7 @@
 pack it finds: the same source (as it was: `source_fingerprint`), order, options, shard size and
 samples left out.
 
-Besides the format's fields (`_pack_format.py`), a pack's manifest records `excluded`, the names of
+Besides the format's fields (`_formats/pack_format.py`), a pack's manifest records `excluded`, the names of
 the samples `pack(exclude=...)` (`--exclude LIST`) left out, sorted, and, once complete,
 `skipped`: [name, why] of each sample `on_error="skip"` left out, in the pack's order (names as
 the source names them: what `fastload verify` writes). `count` is the samples the pack holds;
@@ -19,9 +19,9 @@ import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources._base import Source
-from fastload.sources._index import SampleIndex
-from fastload.sources._pack_format import ALIGN, FORMAT, VERSION
-from fastload.sources._reencode import Reencoding
+from fastload.sources._formats.pack_format import ALIGN, FORMAT, VERSION
+from fastload.sources._indexes.sample_index import SampleIndex
+from fastload.sources._packing.reencode import Reencoding
 
 
 def new_manifest(

@@ -1,0 +1,168 @@
+"""WebDataset tar shards as a source: `TarShards` names shards (paths, globs, brace patterns, URLs)
+and opens them into an `ExtentIndex` of their samples, each shard scanned by `tar_scan.py`.
+
+Its one responsibility is turning shards into an index. Layout (WebDataset): uncompressed `.tar`
+files whose members are grouped by key, the member name up to the first dot of its base name:
+`KEY.jpg` (or .jpeg, .png, .webp, ... one image per key) with `KEY.cls` (an integer, as text) or
+`KEY.json` (an object whose "label", else "cls", is an integer). Samples are numbered in shard
+order, then member order, which is storage order: a block shuffle reads them sequentially.
+Only the headers and the small label members are read; the images are read by offset when loaded.
+Local paths, or URLs read whole through the node cache (NOTE [node cache]); no compressed shards
+(reads go to byte offsets): a `.tar.gz` (or `.tgz`, `.tar.bz2`, `.tar.xz`, `.tar.zst`) is refused
+by name, before anything is read, and a compressed file under another name by its first bytes.
+
+Each shard's identity is kept in the index, and a worker that opens a shard compares it
+(`ExtentIndex`): a shard replaced under a running loader is a DatasetError, never read with the
+old scan's labels and offsets.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from fastload._errors import DatasetError
+from fastload.sources._base import FileToOpen, Naming, Source, absolute
+from fastload.sources._formats.shard_names import (
+    TAR_SUFFIXES,
+    check_shard_patterns,
+    expand_braces,
+    files_named,
+)
+from fastload.sources._formats.tar_scan import (
+    EXPECTED,
+    cached_scan,
+    compressed,
+    compressed_by_name,
+    open_cache,
+    remote_scan,
+)
+from fastload.sources._indexes.extents import ExtentIndex
+from fastload.sources._storage.bounds import MAX_SHARDS, clip
+from fastload.sources._storage.node_cache import node_cache
+from fastload.sources._storage.remote import is_url
+from fastload.sources._storage.remote import size_of as _remote_size
+from fastload.sources._storage.remote_file import remote_file
+from fastload.sources._storage.scan_cache import Identity
+
+
+@dataclass(frozen=True)
+class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True), served_by_daemon=True):
+    """WebDataset tar shards (see the module docstring): `paths` one path, a list of paths, a
+    glob (`shards/*.tar`) or brace notation (`train-{000000..000099}.tar`, `{a,b}.tar`), each
+    pattern's matches sorted. Labels are class indices; `classes` is empty."""
+
+    path_fields: ClassVar[tuple[str, ...]] = ("paths",)
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
+    size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)
+    machine_fields: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
+    paths: str | tuple[str, ...]
+    # Shards at URLs: the node cache they are kept in (NOTE [node cache]); None: the defaults.
+    cache_dir: str | None = None
+    cache_limit: int | str | None = None
+
+    def __post_init__(self) -> None:
+        self._parse_sizes()
+        if not isinstance(self.paths, str):
+            object.__setattr__(self, "paths", tuple(os.fspath(p) for p in self.paths))
+        # Bounded before anything is expanded or walked, here and wherever a daemon is sent it.
+        check_shard_patterns([self.paths] if isinstance(self.paths, str) else list(self.paths))
+
+    @property
+    def where(self) -> str:
+        first = self.paths if isinstance(self.paths, str) else (self.paths[0] if self.paths else "")
+        return absolute(first)
+
+    def files_before_open(self) -> Iterator[FileToOpen]:
+        return files_named([self.paths] if isinstance(self.paths, str) else list(self.paths))
+
+    def shard_paths(self) -> list[str]:
+        """Every shard, absolute, in order; DatasetError when a pattern matches nothing."""
+        patterns = [self.paths] if isinstance(self.paths, str) else list(self.paths)
+        if not patterns:
+            raise DatasetError("TarShards needs at least one shard path")
+        check_shard_patterns(patterns)
+        shards: list[str] = []
+        for pattern in patterns:
+            for expanded in expand_braces(pattern):
+                compressor = compressed_by_name(expanded)
+                if compressor is not None:
+                    raise compressed(expanded, compressor)
+                if is_url(expanded):  # objects: named one by one (braces), never listed
+                    shards.append(expanded)
+                elif glob.has_magic(expanded):
+                    matches = sorted(glob.glob(expanded))
+                    if not matches:
+                        raise DatasetError(f"no tar shards match {clip(expanded)}")
+                    shards.extend(matches)
+                elif not os.path.isfile(expanded):
+                    what = "is not a file" if os.path.exists(expanded) else "does not exist"
+                    raise DatasetError(f"tar shard {clip(os.path.abspath(expanded))} {what}")
+                else:
+                    shards.append(expanded)
+                if len(shards) > MAX_SHARDS:
+                    raise DatasetError(f"{clip(pattern)} names over {MAX_SHARDS:,} shards (the limit)")
+        return [absolute(s) for s in shards]
+
+    def open(self) -> ExtentIndex:
+        shards = self.shard_paths()
+        file_ids: list[np.ndarray] = []
+        offsets: list[np.ndarray] = []
+        sizes: list[np.ndarray] = []
+        labels: list[np.ndarray] = []
+        key_blobs: list[np.ndarray] = []
+        key_lengths: list[np.ndarray] = []
+        identities: list[Identity] = []
+        files = list(shards)
+        with open_cache() as cache:
+            scans = []
+            for number, shard in enumerate(shards):
+                if is_url(shard):  # NOTE [node cache]: a shard is one chunk, downloaded whole, scanned there
+                    try:
+                        size, version = _remote_size(shard)
+                        node = node_cache(self.cache_dir, self.size("cache_limit"))
+                        scans.append(remote_scan(shard, size, version, node, cache))
+                    except OSError as e:
+                        raise DatasetError(f"cannot read tar shard {clip(str(e))}") from None
+                    identities.append((-1, -1, size, -1, -1))  # read through the cache: not checked by inode
+                    files[number] = remote_file(shard, size, version, max(size, 1))
+                else:
+                    scans.append(cached_scan(shard, cache, identities))
+        for file_id, (shard, scanned) in enumerate(zip(shards, scans, strict=True)):
+            count = len(scanned["labels"])
+            if count == 0:
+                raise DatasetError(f"tar shard {shard} holds no samples: {EXPECTED}")
+            file_ids.append(np.full(count, file_id, np.int32))
+            offsets.append(scanned["offsets"])
+            sizes.append(scanned["sizes"])
+            labels.append(scanned["labels"])
+            key_blobs.append(scanned["key_blob"])
+            key_lengths.append(np.diff(scanned["key_offsets"]))
+        key_blob = np.concatenate(key_blobs)
+        key_offsets = np.zeros(sum(len(k) for k in key_lengths) + 1, np.int64)
+        np.cumsum(np.concatenate(key_lengths), out=key_offsets[1:])
+        if isinstance(self.paths, str) or len(shards) == 1:
+            root = self.where
+        else:
+            root = f"{shards[0]} and {len(shards) - 1} more shards"
+        return ExtentIndex(
+            root,
+            (),
+            tuple(files),
+            np.concatenate(file_ids),
+            np.concatenate(offsets),
+            np.concatenate(sizes),
+            key_blob,
+            key_offsets,
+            np.concatenate(labels),
+            file_identities=np.array(identities, np.int64).reshape(len(shards), 5),
+            cache_dir=self.cache_dir,
+            cache_limit=self.size("cache_limit"),
+        )
+
+
