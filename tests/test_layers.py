@@ -233,7 +233,7 @@ def test_the_checker_sees_lazy_relative_and_type_only_imports(tmp_path: Path) ->
         "def f():\n    from ..sources import _tar\n    from . import sibling\n    import numpy\n"
     )
     (package / "mod.py").write_text(source)
-    known = {"fastload.sub.sibling", "fastload.sources._formats.tar", "fastload._loading.loader"}
+    known = {"fastload.sub.sibling", "fastload.sources._tar", "fastload._loading.loader"}
     names = {name for name, _ in _imports(package / "mod.py", "fastload.sub", known)}
     assert names == known
 
