@@ -6,7 +6,8 @@ format and so sits above it). The public names are re-exported by `fastload.sour
 
 - `folder.py`: an ImageNet-layout folder's scan; `file_list.py`: `ImageFolder` and `FileList`
   (its rows parsed by `list_rows.py`; a list at a URL read through storage).
-- `tar.py`: WebDataset tar shards (`TarShards`), each scanned by `tar_scan.py`.
+- `tar.py`: WebDataset tar shards (`TarShards`), each scanned by `tar_scan.py`; what its
+  patterns name, bounded before any walk, in `shard_names.py`.
 - `packed.py`: `Packed`, a pack read back, locally or from a URL (its on-disk format in
   `pack_format.py`, which the writer in `_packing/` shares).
 - `hdf5.py`: `HDF5` (opening files and datasets in `hdf5_files.py`; every file the HDF5 library
