@@ -39,27 +39,17 @@ def open_private_dir(root: str, name: str) -> int:
     OSError when it cannot be made or opened. The caller closes it."""
     where = os.path.join(root, name)
     os.makedirs(root, mode=0o700, exist_ok=True)
-    try:
-        root_fd = os.open(root, _DIRECTORY)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise NotPrivate(
-                f"{root} is {_what_instead(root)}, not a directory (not followed: another user may have "
-                "planted it): name the directory it leads to"
-            ) from None
-        raise
+    root_fd = _open_directory(
+        root, None, "not a directory (not followed: another user may have planted it): name the directory it "
+        "leads to",
+    )
     try:
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o700, dir_fd=root_fd)
-        try:
-            fd = os.open(name, _DIRECTORY, dir_fd=root_fd)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise NotPrivate(
-                    f"{where} is {_what_instead(where)}, not a directory of yours (not followed: another "
-                    "user may have planted it): remove it, or use a cache directory of your own"
-                ) from None
-            raise
+        fd = _open_directory(
+            name, root_fd, "not a directory of yours (not followed: another user may have planted it): "
+            "remove it, or use a cache directory of your own", shown=where,
+        )
     finally:
         os.close(root_fd)
     info = os.fstat(fd)
@@ -70,6 +60,18 @@ def open_private_dir(root: str, name: str) -> int:
             "be yours, mode 0700): remove it, or use a cache directory of your own"
         )
     return fd
+
+
+def _open_directory(path: str, dir_fd: int | None, instead: str, shown: str | None = None) -> int:
+    """`path` (relative to `dir_fd`) opened as a directory, never through a link: `NotPrivate`
+    saying what is there `instead` when it is a link or no directory."""
+    try:
+        return os.open(path, _DIRECTORY, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            shown = shown or path
+            raise NotPrivate(f"{shown} is {_what_instead(shown)}, {instead}") from None
+        raise
 
 
 def _what_instead(path: str) -> str:
