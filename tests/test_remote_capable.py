@@ -22,7 +22,8 @@ import fastload.sources  # noqa: F401  # every index type registers
 from fastload.sources import Packed, TarShards, pack
 from fastload.sources._formats.folder import scan_image_folder
 from fastload.sources._indexes.extents import ExtentIndex
-from fastload.sources._indexes.sample_index import SHARED_INDEX_TYPES, RemoteCapable, remote_reads
+from fastload.sources._indexes.sample_index import RemoteCapable, remote_reads
+from fastload.sources._shared_indexes import SHARED_INDEX_TYPES
 from fastload.sources._storage.remote_file import RemoteFile
 
 MEMBERS = sorted(name for name in vars(RemoteCapable) if not name.startswith("_"))
@@ -37,6 +38,24 @@ def test_an_index_type_implements_all_of_remote_capable_or_none(kind: str) -> No
     index_type = SHARED_INDEX_TYPES[kind]
     has = [name for name in MEMBERS if hasattr(index_type, name)]
     assert has in ([], MEMBERS), f"{index_type.__name__} implements {has} of {MEMBERS}"
+
+
+@pytest.mark.parametrize("kind", sorted(SHARED_INDEX_TYPES))
+def test_a_shared_index_type_says_what_it_shares_and_the_files_it_reads(kind: str) -> None:
+    """What a daemon needs of an index it shares: its segment both ways, and `files_read` (what
+    its allowlist checks, NOTE in `_daemon/confine.py`), declared on the type, never probed."""
+    index_type = SHARED_INDEX_TYPES[kind]
+    for member in ("to_segment", "from_segment", "files_read"):
+        assert callable(getattr(index_type, member, None)), f"{index_type.__name__} lacks {member}"
+
+
+def test_files_read_names_every_file_a_worker_reads(image_folder: Path, tmp_path: Path) -> None:
+    folder = scan_image_folder(image_folder)
+    assert [f.path for f in folder.files_read()] == [folder.path(i) for i in range(len(folder))]
+    shards = write_tar_shards(image_folder, tmp_path / "shards", per_shard=5)
+    tar = TarShards([str(s) for s in shards]).open()
+    expected = [(shard, f"data file {k}") for k, shard in enumerate(tar.files)]
+    assert [(f.path, f.what) for f in tar.files_read()] == expected
 
 
 def test_a_local_index_has_no_remote_reads(image_folder: Path, tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ list, a shard pattern's matches (once the names of all its patterns are counted 
 every file HDF5 may open for it, recursively and wherever HDF5 may look: external storage,
 virtual datasets' sources, external links, and each reached file's own; only regular files, so
 no FIFO holds an opening slot. `check_index` runs after, on every file the opened index will
-make a worker read (each sample of a folder or a file list, each shard, each data file of a
-pack, the file that holds an HDF5 source's data): by the index's type, one of the shared ones.
+make a worker read, as the index says (`files_read`: each sample of a folder or a file list,
+each shard, each data file of a pack, the file that holds an HDF5 source's data).
 
 NOTE [object-storage roots]: a root may be a URL prefix (`s3://bucket/datasets/`): it allows the
 objects whose URL starts with it, compared as text (`url_root`: the root's scheme lowercase, and
@@ -50,6 +50,7 @@ from typing import Any
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources import Source
 from fastload.sources._base import FileToOpen, UnboundedFiles
+from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._storage.beneath import Beneath
 from fastload.sources._storage.bounds import identity
 from fastload.sources._storage.remote import is_url
@@ -205,25 +206,13 @@ def check_file(file: FileToOpen, roots: Roots, name: str) -> None:
 
 
 def check_index(index: Any, roots: Roots, name: str) -> None:
-    """Every file an opened index makes workers read (samples of a folder or a list, shards,
-    data files of a pack, the HDF5 file)."""
-    files = getattr(index, "files", None)
-    if isinstance(files, tuple):  # an ExtentIndex: shards, or a pack's data files
-        for k, file in enumerate(files):
-            roots.check(file, name, f"data file {k}")
-        check_identities(files, getattr(index, "file_identities", None), roots, name)
-        return
-    path_of = getattr(index, "path", None)
-    if callable(path_of) and hasattr(index, "path_offsets"):  # a PathIndex: one file per sample
-        for i in range(len(index)):
-            roots.check(path_of(i), name, f"sample {i}'s file")
-        return
-    root = getattr(index, "root", None)
-    if isinstance(root, str):  # an HDF5 index: the file (checked with its links before opening)
-        roots.check(root, name, "its file")
-        holder = getattr(index, "holder", None)  # the file the data lies in, when a link led there
-        if holder is not None:
-            roots.check(holder[0], name, "the file that holds its data")
+    """Every file an opened index makes workers read (`files_read`: samples of a folder or a list,
+    shards, data files of a pack, the HDF5 file and the one holding its data), and each scanned
+    container file held to its recorded identity."""
+    for path, what in index.files_read():
+        roots.check(path, name, what)
+    if isinstance(index, ExtentIndex):
+        check_identities(index.files, index.file_identities, roots, name)
 
 
 def check_identities(files: tuple[str, ...], identities: Any, roots: Roots, name: str) -> None:

@@ -27,7 +27,8 @@ from fastload._labels import label
 from fastload._shm import Segment
 from fastload._sizes import format_size
 from fastload.sources import ImageFolder, Source
-from fastload.sources._indexes.sample_index import SHARED_INDEX_TYPES, SampleIndex
+from fastload.sources._indexes.sample_index import SampleIndex
+from fastload.sources._shared_indexes import SHARED_INDEX_TYPES
 
 log = logging.getLogger("fastload.daemon")
 

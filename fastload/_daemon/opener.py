@@ -358,7 +358,7 @@ def _open(request: dict[str, Any]) -> dict[str, Any]:
     from fastload.sources import source_from_config
     from fastload.sources._base import OpenBounds
     from fastload.sources._indexes.arrays import ArrayIndex
-    from fastload.sources._indexes.sample_index import SHARED_INDEX_TYPES
+    from fastload.sources._shared_indexes import shared_name
     from fastload.sources._storage import remote as _remote
 
     import_plugins(tuple(request["plugins"]))  # the kinds they declare (the daemon's own setting)
@@ -387,7 +387,7 @@ def _open(request: dict[str, Any]) -> dict[str, Any]:
             f"the index of {name} needs {format_size(need)}, more than the "
             f"{format_size(max_bytes)} left of the daemon's memory budget"
         )
-    index_type = next(k for k, t in SHARED_INDEX_TYPES.items() if isinstance(index, t))
+    index_type = shared_name(index)
     segment = index.to_segment()
     return {
         "ok": True,

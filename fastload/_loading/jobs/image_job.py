@@ -26,13 +26,13 @@ from fastload._machine import run_delay_since, thread_run_delay_ns
 from fastload._sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
 from fastload._shm import Segment
 from fastload.sources._indexes.sample_index import (
-    SHARED_INDEX_TYPES,
     PathIndex,
     ReadBuffer,
     ReadFailure,
     SampleIndex,
     target_row,
 )
+from fastload.sources._shared_indexes import SHARED_INDEX_TYPES, shared_name
 from fastload.sources._storage.beneath import Beneath
 from fastload.sources._storage.node_cache import READS as REMOTE_READS
 from fastload.transforms import TransformPlan, compile_transforms, from_config, to_config
@@ -122,7 +122,7 @@ class ImageJob(SourceJob):
     def to_config(self, index_segment: str, roots: tuple[str, ...] | None = None) -> dict[str, Any]:
         """This job as JSON-able data, its index living in the named shared segment; `roots`:
         where its workers may open files (a confined daemon session's dataset roots: `_beneath`)."""
-        index_type = next(k for k, t in SHARED_INDEX_TYPES.items() if isinstance(self.index, t))
+        index_type = shared_name(self.index)
         return {
             "index_segment": index_segment,
             "index_type": index_type,

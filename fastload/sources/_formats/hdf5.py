@@ -42,7 +42,7 @@ from fastload.sources._base import FileToOpen, Naming, Source, UnboundedFiles
 from fastload.sources._formats.hdf5_files import Reader, _h5py, located
 from fastload.sources._formats.hdf5_reach import files_reached
 from fastload.sources._indexes.arrays import MappedRows, PerProcess
-from fastload.sources._indexes.sample_index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure
+from fastload.sources._indexes.sample_index import TARGET_DTYPES, FileRead, ReadBuffer, ReadFailure
 from fastload.sources._storage.beneath import Beneath
 from fastload.sources._storage.bounds import MAX_LABEL, MAX_TARGET_BYTES
 
@@ -248,6 +248,10 @@ class _HDF5Index:
     def name(self, index: int) -> str:
         return f"{self.root}:{self.dataset}[{index}]"
 
+    def files_read(self) -> Iterator[FileRead]:
+        """Its file (checked with every file HDF5 may open for it before it was opened)."""
+        yield FileRead(self.root, "its file")
+
     def _open(self, cache_bytes: int | None = None) -> Reader:
         reader = self._reader.get()
         if reader is None:
@@ -274,6 +278,12 @@ class HDF5BytesIndex(_HDF5Index):
 
     def files_of(self, indices: np.ndarray) -> list[str]:
         return [self.root]
+
+    def files_read(self) -> Iterator[FileRead]:
+        """Its file, and the file that holds its data when a link led there."""
+        yield from super().files_read()
+        if self.holder is not None:
+            yield FileRead(self.holder[0], "the file that holds its data")
 
     def read(self, indices: np.ndarray, into: ReadBuffer | None = None) -> list[bytes]:
         """The batch's bytes: one sorted selection (each chunk read once), then in batch order
@@ -319,7 +329,6 @@ class HDF5BytesIndex(_HDF5Index):
 
 # A shared HDF5BytesIndex: (samples, target width (0: class indices), target dtype code, JSON bytes).
 _BYTES_HEAD = struct.Struct("<qqqq")
-SHARED_INDEX_TYPES["hdf5_bytes"] = HDF5BytesIndex  # a daemon's workers attach it (`ImageJob.from_config`)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,7 +45,7 @@ from fastload.sources._indexes.extent_layout import (
     read_segment,
     write_segment,
 )
-from fastload.sources._indexes.sample_index import SHARED_INDEX_TYPES, TARGET_DTYPES, ReadBuffer, ReadFailure
+from fastload.sources._indexes.sample_index import TARGET_DTYPES, FileRead, ReadBuffer, ReadFailure
 from fastload.sources._storage.beneath import Beneath, open_file
 from fastload.sources._storage.bounds import check_regular, clip, identity
 from fastload.sources._storage.remote_file import RemoteFile
@@ -115,6 +116,11 @@ class ExtentIndex:
     cache_limit: int | None = None
     # A confined daemon's job opens its files beneath the daemon's roots (`_storage/beneath`); else by path.
     beneath: Beneath | None = field(default=None, repr=False, compare=False)
+
+    def files_read(self) -> Iterator[FileRead]:
+        """Its container files: shards, or a pack's data files (each also held to its recorded
+        identity: `file_identities`, NOTE [extent file identity])."""
+        return (FileRead(file, f"data file {k}") for k, file in enumerate(self.files))
 
     def __post_init__(self) -> None:
         n = int(self.labels.shape[0])
@@ -403,4 +409,3 @@ class ExtentIndex:
         )
 
 
-SHARED_INDEX_TYPES["extents"] = ExtentIndex  # a daemon's workers attach it (`ImageJob.from_config`)

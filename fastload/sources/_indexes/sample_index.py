@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -214,6 +214,14 @@ def target_row(labels: np.ndarray) -> np.ndarray | int:
 _SHARED_HEAD = struct.Struct("<qqqq")
 
 
+class FileRead(NamedTuple):
+    """A file an index makes workers read, and what it is to the index ("sample 3's file", "data
+    file 0"): what a confined daemon's allowlist checks (`_daemon/confine.check_index`)."""
+
+    path: str
+    what: str
+
+
 @dataclass(frozen=True)
 class PathIndex:
     """Paths and targets of samples that are whole files: one bytes blob of every path plus
@@ -251,6 +259,10 @@ class PathIndex:
     def files_of(self, indices: np.ndarray) -> list[str]:
         return [self.path(int(i)) for i in indices]
 
+    def files_read(self) -> Iterator[FileRead]:
+        """One file per sample."""
+        return (FileRead(self.path(i), f"sample {i}'s file") for i in range(len(self)))
+
     def read(self, indices: np.ndarray, into: ReadBuffer | None = None) -> list[bytes | memoryview]:
         blobs = []
         for position, i in enumerate(np.asarray(indices).tolist()):
@@ -279,10 +291,6 @@ class PathIndex:
         through `beneath` when given."""
         offsets, labels, blob = _shared_views(segment)
         return cls(root, (), blob, offsets, labels, beneath)
-
-
-# Index types a worker can rebuild from a shared segment, by the name `ImageJob.to_config` sends.
-SHARED_INDEX_TYPES: dict[str, Any] = {"paths": PathIndex}
 
 
 def _align8(n: int) -> int:
