@@ -27,7 +27,7 @@ from helpers import write_tar_shards
 from fastload._daemon.confine import Refused, Roots, check_identities, check_index
 from fastload._loading.link import daemon_link as wire
 from fastload.sources import HDF5, FileList, TarShards
-from fastload.sources._formats.hdf5 import HDF5BytesIndex
+from fastload.sources._formats.hdf5_indexes import HDF5BytesIndex
 from fastload.sources._indexes.sample_index import ReadFailure
 from fastload.sources._storage import beneath as _beneath
 from fastload.sources._storage.beneath import Beneath

@@ -29,7 +29,7 @@ from daemon_helpers import (
 from fastload._daemon.confine import Refused, Roots, check_before_open
 from fastload._loading.link import daemon_link as wire
 from fastload.sources import HDF5
-from fastload.sources._formats.hdf5 import HDF5BytesIndex
+from fastload.sources._formats.hdf5_indexes import HDF5BytesIndex
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 

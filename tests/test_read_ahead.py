@@ -37,13 +37,16 @@ class _SlowStore:
 
 
 class _ChunkedIndex:
-    """Samples 0..n-1, ten to a chunk of one remote object."""
+    """Samples 0..n-1, ten to a chunk of one remote object: a `RemoteCapable` index (every member
+    of the protocol, as an index must have to be read ahead)."""
 
     remote = True
 
     def __init__(self, store: _SlowStore, samples: int) -> None:
         self.store = store
         self.size = samples // 10 * CHUNK
+        self.remote_bytes = self.size
+        self.remote_chunk_count = samples // 10
 
     def node_cache(self) -> _SlowStore:
         return self.store

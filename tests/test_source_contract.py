@@ -45,7 +45,7 @@ from fastload.sources import (
     source_kinds,
 )
 from fastload.sources._formats.folder import scan_image_folder
-from fastload.sources._formats.hdf5 import HDF5BytesIndex
+from fastload.sources._formats.hdf5_indexes import HDF5BytesIndex
 from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._indexes.sample_index import PathIndex
 

@@ -26,7 +26,7 @@ from fastload import ConfigError, DatasetError, FastLoader, SampleError
 from fastload import transforms as T
 from fastload.sources import HDF5, as_source, source_from_config
 from fastload.sources._formats.folder import scan_image_folder
-from fastload.sources._formats.hdf5 import HDF5ArrayIndex, HDF5BytesIndex
+from fastload.sources._formats.hdf5_indexes import HDF5ArrayIndex, HDF5BytesIndex
 
 h5py = pytest.importorskip("h5py")
 

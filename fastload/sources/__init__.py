@@ -26,7 +26,8 @@ from fastload.sources._base import (
     source_from_config,
     source_kinds,
 )
-from fastload.sources._formats.file_list import FileList, ImageFolder
+from fastload.sources._formats.file_list import FileList
+from fastload.sources._formats.folder import ImageFolder
 from fastload.sources._formats.hdf5 import HDF5
 from fastload.sources._formats.packed import Packed
 from fastload.sources._formats.tar import TarShards

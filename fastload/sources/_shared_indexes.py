@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastload.sources._formats.hdf5 import HDF5BytesIndex
+from fastload.sources._formats.hdf5_indexes import HDF5BytesIndex
 from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._indexes.sample_index import PathIndex
 

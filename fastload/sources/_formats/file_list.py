@@ -1,6 +1,5 @@
-"""Image folders and file lists: the sources whose samples are whole image files (`PathIndex`).
+"""File lists: a source whose samples are whole image files named by a list (`PathIndex`).
 
-`ImageFolder` is the ImageNet layout (class subfolders, torchvision's ImageFolder labels).
 `FileList` is a CSV/TSV/text file of `path, label` lines: labels are integers or class names (one
 or the other for the whole file), or with `multi_label` several per line, giving float32
 multi-hot targets. The label type and shape are declared once, by the source, never per sample.
@@ -29,8 +28,7 @@ from typing import ClassVar
 import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
-from fastload.sources._base import Naming, OpenBounds, Source
-from fastload.sources._formats.folder import scan_image_folder
+from fastload.sources._base import Naming, Source
 from fastload.sources._formats.list_rows import ListRows, delimiter_name, describe, read_rows
 from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._indexes.sample_index import PathIndex, pack_strings
@@ -48,32 +46,6 @@ from fastload.sources._storage.remote_file import remote_file
 
 _MULTI_SEPARATORS = re.compile(r"[\s;|]+")
 LIST_SUFFIXES = (".csv", ".tsv", ".txt")
-
-
-@dataclass(frozen=True)
-class ImageFolder(Source, kind="folder", named_by=Naming(any_local=True), served_by_daemon=True):
-    """An ImageNet-layout folder: ROOT/<class name>/<image file>; labels index the sorted class
-    names, as torchvision's ImageFolder (a plain path to a folder means this). A class folder
-    with no images is refused (DatasetError naming it), as torchvision does, unless
-    `allow_empty`: then it stays a class that no sample has."""
-
-    path_fields: ClassVar[tuple[str, ...]] = ("root",)
-    quiet_defaults: ClassVar[tuple[str, ...]] = ("allow_empty",)
-    root: str
-    allow_empty: bool = False
-
-    @property
-    def where(self) -> str:
-        return os.path.abspath(self.root)
-
-    def open(self) -> PathIndex:
-        return scan_image_folder(self.root, allow_empty=self.allow_empty)
-
-    def open_bounded(self, bounds: OpenBounds) -> PathIndex:
-        return scan_image_folder(
-            self.root, max_files=bounds.max_files, max_bytes=bounds.max_bytes, deadline=bounds.deadline,
-            allow_empty=self.allow_empty,
-        )
 
 
 @dataclass(frozen=True)

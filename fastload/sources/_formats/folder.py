@@ -1,4 +1,4 @@
-"""An ImageNet-layout folder (ROOT/<class>/<image>) scanned into a `PathIndex`.
+"""`ImageFolder`, an ImageNet-layout folder (ROOT/<class>/<image>), scanned into a `PathIndex`.
 
 Class and file order match torchvision's `ImageFolder` exactly (sorted class folders, recursive
 walk following links, sorted file names, the same extensions), so labels match too. Unlike
@@ -14,10 +14,13 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from fastload._errors import DatasetError
+from fastload.sources._base import Naming, OpenBounds, Source
 from fastload.sources._indexes.sample_index import PathIndex
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -281,3 +284,29 @@ class _Walk:
             inside[sub_key] = path
             stack.append((path, sub_key, subdirs))
         return found
+
+
+@dataclass(frozen=True)
+class ImageFolder(Source, kind="folder", named_by=Naming(any_local=True), served_by_daemon=True):
+    """An ImageNet-layout folder: ROOT/<class name>/<image file>; labels index the sorted class
+    names, as torchvision's ImageFolder (a plain path to a folder means this). A class folder
+    with no images is refused (DatasetError naming it), as torchvision does, unless
+    `allow_empty`: then it stays a class that no sample has."""
+
+    path_fields: ClassVar[tuple[str, ...]] = ("root",)
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("allow_empty",)
+    root: str
+    allow_empty: bool = False
+
+    @property
+    def where(self) -> str:
+        return os.path.abspath(self.root)
+
+    def open(self) -> PathIndex:
+        return scan_image_folder(self.root, allow_empty=self.allow_empty)
+
+    def open_bounded(self, bounds: OpenBounds) -> PathIndex:
+        return scan_image_folder(
+            self.root, max_files=bounds.max_files, max_bytes=bounds.max_bytes, deadline=bounds.deadline,
+            allow_empty=self.allow_empty,
+        )
