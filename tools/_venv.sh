@@ -4,31 +4,21 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 python=${PYTHON:-python3}
-fresh=false
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
-    fresh=true
 fi
 pip=(.venv/bin/python -m pip -q)
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-# NOTE [byte-compiled once, on every core]: pip byte-compiles what it installs, file by file on one
-# core: a third of a fresh venv's install (torch, ray, moto, DALI: ~35 s of CPU). Into a fresh venv
-# every install goes with --no-compile, and one compileall at the end compiles it all in a process
-# per core. Not skipped: where PYTHONDONTWRITEBYTECODE is set, nothing would compile a module on
-# import, and every test process would compile torch again. Into an existing venv, pip compiles
-# what it adds, as before.
-install=("${pip[@]}" install)
-! $fresh || install+=(--no-compile)
 # torch first, pinned: an unpinned torch resolves to a multi-GB CUDA build on machines without a GPU.
-.venv/bin/python -c "import torch" 2>/dev/null || "${install[@]}" "torch==${FASTLOAD_TORCH_VERSION:-2.13.0}"
+.venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" install "torch==${FASTLOAD_TORCH_VERSION:-2.13.0}"
 # PIL for the non-JPEG paths and the demo: pillow-simd built with AVX2 where the CPU has it and the
 # build succeeds, Pillow otherwise. It is not a package dependency, so no later install swaps it.
 if ! .venv/bin/python -c "import PIL" 2>/dev/null; then
     if grep -qw avx2 /proc/cpuinfo 2>/dev/null \
-        && CC="cc -mavx2" "${install[@]}" --no-binary pillow-simd "pillow-simd>=9.1"; then
+        && CC="cc -mavx2" "${pip[@]}" install --no-binary pillow-simd "pillow-simd>=9.1"; then
         echo "installed pillow-simd (AVX2)"
     else
-        "${install[@]}" "pillow>=9.1"
+        "${pip[@]}" install "pillow>=9.1"
     fi
 fi
 importable() { .venv/bin/python -c "import $1" >/dev/null 2>&1; }
@@ -69,13 +59,13 @@ if [[ ",$extras," == *,test,* ]]; then
             # The CPU index alone (pip's configured find-links and indexes would offer the CUDA
             # build under the same version), and briefly; FASTLOAD_TORCH_CPU_INDEX names a mirror.
             if env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_INDEX_URL -u PIP_CONSTRAINT \
-                PIP_CONFIG_FILE=/dev/null "${install[@]}" --no-deps --timeout 10 --retries 0 \
+                PIP_CONFIG_FILE=/dev/null "${pip[@]}" install --no-deps --timeout 10 --retries 0 \
                 --index-url "${FASTLOAD_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" \
                 "$torchvision" 2>/dev/null; then
                 torchvision_ok=true
                 echo "installed torchvision's CPU build"
             fi
-        elif "${install[@]}" --no-deps "$torchvision"; then
+        elif "${pip[@]}" install --no-deps "$torchvision"; then
             if importable torchvision; then
                 torchvision_ok=true
             else
@@ -84,7 +74,7 @@ if [[ ",$extras," == *,test,* ]]; then
         fi
         if $torchvision_ok; then
             :
-        elif "${install[@]}" --no-deps --target "$ref" "$torchvision"; then
+        elif "${pip[@]}" install --no-deps --target "$ref" "$torchvision"; then
             echo "torchvision: no build for torch $torch_version here; the nearest is in $ref, for the tests"
         else
             echo "no torchvision for this torch: the tests that compare against it will skip"
@@ -99,7 +89,7 @@ if [[ ",$extras," == *,test,* ]]; then
         if $torchvision_ok; then
             without_deps+=("timm==1.0.*")
         else
-            "${install[@]}" --no-deps --target "$ref" "timm==1.0.*" \
+            "${pip[@]}" install --no-deps --target "$ref" "timm==1.0.*" \
                 || echo "no timm: the tests that compare against it will skip"
         fi
     fi
@@ -118,8 +108,8 @@ if [[ ",$extras," == *,test,* ]]; then
 fi
 spec="."
 [ -n "$extras" ] && spec=".[$extras]"
-"${install[@]}" -e "$spec" "${requirements[@]}"
-[ ${#without_deps[@]} -eq 0 ] || "${install[@]}" --no-deps "${without_deps[@]}"
+"${pip[@]}" install -e "$spec" "${requirements[@]}"
+[ ${#without_deps[@]} -eq 0 ] || "${pip[@]}" install --no-deps "${without_deps[@]}"
 # Pillow beside pillow-simd (a dependency's, or in a .venv made before the above): both write the
 # PIL package, whichever came last wins, and uninstalling one breaks the other; so Pillow goes and
 # pillow-simd is put back whole (from pip's wheel cache when it has the build).
@@ -127,11 +117,5 @@ if installed pillow-simd && installed pillow; then
     echo "removing Pillow, installed over pillow-simd; reinstalling pillow-simd"
     simd=$(.venv/bin/python -c "from importlib.metadata import version; print(version('pillow-simd'))")
     "${pip[@]}" uninstall -y pillow
-    CC="cc -mavx2" "${install[@]}" --force-reinstall --no-deps --no-binary pillow-simd "pillow-simd==$simd"
-fi
-if $fresh; then  # NOTE [byte-compiled once, on every core]
-    compiled=("$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')")
-    [ ! -d .venv/test-reference ] || compiled+=(.venv/test-reference)
-    # Quiet and not fatal, as pip's own compiling: a few packages ship files that do not compile.
-    .venv/bin/python -m compileall -qq -j 0 "${compiled[@]}" || true
+    CC="cc -mavx2" "${pip[@]}" install --force-reinstall --no-deps --no-binary pillow-simd "pillow-simd==$simd"
 fi
