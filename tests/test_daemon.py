@@ -38,6 +38,7 @@ from daemon_helpers import (
     DaemonProcess,
     assert_same_batches,
     local_epoch,
+    refused_serve,
     serve_command,
     take,
 )
@@ -438,12 +439,9 @@ def test_loader_with_no_daemon_fails_at_once_saying_to_start_one(
 
 
 def test_second_daemon_on_the_same_socket_dir_refuses(shared_daemon: DaemonProcess) -> None:
-    result = subprocess.run(
-        serve_command(shared_daemon.socket_dir, workers=1), capture_output=True, text=True,
-        timeout=HANG_S,
-    )
-    assert result.returncode == 1, result.stderr
-    assert f"already running (pid {shared_daemon.pid}" in result.stderr
+    code, stderr = refused_serve(serve_command(shared_daemon.socket_dir, workers=1), timeout_s=HANG_S)
+    assert code == 1, stderr
+    assert f"already running (pid {shared_daemon.pid}" in stderr
     # ...and took nothing away from the first one.
     assert shared_daemon.pid_path.read_text().strip() == str(shared_daemon.pid)
     assert shared_daemon.status()["pid"] == shared_daemon.pid

@@ -147,9 +147,9 @@ def test_runtime_dir_is_made_private_and_a_shared_socket_dir_is_refused(
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
     shared.chmod(0o755)
-    result = subprocess.run(serve_command(shared, workers=1), capture_output=True, text=True, timeout=30)
-    assert result.returncode == 1
-    assert f"{shared} must be a directory owned by you with mode 0700" in result.stderr
+    code, stderr = refused_serve(serve_command(shared, workers=1), timeout_s=30)
+    assert code == 1, stderr
+    assert f"{shared} must be a directory owned by you with mode 0700" in stderr
     assert list(shared.iterdir()) == []
 
 

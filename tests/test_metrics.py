@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from daemon_helpers import RESIZE, DaemonPool, serve_command
+from daemon_helpers import RESIZE, DaemonPool, refused_serve, serve_command
 from helpers import wait_until
 
 from fastload import ConfigError, FastLoader
@@ -245,12 +245,9 @@ def test_a_bad_metrics_address_stops_serve_with_a_clear_error(
 ) -> None:
     socket_dir = tmp_path / "s"
     socket_dir.mkdir(mode=0o700)
-    result = subprocess.run(
-        serve_command(socket_dir, workers=1, extra=["--metrics", address]),
-        capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 1, result.stderr
-    assert f"fastload: error: {message}" in result.stderr
+    code, stderr = refused_serve(serve_command(socket_dir, workers=1, extra=["--metrics", address]))
+    assert code == 1, stderr
+    assert f"fastload: error: {message}" in stderr
     assert not (socket_dir / "daemon.sock").exists() and not (socket_dir / "daemon.pid").exists()
 
 
