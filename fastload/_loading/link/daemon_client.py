@@ -29,6 +29,8 @@ from fastload._loading.slots.ring import Ring
 from fastload._machine import pid_alive
 from fastload._shm import Segment
 
+_BYE_LINGER_MS = 200  # how long `DaemonSession.close` lets its `bye` leave before it drops it
+
 CONNECT_TIMEOUT_S = 5.0
 _PING_EVERY_S = 1.0
 _TCP_SILENCE_LIMIT_S = 10.0
@@ -247,8 +249,11 @@ class DaemonSession:
         self._closed = True
         with contextlib.suppress(zmq.ZMQError):
             self._send("bye")
-        self._sock.close(0)
+        # A short linger lets the queued `bye` leave (with linger 0 it could be dropped, and the
+        # daemon logged "its connection closed" instead); bounded, so a dead daemon costs no wait.
+        self._sock.close(linger=_BYE_LINGER_MS)
         self._ctx.term()
+
 
 
 def _set_curve_client(sock: zmq.Socket) -> None:  # type: ignore[type-arg]
