@@ -44,7 +44,7 @@ from daemon_helpers import (
 )
 from helpers import wait_until, write_tar_shards
 
-from fastload import DaemonError, FastLoader
+from fastload import ConfigError, DaemonError, FastLoader
 from fastload import transforms as T
 from fastload.__main__ import main
 from fastload._loading.slots.ring_plan import EXTRA_SLOTS, default_in_flight
@@ -82,6 +82,9 @@ def test_daemon_batches_equal_local_batches_over_two_epochs(
         ) as attached,
     ):
         assert attached.classes == local.classes
+        assert attached.class_to_idx == local.class_to_idx  # from the welcome's classes
+        with pytest.raises(ConfigError, match="which a daemon holds"):
+            attached.targets  # noqa: B018  local only: the index lives in the daemon
         assert len(attached) == len(local) == 5
         epochs = []
         for epoch in (1, 0):  # set_epoch, out of order: batches depend on (seed, epoch) only

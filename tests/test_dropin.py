@@ -345,3 +345,11 @@ def test_a_dropped_loader_collected_in_a_later_loaders_worker_prints_nothing(tmp
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
     assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_datasets_imagefolder_attributes_are_its_own() -> None:
+    """Over a Dataset the loader names no classes and leaves `targets` to the dataset."""
+    with FastLoader(Indices(), batch_size=4, num_workers=0) as loader:
+        assert loader.classes == () and loader.class_to_idx == {}
+        with pytest.raises(ConfigError, match=r"loader\.dataset\.targets"):
+            loader.targets  # noqa: B018

@@ -95,6 +95,31 @@ def test_loader_classes_match(tricky_folder: Path) -> None:
         assert len(loader) == -(-len(torchvision_rules(tricky_folder)[1]) // 4)
 
 
+def test_loader_offers_imagefolders_class_to_idx_and_targets(tricky_folder: Path) -> None:
+    """`classes`, `class_to_idx` and `targets` as torchvision's ImageFolder gives them (its rules
+    written out above), `targets` built on first access and kept."""
+    classes, samples = torchvision_rules(tricky_folder)
+    source = ImageFolder(str(tricky_folder), allow_empty=True)
+    resize = [T.Resize((16, 16))]
+    with FastLoader(source, batch_size=4, num_workers=0, transform=resize, device="cpu") as loader:
+        assert list(loader.classes) == classes
+        assert loader.class_to_idx == {name: i for i, name in enumerate(classes)}
+        assert "targets" not in vars(loader), "targets were built before anyone asked"
+        assert loader.targets == [label for _, label in samples]
+        assert loader.targets is loader.targets
+
+
+def test_loader_attributes_equal_torchvisions_imagefolder(image_folder: Path) -> None:
+    """The same three attributes from torchvision's own ImageFolder on the same folder."""
+    datasets = pytest.importorskip("torchvision.datasets")
+    theirs = datasets.ImageFolder(str(image_folder))
+    resize = [T.Resize((16, 16))]
+    with FastLoader(image_folder, batch_size=4, num_workers=0, transform=resize, device="cpu") as loader:
+        assert list(loader.classes) == theirs.classes
+        assert loader.class_to_idx == theirs.class_to_idx
+        assert loader.targets == theirs.targets
+
+
 def _fingerprint(pixels: np.ndarray | torch.Tensor) -> str:
     array = pixels.numpy() if isinstance(pixels, torch.Tensor) else pixels
     return hashlib.sha1(np.ascontiguousarray(array).tobytes()).hexdigest()

@@ -1,7 +1,8 @@
 """One contract, every source: the same images through a folder, a file list, tar shards, a
 packed copy and HDF5 give the same batches; and for each, batches do not depend on the worker
 count, a killed worker changes nothing (exactly once), `state_dict` resumes mid-epoch, a block
-shuffle works, and the reads reach the statistics iostat shows.
+shuffle works, the reads reach the statistics iostat shows, and ImageFolder's `classes`,
+`class_to_idx` and `targets` mean the same.
 
 And every declared kind, found in the registry (`source_kinds()`: a kind another test module
 declares is checked too), keeps its declaration's promises (NOTE [a source kind is declared
@@ -170,6 +171,18 @@ def test_a_block_shuffle_and_sample_ids(sources: dict[str, Source], kind: str) -
     names = batches[0][2].names
     assert names is not None and len(names) == 4 and all(names)
     assert stats is not None and stats.bytes_read > 0 and stats.samples >= 24
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_imagefolders_attributes_mean_the_same_for_every_kind(
+    sources: dict[str, Source], image_folder: Path, kind: str
+) -> None:
+    """`targets` is the folder's for every kind holding its images in its order; `class_to_idx`
+    indexes whatever `classes` the kind names (none for integer labels: `{}`)."""
+    with _loader(sources["folder"], 0) as folder, _loader(sources[kind], 0) as loader:
+        assert loader.targets == folder.targets == scan_image_folder(image_folder).labels.tolist()
+        assert loader.class_to_idx == {name: i for i, name in enumerate(loader.classes)}
+        assert loader.classes in ((), folder.classes)
 
 
 # -- the declaration, for every declared kind -------------------------------------------------

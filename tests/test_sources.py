@@ -76,7 +76,8 @@ def test_integer_labels_are_used_as_they_are(image_folder: Path, tmp_path: Path)
     with loader:
         ((_, got),) = list(loader)
     assert got.tolist() == labels
-    assert loader.classes == ()
+    assert loader.classes == () and loader.class_to_idx == {}  # integers name no classes
+    assert loader.targets == labels
 
 
 def test_paths_are_relative_to_the_list_unless_root_is_given(image_folder: Path, tmp_path: Path) -> None:
@@ -102,6 +103,8 @@ def test_multi_label_targets_are_multi_hot_rows(image_folder: Path, tmp_path: Pa
     assert targets.dtype == torch.float32 and targets.shape == (6, 3)
     expected = [[0, 1, 0], [0, 1, 1], [0, 0, 0], [1, 0, 1], [0, 1, 1], [1, 0, 0]]
     assert targets.tolist() == expected
+    assert loader.class_to_idx == {"bird": 0, "cat": 1, "dog": 2}
+    assert loader.targets == expected  # each sample's multi-hot row, as its batch carries it
 
 
 def test_multi_label_integers_with_num_classes(image_folder: Path, tmp_path: Path) -> None:

@@ -291,6 +291,7 @@ def test_multi_label_targets(tmp_path: Path, rows: tuple[np.ndarray, np.ndarray]
             assert labels.dtype == torch.float32
             assert np.array_equal(labels.numpy(), hot[ids.indices.numpy()].astype(np.float32))
             assert np.array_equal(data.numpy(), x[ids.indices.numpy()])
+        assert loader.targets == hot.astype(np.float32).tolist()  # multi-hot rows, every source alike
 
 
 def test_no_labels(tmp_path: Path, rows: tuple[np.ndarray, np.ndarray]) -> None:
@@ -299,7 +300,9 @@ def test_no_labels(tmp_path: Path, rows: tuple[np.ndarray, np.ndarray]) -> None:
     with FastLoader(HDF5(str(tmp_path / "plain.h5"), data="features", labels=None), batch_size=50,
                     num_workers=0, device="cpu") as loader:  # fmt: skip
         data, labels = next(iter(loader))
+        targets = loader.targets
     assert np.array_equal(data.numpy(), rows[0][:50]) and (labels == -1).all()
+    assert targets == [-1] * len(rows[0])  # an array source too: -1, no label, as its batches carry
 
 
 def test_scalar_rows(tmp_path: Path) -> None:

@@ -78,6 +78,15 @@ def test_batches_match_the_folder(image_folder: Path, packed: Path, num_workers:
         assert all(name.startswith("data-0000") for name in ids.names)
 
 
+def test_a_pack_keeps_the_folders_classes_class_to_idx_and_targets(image_folder: Path, packed: Path) -> None:
+    options: dict[str, Any] = {"batch_size": 4, "num_workers": 0, "device": "cpu"}
+    options["transform"] = [T.Resize((9, 9))]
+    with FastLoader(image_folder, **options) as folder, FastLoader(packed, **options) as loader:
+        assert loader.classes == folder.classes == ("n00", "n01", "n02")
+        assert loader.class_to_idx == folder.class_to_idx == {"n00": 0, "n01": 1, "n02": 2}
+        assert loader.targets == folder.targets == [i // 8 for i in range(24)]
+
+
 def test_resume_mid_epoch(packed: Path) -> None:
     whole = epoch_with_ids(packed, 2, seed=3)  # on the CPU, as these loaders
     kwargs: dict[str, Any] = {"batch_size": 5, "shuffle": True, "transform": AUGMENT, "device": "cpu"}

@@ -19,6 +19,7 @@ from fastload._bad_samples import DEFAULT_MAX_SKIPPED
 from fastload._errors import ConfigError
 from fastload._exclusion import ExcludeArg
 from fastload._loading.assembly import Assembly
+from fastload._loading.folder_attributes import ImageFolderAttributes
 from fastload._loading.order.plan import SamplerPlan
 from fastload._loading.running.iterations import Iterations
 from fastload._loading.running.stats import LoaderStats
@@ -29,13 +30,13 @@ from fastload._metrics_seam import export_loader
 from fastload.transforms import Transform
 
 
-class FastLoader:
+class FastLoader(ImageFolderAttributes):
     """Load batches with worker processes, a shared-memory ring and (on CUDA) async copies.
 
     `dataset` is either a source fastload reads itself (`fastload.sources`: an ImageNet-layout
     folder, whose labels index the sorted class names as torchvision's ImageFolder does, a file
-    list, ...; a plain path means what `sources.as_source` says) or a map-style
-    `torch.utils.data.Dataset`.
+    list, ...; a plain path means what `sources.as_source` says; ImageFolder's `classes`,
+    `class_to_idx` and `targets` are the loader's: `folder_attributes`) or a map-style torch `Dataset`.
     Every DataLoader argument means what it means there; the keyword-only ones after `*` are
     fastload's own.
 
@@ -166,7 +167,6 @@ class FastLoader:
         )
         self.dataset = dataset
         self._assembly = Assembly(spec, exclude)
-        self.classes: tuple[str, ...] = self._assembly.classes
         self._runs = Iterations(spec.summary)  # the pipeline, the iteration under way, the last counters
         self._position = Position()
         self._closed = False
