@@ -13,6 +13,8 @@ reads beneath roots and through the node cache) and the foundations; never the f
   packs, remote objects); `extent_files.py`: a process's descriptors and positioned reads of
   them; `extent_layout.py`: its shared-memory layout.
 - `arrays.py`: `ArrayIndex`, fixed-shape rows delivered as stored (no decoding).
+- `targets.py`: torchvision ImageFolder's `class_to_idx` and `targets` of any index, one meaning
+  for every format.
 
 A private room (its name starts with `_`): users import `fastload.sources`, whose `__all__`
 is the public face.
