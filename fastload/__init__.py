@@ -25,6 +25,7 @@ from fastload._errors import (
     SettingsWarning,
     SharedMemoryError,
     SourceChanged,
+    TargetsUnavailable,
     WireError,
     WorkerError,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "SettingsWarning",
     "SharedMemoryError",
     "SourceChanged",
+    "TargetsUnavailable",
     "WireError",
     "WorkerError",
     "__version__",

@@ -36,6 +36,7 @@ __all__ = [
     "SampleError",
     "SharedMemoryError",
     "SourceChanged",
+    "TargetsUnavailable",
     "WireError",
     "WorkerError",
 ]
@@ -47,6 +48,12 @@ class FastloadError(Exception):
 
 class ConfigError(FastloadError, ValueError):
     """An argument or a transform chain that fastload cannot run; the message says what to change."""
+
+
+class TargetsUnavailable(ConfigError, AttributeError):
+    """`FastLoader.targets` where the loader has none to give (a daemon holds the index; a Dataset's
+    are its own): a ConfigError saying where they are, and an AttributeError, so that
+    `hasattr(loader, "targets")` is False as it is for a DataLoader."""
 
 
 class DatasetError(FastloadError):

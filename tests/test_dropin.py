@@ -353,3 +353,5 @@ def test_a_datasets_imagefolder_attributes_are_its_own() -> None:
         assert loader.classes == () and loader.class_to_idx == {}
         with pytest.raises(ConfigError, match=r"loader\.dataset\.targets"):
             loader.targets  # noqa: B018
+        # As on a DataLoader, which has no `targets`: code that probes for them falls back.
+        assert not hasattr(loader, "targets") and getattr(loader, "targets", None) is None

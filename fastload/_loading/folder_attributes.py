@@ -12,15 +12,15 @@ offers them itself, with one meaning for every kind of source (`sources._indexes
   the batches carry it: an int per sample (-1 where a sample has no label), or a list of floats
   per sample for a multi-label source's multi-hot rows. Built on first access, then kept. Local
   only: through a daemon the index lives in the daemon (a million targets are not sent with each
-  hello), and a `Dataset`'s targets are its own (`loader.dataset.targets`): both are a
-  ConfigError that says so.
+  hello), and a `Dataset`'s targets are its own (`loader.dataset.targets`): both raise
+  `TargetsUnavailable`, a ConfigError that says so and an AttributeError (`hasattr` is False).
 """
 
 from __future__ import annotations
 
 import functools
 
-from fastload._errors import ConfigError
+from fastload._errors import TargetsUnavailable
 from fastload._loading.assembly import Assembly
 from fastload.sources._indexes.targets import class_to_idx, targets_list
 
@@ -46,10 +46,10 @@ class ImageFolderAttributes:
         (built on first access; local sources only: see the module's docstring)."""
         parts = self._assembly
         if parts.spec.daemon is not None:
-            raise ConfigError(
+            raise TargetsUnavailable(
                 "targets are read from the source's index, which a daemon holds: open the source in "
                 "this process for them: fastload.sources.as_source(loader.dataset).open().labels"
             )
         if parts.index is None:
-            raise ConfigError("a Dataset's targets are its own: read loader.dataset.targets")
+            raise TargetsUnavailable("a Dataset's targets are its own: read loader.dataset.targets")
         return targets_list(parts.index.labels)
