@@ -386,7 +386,6 @@ def _unsupported(version: str) -> list[tuple[str, Any]]:
         ("RandomRotation", m.RandomRotation(10)),
         ("Lambda", m.Lambda(lambda x: x)),
         ("RandomVerticalFlip", m.RandomVerticalFlip()),
-        ("Grayscale", m.Grayscale(3)),
         ("RandomOrder", m.RandomOrder([m.RandomHorizontalFlip()])),
         ("RandomChoice", m.RandomChoice([m.ColorJitter(0.4), m.RandomGrayscale()])),
     ]

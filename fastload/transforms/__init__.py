@@ -25,6 +25,7 @@ from fastload.transforms._base import Transform
 from fastload.transforms._color import (
     ColorJitter,
     GaussianBlur,
+    Grayscale,
     RandomAutocontrast,
     RandomEqualize,
     RandomGrayscale,
@@ -66,6 +67,7 @@ __all__ = [
     "ColorJitter",
     "CutMix",
     "GaussianBlur",
+    "Grayscale",
     "MixUp",
     "RandAugment",
     "RandomApply",
