@@ -327,6 +327,27 @@ def warp_(x: torch.Tensor, index: torch.Tensor, theta: torch.Tensor, interpolati
         _sample_(x, index, grid, fill, interpolation, None if fill is None else coverage(grid))
 
 
+def linear_parts(angle: float, scale: float, shear: Sequence[float]) -> list[float]:
+    """The size-free part of `inverse_affine_matrix` (about the centre, no translation):
+    [m0, m1, m3, m4], the same doubles torchvision computes; `thetas` adds the rest per size."""
+    matrix = inverse_affine_matrix([0.0, 0.0], angle, [0.0, 0.0], scale, shear)
+    return [matrix[0], matrix[1], matrix[3], matrix[4]]
+
+
+def thetas(linear: torch.Tensor, translate: torch.Tensor, center: Sequence[float]) -> torch.Tensor:
+    """(n, 2, 3) float32 inverse matrices from `linear` (n, 4) float64 (`linear_parts`), the
+    translations `translate` (n, 2) float64 in pixels and the centre (cx, cy) relative to the
+    image's: `inverse_affine_matrix`'s last column, operation for operation in double precision
+    (IEEE on any device, so the float32 theta is torchvision's), computed on the batch's device."""
+    cx, cy = float(center[0]), float(center[1])
+    m0, m1, m3, m4 = linear.unbind(1)
+    cx_plus_tx = translate[:, 0] + cx
+    cy_plus_ty = translate[:, 1] + cy
+    m2 = ((cx - m0 * cx_plus_tx) - m1 * cy_plus_ty) + 0.0
+    m5 = ((cy - m3 * cx_plus_tx) - m4 * cy_plus_ty) + 0.0
+    return torch.stack((m0, m1, m2, m3, m4, m5), dim=1).to(torch.float32).view(-1, 2, 3)
+
+
 def rot90_(x: torch.Tensor, index: torch.Tensor, turns: int) -> None:
     """Rotate the samples `index` of x by `turns` quarter turns in place (`torch.rot90` on (H, W),
     torchvision's fast path for 90, 180 and 270 degrees); 90 and 270 need a square image."""

@@ -1,0 +1,200 @@
+"""The pixel-stage geometric transforms (`fastload.transforms._warps`: RandomVerticalFlip,
+RandomRotation, RandomAffine) and Grayscale against torchvision v2, and their conversion.
+
+Protects: each sample's pixels equal torchvision's tensor kernel (`vertical_flip`, `rotate`,
+`affine`) on the parameters that sample drew (tolerance 0), for random angles, translations,
+scales and shears, nearest and bilinear, every fill, a given centre, square and oblong images,
+both memory layouts; the quarter turns torchvision takes as `rot90`; the parameters' ranges; the
+torchvision parameters fastload refuses (expand, one grey channel) and where such a transform may
+stand in a chain; and that FastLoader takes a torchvision Compose of them, giving the batches of
+the same fastload chain.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers import torchvision_or_skip
+from test_augment_policies import FILLS, INTERPOLATIONS, _images, _tv_fill, _tv_mode, _v2
+
+from fastload import ConfigError
+from fastload import transforms as T
+from fastload._augment.ops import to_device
+from fastload._augment.registry import sample_op
+
+
+def _run(t: T.Transform, x: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, dict[str, Any], Any]:
+    """(output, host params, op) of t's kernel on a copy of x with seeded uniforms."""
+    op = sample_op(t)
+    u = np.random.default_rng(seed).random((x.shape[0], op.draws))
+    params = op.params(u)
+    out = op.apply(x.clone(), to_device(params, x.device))
+    return out, params, op
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_vertical_flip_flips_the_samples_that_drew_it(channels_last: bool) -> None:
+    F = _v2().functional
+    x = _images(8, 12, 10, channels_last)
+    out, params, _ = _run(T.RandomVerticalFlip(0.5), x)
+    flipped = set(params["index"].tolist())
+    assert 0 < len(flipped) < 8
+    for i in range(8):
+        expected = F.vertical_flip(x[i]) if i in flipped else x[i]
+        assert torch.equal(out[i], expected)
+
+
+@pytest.mark.parametrize("fill", FILLS)
+@pytest.mark.parametrize("interpolation", INTERPOLATIONS)
+@pytest.mark.parametrize(("height", "width", "channels_last"), [(16, 16, True), (12, 18, False)])
+@pytest.mark.parametrize("center", [None, (3.0, 5.5)])
+def test_rotation_equals_torchvision_per_sample(
+    fill: Any, interpolation: str, height: int, width: int, channels_last: bool, center: Any
+) -> None:
+    F = _v2().functional
+    x = _images(6, height, width, channels_last)
+    t = T.RandomRotation(60, interpolation=interpolation, center=center, fill=fill)
+    out, params, _ = _run(t, x)
+    assert np.all(np.abs(params["angle"]) <= 60) and len(set(params["angle"].tolist())) == 6
+    for i, angle in enumerate(params["angle"].tolist()):
+        where = None if center is None else list(center)
+        mode = _tv_mode(interpolation)
+        expected = F.rotate(x[i], angle, interpolation=mode, center=where, fill=_tv_fill(fill))
+        assert torch.equal(out[i], expected), (i, angle)
+
+
+@pytest.mark.parametrize("degrees", [0, 90, 180, 270, -90, 450])
+@pytest.mark.parametrize(("height", "width"), [(16, 16), (12, 18)])
+def test_rotation_by_quarter_turns_is_torchvisions_fast_path_or_its_grid(
+    degrees: float, height: int, width: int
+) -> None:
+    v2 = _v2()
+    x = _images(3, height, width, True)
+    out, _, _ = _run(T.RandomRotation((degrees, degrees)), x)
+    reference = v2.RandomRotation((degrees, degrees))
+    for i in range(3):
+        assert torch.equal(out[i], reference(x[i]))
+
+
+@pytest.mark.parametrize("fill", FILLS)
+@pytest.mark.parametrize("interpolation", INTERPOLATIONS)
+@pytest.mark.parametrize(("height", "width", "channels_last"), [(16, 16, True), (12, 18, False)])
+@pytest.mark.parametrize("center", [None, (4.0, 2.5)])
+def test_affine_equals_torchvision_per_sample(
+    fill: Any, interpolation: str, height: int, width: int, channels_last: bool, center: Any
+) -> None:
+    F = _v2().functional
+    x = _images(6, height, width, channels_last)
+    t = T.RandomAffine(
+        (-40, 40), translate=(0.2, 0.3), scale=(0.7, 1.3), shear=(-15, 15, -8, 8),
+        interpolation=interpolation, fill=fill, center=center,
+    )
+    out, params, op = _run(t, x)
+    shifts = op.translations(torch.from_numpy(params["shift"]), height, width)
+    assert float(shifts[:, 0].abs().max()) <= round(0.2 * width)
+    assert float(shifts[:, 1].abs().max()) <= round(0.3 * height)
+    assert np.all((params["scale"] >= 0.7) & (params["scale"] <= 1.3))
+    for i in range(6):
+        expected = F.affine(
+            x[i],
+            angle=float(params["angle"][i]),
+            translate=[float(v) for v in shifts[i]],
+            scale=float(params["scale"][i]),
+            shear=[float(v) for v in params["shear"][i]],
+            interpolation=_tv_mode(interpolation),
+            fill=_tv_fill(fill),
+            center=None if center is None else list(center),
+        )
+        assert torch.equal(out[i], expected), i
+
+
+def test_affine_translations_cover_torchvisions_range() -> None:
+    op = sample_op(T.RandomAffine(0, translate=(0.25, 0.0)))
+    shift = torch.from_numpy(np.random.default_rng(1).random((4000, 2)).astype(np.float32))
+    tx = op.translations(shift, 10, 16)[:, 0]  # max_dx = 4: round(uniform(-4, 4)), halves to even
+    counts = torch.bincount((tx + 4).to(torch.int64), minlength=9).tolist()
+    assert all(c > 0 for c in counts) and counts[0] < counts[1] and counts[8] < counts[7]
+
+
+def test_refused_parameters_say_what_to_do() -> None:
+    with pytest.raises(ConfigError, match="expand must be False"):
+        T.RandomRotation(10, expand=True)
+    with pytest.raises(ConfigError, match="num_output_channels must be 3"):
+        T.Grayscale(1)
+    with pytest.raises(ConfigError, match="RandomAffine: shear"):
+        T.RandomAffine(0, shear=(1, 2, 3))
+    with pytest.raises(ConfigError, match="RandomAffine: translate"):
+        T.RandomAffine(0, translate=(0.5, 2))
+    with pytest.raises(ConfigError, match="RandomRotation: degrees"):
+        T.RandomRotation((10, -10))
+    with pytest.raises(ConfigError, match="RandomRotation: interpolation"):
+        T.RandomRotation(10, interpolation="bicubic")
+    v2 = _v2()
+    with pytest.raises(ConfigError, match="Grayscale: num_output_channels"):
+        T.from_torchvision(v2.Grayscale())
+    with pytest.raises(ConfigError, match="RandomRotation: expand"):
+        T.from_torchvision(v2.RandomRotation(10, expand=True))
+    # Like every pixel-stage transform, after the crops: a chain that rotates first is refused.
+    with pytest.raises(ConfigError, match=r"CenterCrop \(geometry stage\) comes after RandomRotation"):
+        T.compile_transforms([T.RandomRotation(10), T.CenterCrop(8)])
+
+
+def test_conversion_reads_torchvisions_stored_parameters() -> None:
+    v2 = _v2()
+    (rotation, affine, flip, grey), normalize = T.from_torchvision(
+        [
+            v2.RandomRotation(15, fill=[0.5, 0.25, 1.0]),
+            v2.RandomAffine(10, translate=(0.1, 0.2), scale=(0.9, 1.1), shear=5),
+            v2.RandomVerticalFlip(0.3),
+            v2.Grayscale(num_output_channels=3),
+        ]
+    )
+    assert rotation == T.RandomRotation((-15.0, 15.0), fill=(0.5, 0.25, 1.0)) and normalize is None
+    assert affine == T.RandomAffine((-10.0, 10.0), translate=(0.1, 0.2), scale=(0.9, 1.1), shear=(-5.0, 5.0))
+    assert flip == T.RandomVerticalFlip(0.3) and grey == T.Grayscale(3)
+    tv = torchvision_or_skip()  # v1's RandomRotation stores the same attributes
+    (old,), _ = T.from_torchvision(tv.transforms.RandomRotation(15, fill=0))
+    assert old == T.RandomRotation((-15.0, 15.0))
+
+
+def test_fastloader_takes_a_torchvision_compose_of_them(image_folder: Any) -> None:
+    from fastload import FastLoader
+
+    v2 = _v2()
+    pipeline = v2.Compose(
+        [
+            v2.RandomResizedCrop(20),
+            v2.RandomVerticalFlip(),
+            v2.RandomRotation(20, interpolation=v2.InterpolationMode.BILINEAR),
+            v2.RandomAffine(5, translate=(0.1, 0.1), shear=3),
+            v2.RandomGrayscale(0.3),
+            v2.Grayscale(3),
+        ]
+    )
+    chain = [
+        T.RandomResizedCrop(20), T.RandomVerticalFlip(), T.RandomRotation(20, interpolation="bilinear"),
+        T.RandomAffine(5, translate=(0.1, 0.1), shear=3), T.RandomGrayscale(0.3), T.Grayscale(3),
+    ]
+    common: dict[str, Any] = {"batch_size": 8, "shuffle": True, "seed": 4, "num_workers": 0, "device": "cpu"}
+    with FastLoader(image_folder, transform=pipeline, **common) as converted, FastLoader(
+        image_folder, transform=chain, **common
+    ) as native:
+        batches = 0
+        for (xa, ya), (xb, yb) in zip(converted, native, strict=True):
+            assert xa.dtype == torch.uint8 and torch.equal(xa, xb) and torch.equal(ya, yb)
+            assert torch.equal(xa[:, 0], xa[:, 1])  # Grayscale: 3 equal channels
+            batches += 1
+        assert batches == 3
+
+
+def test_timms_vflip_recipe_converts() -> None:
+    from test_timm import convert, timm_data
+
+    recipe = timm_data().create_transform(32, is_training=True, hflip=0.5, vflip=0.25, color_jitter=None)
+    transforms, _, _ = convert(recipe)
+    assert T.RandomVerticalFlip(0.25) in transforms
+    flips = [T.RandomResizedCrop, T.RandomHorizontalFlip, T.RandomVerticalFlip]
+    assert [type(t) for t in transforms[:3]] == flips
