@@ -23,6 +23,7 @@ from test_augment_policies import FILLS, INTERPOLATIONS, _images, _tv_fill, _tv_
 from fastload import ConfigError
 from fastload import transforms as T
 from fastload._augment.ops import to_device
+from fastload._augment.perspective import corners
 from fastload._augment.registry import sample_op
 
 
@@ -119,6 +120,45 @@ def test_affine_translations_cover_torchvisions_range() -> None:
     assert all(c > 0 for c in counts) and counts[0] < counts[1] and counts[8] < counts[7]
 
 
+@pytest.mark.parametrize("fill", FILLS)
+@pytest.mark.parametrize("interpolation", INTERPOLATIONS)
+@pytest.mark.parametrize(("height", "width", "channels_last"), [(16, 16, True), (13, 18, False)])
+def test_perspective_equals_torchvision_per_sample(
+    fill: Any, interpolation: str, height: int, width: int, channels_last: bool
+) -> None:
+    F = _v2().functional
+    from torchvision.transforms.functional import _get_perspective_coeffs
+
+    x = _images(8, height, width, channels_last)
+    t = T.RandomPerspective(0.6, p=0.75, interpolation=interpolation, fill=fill)
+    out, params, op = _run(t, x)
+    chosen = params["index"].tolist()
+    assert 0 < len(chosen) < 8
+    ends = corners(torch.from_numpy(params["corners"]), height, width, 0.6)
+    ours = op.coefficients(torch.from_numpy(params["corners"]), height, width)
+    start = [[0, 0], [width - 1, 0], [width - 1, height - 1], [0, height - 1]]
+    for row, i in enumerate(chosen):
+        end = [[int(v) for v in corner] for corner in ends[row]]
+        bound_w, bound_h = int(0.6 * (width // 2)) + 1, int(0.6 * (height // 2)) + 1
+        assert 0 <= end[0][0] < bound_w and width - bound_w <= end[1][0] < width
+        assert height - bound_h <= end[2][1] < height and 0 <= end[3][0] < bound_w
+        coeffs = _get_perspective_coeffs(start, end)
+        assert ours[row].tolist() == coeffs
+        expected = F.perspective(
+            x[i], None, None, interpolation=_tv_mode(interpolation), fill=_tv_fill(fill), coefficients=coeffs
+        )
+        assert torch.equal(out[i], expected), i
+    untouched = [i for i in range(8) if i not in chosen]
+    assert torch.equal(out[untouched], x[untouched])
+
+
+def test_perspective_draws_every_corner_torchvision_can() -> None:
+    u = torch.from_numpy(np.random.default_rng(2).random((3000, 8)))
+    ends = corners(u, 10, 20, 1.0)  # bounds: 11 along x (width // 2 + 1), 6 along y
+    assert sorted(set(ends[:, 0, 0].tolist())) == list(range(11))
+    assert sorted(set(ends[:, 2, 1].tolist())) == list(range(4, 10))
+
+
 def test_refused_parameters_say_what_to_do() -> None:
     with pytest.raises(ConfigError, match="expand must be False"):
         T.RandomRotation(10, expand=True)
@@ -144,17 +184,19 @@ def test_refused_parameters_say_what_to_do() -> None:
 
 def test_conversion_reads_torchvisions_stored_parameters() -> None:
     v2 = _v2()
-    (rotation, affine, flip, grey), normalize = T.from_torchvision(
+    (rotation, affine, flip, grey, perspective), normalize = T.from_torchvision(
         [
             v2.RandomRotation(15, fill=[0.5, 0.25, 1.0]),
             v2.RandomAffine(10, translate=(0.1, 0.2), scale=(0.9, 1.1), shear=5),
             v2.RandomVerticalFlip(0.3),
             v2.Grayscale(num_output_channels=3),
+            v2.RandomPerspective(0.2, p=0.4, fill=[1.0, 0.0, 0.5]),
         ]
     )
     assert rotation == T.RandomRotation((-15.0, 15.0), fill=(0.5, 0.25, 1.0)) and normalize is None
     assert affine == T.RandomAffine((-10.0, 10.0), translate=(0.1, 0.2), scale=(0.9, 1.1), shear=(-5.0, 5.0))
     assert flip == T.RandomVerticalFlip(0.3) and grey == T.Grayscale(3)
+    assert perspective == T.RandomPerspective(0.2, p=0.4, fill=(1.0, 0.0, 0.5))
     tv = torchvision_or_skip()  # v1's RandomRotation stores the same attributes
     (old,), _ = T.from_torchvision(tv.transforms.RandomRotation(15, fill=0))
     assert old == T.RandomRotation((-15.0, 15.0))
@@ -170,13 +212,15 @@ def test_fastloader_takes_a_torchvision_compose_of_them(image_folder: Any) -> No
             v2.RandomVerticalFlip(),
             v2.RandomRotation(20, interpolation=v2.InterpolationMode.BILINEAR),
             v2.RandomAffine(5, translate=(0.1, 0.1), shear=3),
+            v2.RandomPerspective(0.3),
             v2.RandomGrayscale(0.3),
             v2.Grayscale(3),
         ]
     )
     chain = [
         T.RandomResizedCrop(20), T.RandomVerticalFlip(), T.RandomRotation(20, interpolation="bilinear"),
-        T.RandomAffine(5, translate=(0.1, 0.1), shear=3), T.RandomGrayscale(0.3), T.Grayscale(3),
+        T.RandomAffine(5, translate=(0.1, 0.1), shear=3), T.RandomPerspective(0.3), T.RandomGrayscale(0.3),
+        T.Grayscale(3),
     ]
     common: dict[str, Any] = {"batch_size": 8, "shuffle": True, "seed": 4, "num_workers": 0, "device": "cpu"}
     with FastLoader(image_folder, transform=pipeline, **common) as converted, FastLoader(

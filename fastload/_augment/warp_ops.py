@@ -1,5 +1,6 @@
 """The `SampleOp`s of the geometric transforms run on the pixels after the decode (RandomVerticalFlip,
-RandomRotation, RandomAffine: `fastload.transforms._warps`), in `KERNELS` by kernel name.
+RandomRotation, RandomAffine, RandomPerspective: `fastload.transforms._warps`), in `KERNELS` by
+kernel name.
 
 Each draws its parameters per sample from the loader's uniforms on the host (`params`: the angle,
 scale and shears, and the size-free part of torchvision's inverse matrix, in double precision with
@@ -15,10 +16,11 @@ import numpy as np
 import torch
 
 from fastload._augment import groups
-from fastload._augment.affine import Fill, linear_parts, rot90_, thetas, warp_
+from fastload._augment.affine import Fill, grid_warp_, linear_parts, rot90_, thetas, warp_
 from fastload._augment.ops import DeviceParams, Params, SampleKernel
+from fastload._augment.perspective import coefficients, corners, perspective_grid
 from fastload.transforms._policies import fill_values
-from fastload.transforms._warps import RandomAffine, RandomRotation, RandomVerticalFlip
+from fastload.transforms._warps import RandomAffine, RandomPerspective, RandomRotation, RandomVerticalFlip
 
 _TURNS = {0.0: 0, 90.0: 1, 180.0: 2, 270.0: 3}
 """torchvision's `rotate_image` fast path: an angle (mod 360) done as quarter turns of `rot90`."""
@@ -150,6 +152,38 @@ class AffineOp:
         return x
 
 
+class PerspectiveOp:
+    """RandomPerspective: the samples whose first uniform falls below p, each warped by the corners
+    its other 8 uniforms draw (`perspective`)."""
+
+    draws = 9
+
+    def __init__(self, transform: RandomPerspective) -> None:
+        self.p = float(transform.p)
+        self.distortion_scale = float(transform.distortion_scale)
+        self.interpolation = transform.interpolation
+        self.fill = _fill(transform.fill)
+
+    def params(self, u: np.ndarray) -> Params:
+        """`index`: the samples it warps; `corners` (n, 8) float32: their corners' uniforms."""
+        index = np.flatnonzero(u[:, 0] < self.p).astype(np.int64)
+        return {"index": index, "corners": u[index, 1:].astype(np.float64)}
+
+    def coefficients(self, corner_u: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """(n, 8) float32: the perspective coefficients of the chosen samples (torchvision's)."""
+        return coefficients(corners(corner_u, height, width, self.distortion_scale), height, width)
+
+    def apply(self, x: torch.Tensor, p: DeviceParams) -> torch.Tensor:
+        """Warp the chosen samples, in place."""
+        index = p["index"]
+        if index.numel() == 0:
+            return x
+        height, width = x.shape[-2], x.shape[-1]
+        grid = perspective_grid(self.coefficients(p["corners"], height, width), height, width)
+        grid_warp_(x, index, grid, self.interpolation, self.fill)
+        return x
+
+
 def _warp(
     x: torch.Tensor, index: torch.Tensor, linear: torch.Tensor, translate: torch.Tensor | None,
     centre: tuple[float, float], interpolation: str, fill: Fill,
@@ -169,5 +203,6 @@ KERNELS: dict[str, SampleKernel] = {
     "RandomVerticalFlip": lambda t, _: VerticalFlipOp(t),
     "RandomRotation": lambda t, _: RotationOp(t),
     "RandomAffine": lambda t, _: AffineOp(t),
+    "RandomPerspective": lambda t, _: PerspectiveOp(t),
 }
 """The kernels of the transforms of `fastload.transforms._warps`, by the names they declare."""

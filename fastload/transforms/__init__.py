@@ -52,7 +52,7 @@ from fastload.transforms._plan import compile_transforms as compile_transforms
 from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
 from fastload.transforms._timm_transforms import RandomApply, TimmMixup, TimmRandAugment
 from fastload.transforms._torchvision import from_torchvision
-from fastload.transforms._warps import RandomAffine, RandomRotation, RandomVerticalFlip
+from fastload.transforms._warps import RandomAffine, RandomPerspective, RandomRotation, RandomVerticalFlip
 
 # The transforms, and `from_torchvision` (a torchvision pipeline as fastload's). The loader's
 # machinery re-exported above (`compile_transforms`, `TransformPlan`, `SampleGeometry`,
@@ -79,6 +79,7 @@ __all__ = [
     "RandomErasing",
     "RandomGrayscale",
     "RandomHorizontalFlip",
+    "RandomPerspective",
     "RandomPosterize",
     "RandomResizedCrop",
     "RandomRotation",

@@ -1,6 +1,7 @@
 """The geometric transforms that run on a sample's uint8 pixels after the decode (stage "pixels"),
-not folded into it: RandomVerticalFlip, RandomRotation and RandomAffine, with torchvision v2's
-names, parameters and semantics on tensors (what `F.rotate` / `F.affine` do to a uint8 image).
+not folded into it: RandomVerticalFlip, RandomRotation, RandomAffine and RandomPerspective, with
+torchvision v2's names, parameters and semantics on tensors (what `F.rotate`, `F.affine` and
+`F.perspective` do to a uint8 image).
 Declarations only: their batched kernels are in `fastload._augment.warp_ops`.
 
 They keep the image's size (RandomRotation's `expand=True` is refused: a batch needs one size) and,
@@ -53,16 +54,16 @@ def symmetric_range(kind: str, param: str, value: object, sizes: tuple[int, ...]
     return numbers
 
 
-def _check_warp(kind: str, transform: Any) -> None:
-    """The parameters RandomRotation and RandomAffine share: interpolation, fill, center."""
+def _check_warp(kind: str, transform: Any, center: object) -> None:
+    """The parameters the warps share: interpolation, fill and (None for RandomPerspective) center."""
     take_interpolation(transform)
     if transform.interpolation not in POLICY_INTERPOLATIONS:
         raise reject(kind, "interpolation", transform.interpolation, " or ".join(POLICY_INTERPOLATIONS))
     check_fill(kind, transform.fill)
-    if transform.center is not None:
-        center = _numbers(transform.center)
-        if center is None or len(center) != 2:
-            raise reject(kind, "center", transform.center, "None or an (x, y) pair of numbers, in pixels")
+    if center is not None:
+        numbers = _numbers(center)
+        if numbers is None or len(numbers) != 2:
+            raise reject(kind, "center", center, "None or an (x, y) pair of numbers, in pixels")
 
 
 def _optional_floats(value: Any) -> tuple[float, ...] | None:
@@ -132,7 +133,7 @@ class RandomRotation(Transform):
                 "RandomRotation", "expand", self.expand,
                 "False (a batch needs one size: rotate without expanding, then crop or resize)",
             )
-        _check_warp("RandomRotation", self)
+        _check_warp("RandomRotation", self, self.center)
 
     def angle_range(self) -> tuple[float, float]:
         """(min, max) of the angle, in degrees."""
@@ -176,7 +177,7 @@ class RandomAffine(Transform):
                 raise reject("RandomAffine", "scale", self.scale, accepted)
         if self.shear is not None:
             symmetric_range("RandomAffine", "shear", self.shear, (2, 4))
-        _check_warp("RandomAffine", self)
+        _check_warp("RandomAffine", self, self.center)
 
     def ranges(self) -> tuple[Bounds, Bounds, Bounds, Bounds]:
         """(angle, scale, shear x, shear y) (min, max) ranges ((1, 1) and (0, 0) where absent)."""
@@ -187,3 +188,32 @@ class RandomAffine(Transform):
             given = symmetric_range("RandomAffine", "shear", self.shear, (2, 4))
             shear = given if len(given) == 4 else (given[0], given[1], 0.0, 0.0)
         return (low, high), scale, (shear[0], shear[1]), (shear[2], shear[3])
+
+
+@declare_transform(
+    stage="pixels",
+    kernel="RandomPerspective",
+    example={"distortion_scale": 0.5, "p": 1.0},
+    torchvision=lambda t, place: RandomPerspective(
+        distortion_scale=float(t.distortion_scale),
+        p=float(t.p),
+        interpolation=interpolation_of("RandomPerspective", t.interpolation),
+        fill=fill_at("RandomPerspective", t.fill, place),
+    ),
+)
+@dataclass(frozen=True)
+class RandomPerspective(Transform):
+    """With probability `p`, move each corner of the image inwards by up to `distortion_scale`
+    (0..1) of half the image's side, at random, and warp the image to match, as torchvision v2's
+    RandomPerspective on tensors; `interpolation` and `fill` as RandomRotation's."""
+
+    distortion_scale: float = 0.5
+    p: float = 0.5
+    interpolation: str = "bilinear"
+    fill: float | tuple[float, ...] | None = 0
+
+    def __post_init__(self) -> None:
+        if not (is_number(self.distortion_scale) and 0 <= self.distortion_scale <= 1):
+            raise reject("RandomPerspective", "distortion_scale", self.distortion_scale, "a number in [0, 1]")
+        check_probability("RandomPerspective", self.p)
+        _check_warp("RandomPerspective", self, None)
