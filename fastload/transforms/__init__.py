@@ -3,8 +3,9 @@
 Transforms are data, not callables: a chain of them is compiled once into a `TransformPlan`,
 which knows the output size up front (so batch buffers are sized before any image is decoded)
 and cuts the chain into stages that each run where they are cheapest (NOTE [transform stages]
-in `_plan`): crops, resizes and flips folded into the decode; colour operations and policies
-batched on the uint8 samples (in the workers, or on the GPU after the copy); RandomErasing after
+in `_plan`): crops, resizes and horizontal flips folded into the decode; colour operations,
+policies and the warps (vertical flips, rotations, affine and perspective: `_warps`) batched on
+the uint8 samples (in the workers, or on the GPU after the copy); RandomErasing after
 normalization; MixUp/CutMix across the batch, labels becoming soft targets. `from_torchvision`
 converts a torchvision pipeline (v1 or v2) of the transforms fastload has into these, and timm's
 `create_transform` recipes and `Mixup` (`TimmRandAugment`, `TimmMixup`, with timm's semantics).
