@@ -129,12 +129,13 @@ def test_its_torchvision_conversion_builds_and_agrees(declared: Declaration) -> 
 
 
 def test_deterministic_examples_are_compared_with_torchvision() -> None:
-    # The agreement above is not vacuous: the colour transforms' examples draw nothing.
+    # The agreement above is not vacuous: the colour transforms' and warps' examples draw nothing.
     pixels = [d for d in OWN if d.stage == "pixels"]
     compared = {d.name for d in pixels if _deterministic(d.make_example(), _images()) is not None}
     assert compared >= {
         "ColorJitter", "GaussianBlur", "RandomAutocontrast", "RandomEqualize", "RandomGrayscale",
-        "RandomPosterize", "RandomSolarize",
+        "RandomPosterize", "RandomSolarize", "Grayscale", "RandomVerticalFlip", "RandomRotation",
+        "RandomAffine",
     }
 
 

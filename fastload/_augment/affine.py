@@ -239,9 +239,13 @@ def fill_pixel(fill: Fill, device: torch.device) -> torch.Tensor:
 def nearest_maps(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """(t, H*W) int64: for each output pixel of each theta (t, 2, 3), 1 + the number of the input
     pixel torchvision's nearest `grid_sample` takes, 0 where it takes the zero padding."""
-    t = theta.shape[0]
-    numbers = _pixel_numbers(height, width, theta.device).expand(t, 1, height, width)
-    grid = affine_grid(theta, height, width)
+    return grid_maps(affine_grid(theta, height, width))
+
+
+def grid_maps(grid: torch.Tensor) -> torch.Tensor:
+    """`nearest_maps` of any sampling grid (t, H, W, 2) of an H x W image (a perspective's too)."""
+    t, height, width = grid.shape[0], grid.shape[1], grid.shape[2]
+    numbers = _pixel_numbers(height, width, grid.device).expand(t, 1, height, width)
     chosen = F.grid_sample(numbers, grid, mode="nearest", padding_mode="zeros", align_corners=False)
     return chosen.view(t, height * width).to(torch.int64)
 
@@ -319,12 +323,40 @@ def warp_(x: torch.Tensor, index: torch.Tensor, theta: torch.Tensor, interpolati
     sample `index[i]` by the float32 inverse matrix `theta[i]` (2, 3) (or all by `theta[0]` when
     theta is (1, 2, 3)), as torchvision's tensor `affine` / `rotate` (expand=False) do with that
     matrix: `interpolation` "nearest" or "bilinear", `fill` per channel or None."""
+    grid_warp_(x, index, affine_grid(theta, x.shape[-2], x.shape[-1]), interpolation, fill)
+
+
+def grid_warp_(
+    x: torch.Tensor, index: torch.Tensor, grid: torch.Tensor, interpolation: str, fill: Fill
+) -> None:
+    """Warp the samples `index` of x in place through their sampling grids (n, H, W, 2) (or one
+    shared), as torchvision's `_apply_grid_transform` does with each (`warp_`'s rules)."""
     height, width = x.shape[-2], x.shape[-1]
     if interpolation == "nearest" and height * width <= _EXACT_PIXELS:
-        gather_(x, index, nearest_maps(theta, height, width), fill)
+        gather_(x, index, grid_maps(grid), fill)
     else:
-        grid = affine_grid(theta, height, width)
         _sample_(x, index, grid, fill, interpolation, None if fill is None else coverage(grid))
+
+
+def linear_parts(angle: float, scale: float, shear: Sequence[float]) -> list[float]:
+    """The size-free part of `inverse_affine_matrix` (about the centre, no translation):
+    [m0, m1, m3, m4], the same doubles torchvision computes; `thetas` adds the rest per size."""
+    matrix = inverse_affine_matrix([0.0, 0.0], angle, [0.0, 0.0], scale, shear)
+    return [matrix[0], matrix[1], matrix[3], matrix[4]]
+
+
+def thetas(linear: torch.Tensor, translate: torch.Tensor, center: Sequence[float]) -> torch.Tensor:
+    """(n, 2, 3) float32 inverse matrices from `linear` (n, 4) float64 (`linear_parts`), the
+    translations `translate` (n, 2) float64 in pixels and the centre (cx, cy) relative to the
+    image's: `inverse_affine_matrix`'s last column, operation for operation in double precision
+    (IEEE on any device, so the float32 theta is torchvision's), computed on the batch's device."""
+    cx, cy = float(center[0]), float(center[1])
+    m0, m1, m3, m4 = linear.unbind(1)
+    cx_plus_tx = translate[:, 0] + cx
+    cy_plus_ty = translate[:, 1] + cy
+    m2 = ((cx - m0 * cx_plus_tx) - m1 * cy_plus_ty) + 0.0
+    m5 = ((cy - m3 * cx_plus_tx) - m4 * cy_plus_ty) + 0.0
+    return torch.stack((m0, m1, m2, m3, m4, m5), dim=1).to(torch.float32).view(-1, 2, 3)
 
 
 def rot90_(x: torch.Tensor, index: torch.Tensor, turns: int) -> None:

@@ -1,5 +1,5 @@
-"""The colour transforms' `SampleOp`s (ColorJitter, GaussianBlur, RandomGrayscale, RandomSolarize,
-RandomPosterize, RandomAutocontrast, RandomEqualize), in `KERNELS` by kernel name: each
+"""The colour transforms' `SampleOp`s (ColorJitter, GaussianBlur, Grayscale, RandomGrayscale,
+RandomSolarize, RandomPosterize, RandomAutocontrast, RandomEqualize), in `KERNELS` by kernel name: each
 draws its parameters from the loader's uniforms (`params`) and runs the kernels of `color`, in
 place, on the samples they pick (`apply`).
 """
@@ -155,6 +155,7 @@ class GaussianBlurOp:
 KERNELS: dict[str, SampleKernel] = {
     "ColorJitter": lambda t, _: ColorJitterOp(t),
     "GaussianBlur": lambda t, _: GaussianBlurOp(t),
+    "Grayscale": lambda t, _: RandomApplyOp(1.0, rgb_to_grayscale),
     "RandomGrayscale": lambda t, _: RandomApplyOp(t.p, rgb_to_grayscale),
     "RandomSolarize": lambda t, _: RandomApplyOp(t.p, solarize, threshold=np.asarray(float(t.threshold))),
     "RandomPosterize": lambda t, _: RandomApplyOp(t.p, posterize, bits=np.asarray(t.bits, dtype=np.int64)),

@@ -3,8 +3,9 @@
 Transforms are data, not callables: a chain of them is compiled once into a `TransformPlan`,
 which knows the output size up front (so batch buffers are sized before any image is decoded)
 and cuts the chain into stages that each run where they are cheapest (NOTE [transform stages]
-in `_plan`): crops, resizes and flips folded into the decode; colour operations and policies
-batched on the uint8 samples (in the workers, or on the GPU after the copy); RandomErasing after
+in `_plan`): crops, resizes and horizontal flips folded into the decode; colour operations,
+policies and the warps (vertical flips, rotations, affine and perspective: `_warps`) batched on
+the uint8 samples (in the workers, or on the GPU after the copy); RandomErasing after
 normalization; MixUp/CutMix across the batch, labels becoming soft targets. `from_torchvision`
 converts a torchvision pipeline (v1 or v2) of the transforms fastload has into these, and timm's
 `create_transform` recipes and `Mixup` (`TimmRandAugment`, `TimmMixup`, with timm's semantics).
@@ -25,6 +26,7 @@ from fastload.transforms._base import Transform
 from fastload.transforms._color import (
     ColorJitter,
     GaussianBlur,
+    Grayscale,
     RandomAutocontrast,
     RandomEqualize,
     RandomGrayscale,
@@ -51,6 +53,7 @@ from fastload.transforms._plan import compile_transforms as compile_transforms
 from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
 from fastload.transforms._timm_transforms import RandomApply, TimmMixup, TimmRandAugment
 from fastload.transforms._torchvision import from_torchvision
+from fastload.transforms._warps import RandomAffine, RandomPerspective, RandomRotation, RandomVerticalFlip
 
 # The transforms, and `from_torchvision` (a torchvision pipeline as fastload's). The loader's
 # machinery re-exported above (`compile_transforms`, `TransformPlan`, `SampleGeometry`,
@@ -66,8 +69,10 @@ __all__ = [
     "ColorJitter",
     "CutMix",
     "GaussianBlur",
+    "Grayscale",
     "MixUp",
     "RandAugment",
+    "RandomAffine",
     "RandomApply",
     "RandomAutocontrast",
     "RandomChoice",
@@ -75,9 +80,12 @@ __all__ = [
     "RandomErasing",
     "RandomGrayscale",
     "RandomHorizontalFlip",
+    "RandomPerspective",
     "RandomPosterize",
     "RandomResizedCrop",
+    "RandomRotation",
     "RandomSolarize",
+    "RandomVerticalFlip",
     "Resize",
     "TimmMixup",
     "TimmRandAugment",

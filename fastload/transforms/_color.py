@@ -110,6 +110,29 @@ class RandomGrayscale(Transform):
 
 @declare_transform(
     stage="pixels",
+    kernel="Grayscale",
+    example={"num_output_channels": 3},
+    torchvision=lambda t, _: Grayscale(int(t.num_output_channels)),
+)
+@dataclass(frozen=True)
+class Grayscale(Transform):
+    """Convert to grayscale, kept as 3 equal channels (torchvision's luma weights and rounding).
+
+    torchvision's default, one output channel, is refused: a batch's images have 3 channels here
+    (take the first channel of the batch, or use `num_output_channels=3`)."""
+
+    num_output_channels: int = 3
+
+    def __post_init__(self) -> None:
+        if self.num_output_channels != 3 or not is_int(self.num_output_channels):
+            raise reject(
+                "Grayscale", "num_output_channels", self.num_output_channels,
+                "3 (fastload's batches have 3 channels: take one channel of the batch for 1)",
+            )
+
+
+@declare_transform(
+    stage="pixels",
     kernel="GaussianBlur",
     example={"kernel_size": (3, 3), "sigma": (1.0, 1.0)},
     torchvision=lambda t, _: GaussianBlur(kernel_size=size_of(t.kernel_size), sigma=range_pair(t.sigma)),

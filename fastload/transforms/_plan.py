@@ -109,7 +109,8 @@ class TransformPlan:
 
 # NOTE [transform stages]: a chain runs in four stages, in this order, each where it is cheapest:
 # "geometry" (crops, resizes, flips) folded into the decode, so that only kept pixels are decoded;
-# "pixels" (colour, policies) on the uint8 sample after it, batched: in the workers, in place in
+# "pixels" (colour, policies, the warps: RandomVerticalFlip, RandomRotation, RandomAffine,
+# RandomPerspective) on the uint8 sample after it, batched: in the workers, in place in
 # the slot, when batches stay on the CPU, and on the GPU after the copy (one kernel per operation
 # over the batch) when they go to CUDA; "tensor" (RandomErasing) on normalized images, and "batch"
 # (MixUp/CutMix) across the batch. For CPU batches with normalize (and local workers), the workers
@@ -119,9 +120,10 @@ class TransformPlan:
 # it needs the whole batch, where a worker has only its rows.
 # Every random choice comes from (seed, epoch, sample index) (`_sample_random`), so a
 # batch is the same whichever worker, device or stage ran it (within float rounding on a GPU).
-# torchvision lets colour transforms come before a crop; here they come after the geometry, and
-# a chain in another order is refused (contrast, autocontrast and equalize read the whole image,
-# so moving them would silently change what they do).
+# torchvision lets colour transforms and warps come before a crop; here they come after the
+# geometry, and a chain in another order is refused (contrast, autocontrast and equalize read the
+# whole image, a rotation's corners are filled where the crop would have kept pixels: moving them
+# would silently change what they do).
 
 
 DECODED_GEOMETRY = (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip)

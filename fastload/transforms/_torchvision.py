@@ -105,7 +105,7 @@ def from_torchvision(obj: object) -> tuple[tuple[Transform, ...], Normalization 
         output's float dtype is FastLoader's `dtype` argument, not read from the pipeline.
 
     Raises:
-        ConfigError: a transform fastload does not have (RandomRotation, Lambda, RandomOrder, ...),
+        ConfigError: a transform fastload does not have (ElasticTransform, Lambda, RandomOrder, ...),
             named, with the alternative: a torch Dataset that applies the pipeline, given to
             FastLoader; or a photometric transform after Normalize (fastload runs them on uint8
             pixels, before normalizing), or more than one Normalize.
