@@ -7,9 +7,11 @@ files whose members are grouped by key, the member name up to the first dot of i
 `KEY.json` (an object whose "label", else "cls", is an integer). Samples are numbered in shard
 order, then member order, which is storage order: a block shuffle reads them sequentially.
 Only the headers and the small label members are read; the images are read by offset when loaded.
-Local paths, or URLs read whole through the node cache (NOTE [node cache]); no compressed shards
-(reads go to byte offsets): a `.tar.gz` (or `.tgz`, `.tar.bz2`, `.tar.xz`, `.tar.zst`) is refused
-by name, before anything is read, and a compressed file under another name by its first bytes.
+Local paths, or URLs read whole through the node cache (NOTE [node cache]). Reads go to byte
+offsets, so a local `.tar.gz`/`.tgz`, `.tar.xz`/`.txz` or `.tar.bz2`/`.tbz2` is decompressed once
+into the user's cache and the copy is what the index names and workers read (NOTE [decompressed
+shards] in `_storage/decompressed.py`); a compressed shard at a URL, or a zstd one, is refused by
+name before anything is read, and a compressed file under a `.tar` name by its first bytes.
 
 Each shard's identity is kept in the index, and a worker that opens a shard compares it
 (`ExtentIndex`): a shard replaced under a running loader is a DatasetError, never read with the
@@ -39,11 +41,13 @@ from fastload.sources._formats.tar_scan import (
     cached_scan,
     compressed,
     compressed_by_name,
+    decompressed_scan,
     open_cache,
     remote_scan,
 )
 from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._storage.bounds import MAX_SHARDS, clip
+from fastload.sources._storage.decompressed import DECOMPRESSORS
 from fastload.sources._storage.node_cache import node_cache
 from fastload.sources._storage.remote import is_url
 from fastload.sources._storage.remote import size_of as _remote_size
@@ -91,7 +95,7 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
         for pattern in patterns:
             for expanded in expand_braces(pattern):
                 compressor = compressed_by_name(expanded)
-                if compressor is not None:
+                if compressor is not None and (is_url(expanded) or compressor not in DECOMPRESSORS):
                     raise compressed(expanded, compressor)
                 if is_url(expanded):  # objects: named one by one (braces), never listed
                     shards.append(expanded)
@@ -131,6 +135,10 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
                         raise DatasetError(f"cannot read tar shard {clip(str(e))}") from None
                     identities.append((-1, -1, size, -1, -1))  # read through the cache: not checked by inode
                     files[number] = remote_file(shard, size, version, max(size, 1))
+                elif (compressor := compressed_by_name(shard)) is not None:
+                    # NOTE [decompressed shards]: the copy is the file the index names and workers read.
+                    files[number], scanned = decompressed_scan(shard, compressor, cache, identities)
+                    scans.append(scanned)
                 else:
                     scans.append(cached_scan(shard, cache, identities))
         for file_id, (shard, scanned) in enumerate(zip(shards, scans, strict=True)):

@@ -1,0 +1,181 @@
+"""A compressed tar shard (gzip, xz, bzip2) decompressed once into an uncompressed copy in the
+user's private cache directory: `decompressed_copy`, which `TarShards` then scans and reads as a
+plain shard.
+
+NOTE [decompressed shards]: samples are read at byte offsets, which a compressed stream has
+none of, so each compressed shard is decompressed whole, once, and its copy is what the index
+names (its `files`) and what workers read. The copies live in `tar-plain-UID` under the cache
+root (`cache_root`, NOTE [scan cache trust]), opened by `open_private_dir` (NOTE [private
+directory]: no link followed, this user's, 0700, every operation relative to its descriptor).
+
+- A copy is kept under the shard's own base name (samples are named `SHARD:KEY`), in a
+  directory named by a hash of the compressed shard's real path and identity (device, inode,
+  size, mtime, ctime): a changed or replaced shard is decompressed again, into a new directory.
+- It is streamed (`gzip`/`lzma`/`bz2` file objects, 1 MiB at a time: never a whole shard in
+  memory) to a temporary name (`O_CREAT|O_EXCL|O_NOFOLLOW`, 0600), then renamed into place, so
+  a copy is there whole or not at all; a copy is used only when a regular file of ours.
+- A decompression bomb is refused: a copy may grow to `MAX_EXPANSION` times the compressed size
+  (at least `MIN_LIMIT_BYTES`, at most `MAX_PLAIN_BYTES`); past that the temporary is removed and
+  a DatasetError says to decompress the shard by hand. A corrupt or truncated stream is a
+  DatasetError naming the shard.
+- No caching (an empty `FASTLOAD_CACHE_DIR`) or a cache that is not private: refused, saying so.
+  Copies are not pruned (each is a whole shard, possibly in use by a running loader): remove
+  the directory to reclaim them.
+
+A daemon's allowlist checks the compressed shard (`TarShards.files_before_open`); the copies lie
+outside its roots, so a confined daemon (one with `roots`) refuses them (`check_index`).
+"""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import gzip
+import hashlib
+import io
+import lzma
+import os
+import secrets
+import stat
+import zlib
+from collections.abc import Callable
+from typing import BinaryIO
+
+from fastload._errors import DatasetError
+from fastload.sources._storage.bounds import clip, identity
+from fastload.sources._storage.private_dir import open_private_dir
+from fastload.sources._storage.scan_cache import Identity, cache_root
+
+# The compressors a copy can be made from (the names `shard_names.COMPRESSED_TAR_SUFFIXES` gives).
+DECOMPRESSORS: dict[str, Callable[[BinaryIO], io.BufferedIOBase]] = {
+    "gzip": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
+    "xz": lzma.LZMAFile,
+    "bzip2": bz2.BZ2File,
+}
+MAX_EXPANSION = 64  # JPEG shards barely compress; text and JSON members about 5-10 times
+MIN_LIMIT_BYTES = 1 << 30
+MAX_PLAIN_BYTES = 256 << 30
+_CHUNK = 1 << 20
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_CORRUPT = (OSError, EOFError, zlib.error, lzma.LZMAError, ValueError)
+
+
+def plain_limit(compressed_bytes: int) -> int:
+    """How large the copy of a shard of `compressed_bytes` may grow (NOTE [decompressed shards])."""
+    return min(MAX_PLAIN_BYTES, max(MIN_LIMIT_BYTES, MAX_EXPANSION * compressed_bytes))
+
+
+def decompressed_copy(shard: str, compressor: str) -> tuple[str, Identity]:
+    """The path and identity of `shard`'s uncompressed copy, made when missing (NOTE
+    [decompressed shards]); DatasetError when it cannot be made, saying what to do."""
+    opener = DECOMPRESSORS.get(compressor)
+    if opener is None:
+        raise DatasetError(
+            f"{clip(shard)} is a {compressor}-compressed tar, which fastload cannot decompress (it reads "
+            f"gzip, xz and bzip2): decompress it (`{compressor} -d`) and pass the .tar"
+        )
+    root = cache_root()
+    if root is None:
+        raise DatasetError(
+            f"{clip(shard)} is {compressor}-compressed and must be decompressed into the cache, which is "
+            "off (FASTLOAD_CACHE_DIR is empty): set FASTLOAD_CACHE_DIR, or decompress it and pass the .tar"
+        )
+    try:
+        source = os.open(shard, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        raise DatasetError(f"cannot read tar shard {clip(shard)}: {clip(str(e))}") from e
+    try:
+        info = os.fstat(source)
+        if not stat.S_ISREG(info.st_mode):
+            raise DatasetError(f"tar shard {clip(shard)} is not a regular file")
+        key = "\0".join([os.path.realpath(shard), *map(str, identity(info))])
+        digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:40]
+        name = os.path.basename(shard)  # samples are named `SHARD:KEY` after the file read
+        directory = f"tar-plain-{os.geteuid()}"
+        try:
+            dir_fd = _copy_dir(root, directory, digest)
+        except OSError as e:
+            raise DatasetError(f"cannot decompress {clip(shard)} into the cache: {clip(str(e))}") from e
+        try:
+            kept = _kept(name, dir_fd)
+            if kept is None:
+                with os.fdopen(os.dup(source), "rb") as raw:
+                    _write_copy(shard, opener(raw), name, dir_fd, plain_limit(info.st_size))
+                kept = _kept(name, dir_fd)
+            if kept is None:
+                raise DatasetError(f"the copy of {clip(shard)} left the cache as it was made: try again")
+            return os.path.join(root, directory, digest, name), kept
+        finally:
+            os.close(dir_fd)
+    finally:
+        os.close(source)
+
+
+def _copy_dir(root: str, directory: str, digest: str) -> int:
+    """A descriptor of the directory `digest` (one shard's version) in the private `directory`,
+    made 0700 when missing, never through a link (NOTE [private directory])."""
+    private = open_private_dir(root, directory)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(digest, 0o700, dir_fd=private)
+        return os.open(digest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=private)
+    finally:
+        os.close(private)
+
+
+def _kept(name: str, dir_fd: int) -> Identity | None:
+    """The identity of the copy `name`, when it is a regular file of ours; None otherwise."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        return None
+    return identity(info)
+
+
+def _write_copy(shard: str, stream: io.BufferedIOBase, name: str, dir_fd: int, limit: int) -> None:
+    """Stream `stream` into `name` (a temporary renamed into place); DatasetError past `limit`
+    bytes or when the stream is corrupt, the temporary removed."""
+    tmp = f".{secrets.token_hex(8)}.tmp"
+    try:
+        fd = os.open(tmp, _NEW_FILE, 0o600, dir_fd=dir_fd)
+    except OSError as e:
+        raise DatasetError(f"cannot decompress {clip(shard)} into the cache: {clip(str(e))}") from e
+    done = False
+    try:
+        written = 0
+        with stream, os.fdopen(fd, "wb") as out:
+            # One byte past the limit is asked for, so a copy of exactly `limit` bytes passes.
+            while chunk := _read(shard, stream, min(_CHUNK, limit + 1 - written)):
+                written += len(chunk)
+                if written > limit:
+                    raise DatasetError(
+                        f"{clip(shard)} decompresses to over {limit:,} bytes (the limit for its size, "
+                        "NOTE [decompressed shards]), so it was refused as a decompression bomb: "
+                        "if it is a real shard, decompress it yourself and pass the .tar"
+                    )
+                out.write(chunk)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        done = True
+    except OSError as e:
+        raise DatasetError(f"cannot decompress {clip(shard)} into the cache: {clip(str(e))}") from e
+    finally:
+        if not done:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+
+
+def _read(shard: str, stream: io.BufferedIOBase, size: int) -> bytes:
+    """Up to `size` decompressed bytes (b"" at the end); DatasetError when the stream is corrupt."""
+    try:
+        return stream.read(size)
+    except _CORRUPT as e:
+        raise DatasetError(
+            f"{clip(shard)} is not a readable compressed tar ({clip(str(e) or type(e).__name__)}): it is "
+            "corrupt or truncated; copy it again, or recreate it"
+        ) from e
