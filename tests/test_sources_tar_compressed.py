@@ -2,7 +2,8 @@
 decompressed copies (NOTE [decompressed shards] in `sources/_storage/decompressed.py`).
 
 Protects: compressed shards give the batches of the same uncompressed shards bit for bit (0 and
-2 workers, by brace pattern, glob and path, samples named after the compressed shard); a shard is
+2 workers, by brace pattern, glob and path, samples named after the compressed shard; through a
+daemon, whose allowlist checks where the copies are kept); a shard is
 decompressed once, and again when it changes; a decompression bomb is refused before it fills
 the disk, a corrupt stream named; what stays refused (at a URL, zstd, caching off) says why.
 """
@@ -19,9 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from daemon_helpers import DaemonPool
 from helpers import epoch_with_ids, write_tar_shards
 
-from fastload import DatasetError, FastLoader, sources
+from fastload import DaemonError, DatasetError, FastLoader, sources
 from fastload import transforms as T
 from fastload.sources._storage import decompressed
 
@@ -155,3 +157,38 @@ def test_what_stays_refused_says_why(
     os.chmod(tmp_path / "shared" / f"tar-plain-{os.geteuid()}", 0o755)
     with pytest.raises(DatasetError, match="is not private"):
         sources.TarShards(str(shard)).open()
+
+
+def _daemon_epoch(source: sources.TarShards, address: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    with FastLoader(
+        source, daemon=address, batch_size=5, shuffle=True, seed=7, transform=[T.RandomResizedCrop(32)],
+        device="cpu",
+    ) as loader:
+        return [(images.clone(), labels.clone()) for images, labels in loader]
+
+
+def test_a_daemon_serves_compressed_shards_only_with_its_cache_under_its_roots(
+    shards: list[Path], tmp_path: Path, daemon_pool: DaemonPool
+) -> None:
+    """The allowlist checks the compressed shard, then where its copy is kept, which workers read
+    beneath the roots: a confined daemon whose cache lies outside them refuses, before
+    decompressing anything; one whose cache lies under a root serves the plain shards' batches."""
+    directory = shards[0].parent
+    plain = sources.TarShards(str(directory / "train-{000000..000002}.tar"))
+    packed = sources.TarShards(str(directory / "train-{000000..000002}.tar.gz"))
+    outside = tmp_path / "outside-cache"
+    env = dict(os.environ, FASTLOAD_CACHE_DIR=str(outside))
+    confined = daemon_pool.start(workers=1, extra=["--root", str(directory)], env=env)
+    with pytest.raises(DaemonError, match="decompressed into") as info:
+        _daemon_epoch(packed, confined.address)
+    assert str(outside) not in str(info.value) and not outside.exists()
+    confined.terminate()
+    inside = directory / "daemon-cache"
+    env = dict(os.environ, FASTLOAD_CACHE_DIR=str(inside))
+    served = daemon_pool.start(tmp_path / "s-in", workers=2, extra=["--root", str(directory)], env=env)
+    want = _daemon_epoch(plain, served.address)
+    got = _daemon_epoch(packed, served.address)
+    assert len(got) == len(want) == 5
+    assert len(list(inside.rglob("train-00000?.tar.gz"))) == 3  # the daemon's copies, under the root
+    for (images, labels), (want_images, want_labels) in zip(got, want, strict=True):
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)

@@ -47,12 +47,18 @@ from fastload.sources._formats.tar_scan import (
 )
 from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._storage.bounds import MAX_SHARDS, clip
-from fastload.sources._storage.decompressed import DECOMPRESSORS
+from fastload.sources._storage.decompressed import DECOMPRESSORS, copies_dir
 from fastload.sources._storage.node_cache import node_cache
 from fastload.sources._storage.remote import is_url
 from fastload.sources._storage.remote import size_of as _remote_size
 from fastload.sources._storage.remote_file import remote_file
 from fastload.sources._storage.scan_cache import Identity
+
+# How a daemon's refusal names the directory of the decompressed copies (never by its path).
+_COPIES = (
+    "the cache directory its compressed shards are decompressed into (set the daemon's FASTLOAD_CACHE_DIR "
+    "under a root, or decompress the shards under a root and name the .tar files)"
+)
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,15 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
         return absolute(first)
 
     def files_before_open(self) -> Iterator[FileToOpen]:
-        return files_named([self.paths] if isinstance(self.paths, str) else list(self.paths))
+        """Each shard (a glob's directory before its matches), and after the first compressed one
+        the directory its copy is decompressed into, which workers read (NOTE [decompressed shards])."""
+        copies = None
+        for file in files_named([self.paths] if isinstance(self.paths, str) else list(self.paths)):
+            yield file
+            if copies is None and not is_url(file.path) and compressed_by_name(file.path) in DECOMPRESSORS:
+                copies = copies_dir()
+                if copies is not None:
+                    yield FileToOpen(copies, _COPIES)
 
     def shard_paths(self) -> list[str]:
         """Every shard, absolute, in order; DatasetError when a pattern matches nothing."""

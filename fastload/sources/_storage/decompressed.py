@@ -22,8 +22,10 @@ directory]: no link followed, this user's, 0700, every operation relative to its
   Copies are not pruned (each is a whole shard, possibly in use by a running loader): remove
   the directory to reclaim them.
 
-A daemon's allowlist checks the compressed shard (`TarShards.files_before_open`); the copies lie
-outside its roots, so a confined daemon (one with `roots`) refuses them (`check_index`).
+A daemon's allowlist checks the compressed shard and then the directory of the copies
+(`TarShards.files_before_open`), and its workers read the copies beneath its roots: a confined
+daemon (one with `roots`) serves compressed shards only when its cache (`FASTLOAD_CACHE_DIR`) lies
+under a root, and otherwise refuses them before decompressing anything, saying what to do.
 """
 
 from __future__ import annotations
@@ -60,6 +62,12 @@ _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CORRUPT = (OSError, EOFError, zlib.error, lzma.LZMAError, ValueError)
 
 
+def copies_dir() -> str | None:
+    """The directory this user's copies are kept in, or None when caching is off."""
+    root = cache_root()
+    return None if root is None else os.path.join(root, f"tar-plain-{os.geteuid()}")
+
+
 def plain_limit(compressed_bytes: int) -> int:
     """How large the copy of a shard of `compressed_bytes` may grow (NOTE [decompressed shards])."""
     return min(MAX_PLAIN_BYTES, max(MIN_LIMIT_BYTES, MAX_EXPANSION * compressed_bytes))
@@ -74,8 +82,8 @@ def decompressed_copy(shard: str, compressor: str) -> tuple[str, Identity]:
             f"{clip(shard)} is a {compressor}-compressed tar, which fastload cannot decompress (it reads "
             f"gzip, xz and bzip2): decompress it (`{compressor} -d`) and pass the .tar"
         )
-    root = cache_root()
-    if root is None:
+    root, copies = cache_root(), copies_dir()
+    if root is None or copies is None:
         raise DatasetError(
             f"{clip(shard)} is {compressor}-compressed and must be decompressed into the cache, which is "
             "off (FASTLOAD_CACHE_DIR is empty): set FASTLOAD_CACHE_DIR, or decompress it and pass the .tar"
@@ -91,7 +99,7 @@ def decompressed_copy(shard: str, compressor: str) -> tuple[str, Identity]:
         key = "\0".join([os.path.realpath(shard), *map(str, identity(info))])
         digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:40]
         name = os.path.basename(shard)  # samples are named `SHARD:KEY` after the file read
-        directory = f"tar-plain-{os.geteuid()}"
+        directory = os.path.basename(copies)
         try:
             dir_fd = _copy_dir(root, directory, digest)
         except OSError as e:
@@ -104,7 +112,7 @@ def decompressed_copy(shard: str, compressor: str) -> tuple[str, Identity]:
                 kept = _kept(name, dir_fd)
             if kept is None:
                 raise DatasetError(f"the copy of {clip(shard)} left the cache as it was made: try again")
-            return os.path.join(root, directory, digest, name), kept
+            return os.path.join(copies, digest, name), kept
         finally:
             os.close(dir_fd)
     finally:
