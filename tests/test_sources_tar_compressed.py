@@ -192,3 +192,20 @@ def test_a_daemon_serves_compressed_shards_only_with_its_cache_under_its_roots(
     assert len(list(inside.rglob("train-00000?.tar.gz"))) == 3  # the daemon's copies, under the root
     for (images, labels), (want_images, want_labels) in zip(got, want, strict=True):
         assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+
+
+def test_a_copy_made_meanwhile_is_kept_not_replaced(
+    shards: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two loaders (ranks of one node) decompressing one shard at once: the copy the first made
+    stays, so the index the first made still names the file workers find."""
+    cache = _own_cache(tmp_path, monkeypatch)
+    shard = tmp_path / "one.tar.gz"
+    shard.write_bytes(gzip.compress(shards[2].read_bytes()))
+    path, made = decompressed.decompressed_copy(str(shard), "gzip")
+    monkeypatch.setattr(decompressed, "_kept", lambda name, dir_fd: None)
+    with pytest.raises(DatasetError, match="left the cache"):  # it decompressed again, linked nothing
+        decompressed.decompressed_copy(str(shard), "gzip")
+    (copy,) = _copies(cache)
+    assert str(copy) == path and os.stat(path).st_ino == made[1]
+    assert [p.name for p in copy.parent.iterdir()] == ["one.tar.gz"]  # no temporary left

@@ -12,8 +12,9 @@ directory]: no link followed, this user's, 0700, every operation relative to its
   directory named by a hash of the compressed shard's real path and identity (device, inode,
   size, mtime, ctime): a changed or replaced shard is decompressed again, into a new directory.
 - It is streamed (`gzip`/`lzma`/`bz2` file objects, 1 MiB at a time: never a whole shard in
-  memory) to a temporary name (`O_CREAT|O_EXCL|O_NOFOLLOW`, 0600), then renamed into place, so
-  a copy is there whole or not at all; a copy is used only when a regular file of ours.
+  memory) to a temporary name (`O_CREAT|O_EXCL|O_NOFOLLOW`, 0600), then linked into place (never
+  over a copy another process made meanwhile, which loaders may already have indexed), so a
+  copy is there whole or not at all; a copy is used only when a regular file of ours.
 - A decompression bomb is refused: a copy may grow to `MAX_EXPANSION` times the compressed size
   (at least `MIN_LIMIT_BYTES`, at most `MAX_PLAIN_BYTES`); past that the temporary is removed and
   a DatasetError says to decompress the shard by hand. A corrupt or truncated stream is a
@@ -147,14 +148,14 @@ def _kept(name: str, dir_fd: int) -> Identity | None:
 
 
 def _write_copy(shard: str, stream: io.BufferedIOBase, name: str, dir_fd: int, limit: int) -> None:
-    """Stream `stream` into `name` (a temporary renamed into place); DatasetError past `limit`
+    """Stream `stream` into `name` (a temporary linked into place, unless a copy is there by
+    then); DatasetError past `limit`
     bytes or when the stream is corrupt, the temporary removed."""
     tmp = f".{secrets.token_hex(8)}.tmp"
     try:
         fd = os.open(tmp, _NEW_FILE, 0o600, dir_fd=dir_fd)
     except OSError as e:
         raise DatasetError(f"cannot decompress {clip(shard)} into the cache: {clip(str(e))}") from e
-    done = False
     try:
         written = 0
         with stream, os.fdopen(fd, "wb") as out:
@@ -168,14 +169,19 @@ def _write_copy(shard: str, stream: io.BufferedIOBase, name: str, dir_fd: int, l
                         "if it is a real shard, decompress it yourself and pass the .tar"
                     )
                 out.write(chunk)
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        done = True
+        # Linked, never renamed over: a copy another process made meanwhile (ranks of one node
+        # open the same shards at once) stays the one every loader's index names.
+        try:
+            os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: renamed (over a concurrent copy, if any)
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError as e:
         raise DatasetError(f"cannot decompress {clip(shard)} into the cache: {clip(str(e))}") from e
     finally:
-        if not done:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
 
 
 def _read(shard: str, stream: io.BufferedIOBase, size: int) -> bytes:
