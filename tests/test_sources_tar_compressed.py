@@ -3,9 +3,10 @@ decompressed copies (NOTE [decompressed shards] in `sources/_storage/decompresse
 
 Protects: compressed shards give the batches of the same uncompressed shards bit for bit (0 and
 2 workers, by brace pattern, glob and path, samples named after the compressed shard; through a
-daemon, whose allowlist checks where the copies are kept); a shard is
-decompressed once, and again when it changes; a decompression bomb is refused before it fills
-the disk, a corrupt stream named; what stays refused (at a URL, zstd, caching off) says why.
+daemon, whose allowlist checks where the copies are kept); a shard is decompressed once, and
+again when it changes (its earlier copy removed), a copy made meanwhile by another process kept;
+a decompression bomb is refused before it fills the disk, a corrupt stream named; what stays
+refused (at a URL, zstd, caching off) says why.
 """
 
 from __future__ import annotations
@@ -95,15 +96,17 @@ def test_a_shard_is_decompressed_once_and_again_when_it_changes(
     first = sources.TarShards(str(shard)).open()
     (copy,) = _copies(cache)
     assert copy.name == "one.tar.gz" and (copy.stat().st_mode & 0o777) == 0o600
-    assert (copy.parent.parent.stat().st_mode & 0o777) == 0o700
+    assert all((d.stat().st_mode & 0o777) == 0o700 for d in (copy.parent, copy.parent.parent))
     made = copy.stat().st_mtime_ns
     again = sources.TarShards(str(shard)).open()
     assert _copies(cache) == [copy] and copy.stat().st_mtime_ns == made  # not decompressed again
     assert again.labels.tolist() == first.labels.tolist()
     shard.write_bytes(gzip.compress(shards[0].read_bytes()))  # replaced: other samples
     changed = sources.TarShards(str(shard)).open()
-    assert len(_copies(cache)) == 2
+    (new_copy,) = _copies(cache)  # the earlier version's copy removed
+    assert new_copy != copy and new_copy.parent.parent == copy.parent.parent
     assert len(changed) == 10 != len(first)
+    assert list(copy.parent.parent.iterdir()) == [new_copy.parent]
 
 
 def test_a_decompression_bomb_is_refused_and_leaves_nothing(

@@ -8,9 +8,11 @@ names (its `files`) and what workers read. The copies live in `tar-plain-UID` un
 root (`cache_root`, NOTE [scan cache trust]), opened by `open_private_dir` (NOTE [private
 directory]: no link followed, this user's, 0700, every operation relative to its descriptor).
 
-- A copy is kept under the shard's own base name (samples are named `SHARD:KEY`), in a
-  directory named by a hash of the compressed shard's real path and identity (device, inode,
-  size, mtime, ctime): a changed or replaced shard is decompressed again, into a new directory.
+- A copy is kept under the shard's own base name (samples are named `SHARD:KEY`) in
+  `SHARD/VERSION/`, SHARD a hash of the compressed shard's real path and VERSION of its identity
+  (device, inode, size, mtime, ctime): a changed or replaced shard is decompressed again, into a
+  new VERSION, and the copies of its earlier versions are removed (a loader still reading one
+  then fails as it would on a plain shard replaced under it).
 - It is streamed (`gzip`/`lzma`/`bz2` file objects, 1 MiB at a time: never a whole shard in
   memory) to a temporary name (`O_CREAT|O_EXCL|O_NOFOLLOW`, 0600), then linked into place (never
   over a copy another process made meanwhile, which loaders may already have indexed), so a
@@ -20,8 +22,8 @@ directory]: no link followed, this user's, 0700, every operation relative to its
   a DatasetError says to decompress the shard by hand. A corrupt or truncated stream is a
   DatasetError naming the shard.
 - No caching (an empty `FASTLOAD_CACHE_DIR`) or a cache that is not private: refused, saying so.
-  Copies are not pruned (each is a whole shard, possibly in use by a running loader): remove
-  the directory to reclaim them.
+  Copies of shards' current versions are not pruned (each is a whole shard, possibly in use by a
+  running loader): remove the directory to reclaim them.
 
 A daemon's allowlist checks the compressed shard and then the directory of the copies
 (`TarShards.files_before_open`), and its workers read the copies beneath its roots: a confined
@@ -59,6 +61,7 @@ MAX_EXPANSION = 64  # JPEG shards barely compress; text and JSON members about 5
 MIN_LIMIT_BYTES = 1 << 30
 MAX_PLAIN_BYTES = 256 << 30
 _CHUNK = 1 << 20
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CORRUPT = (OSError, EOFError, zlib.error, lzma.LZMAError, ValueError)
 
@@ -97,12 +100,11 @@ def decompressed_copy(shard: str, compressor: str) -> tuple[str, Identity]:
         info = os.fstat(source)
         if not stat.S_ISREG(info.st_mode):
             raise DatasetError(f"tar shard {clip(shard)} is not a regular file")
-        key = "\0".join([os.path.realpath(shard), *map(str, identity(info))])
-        digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:40]
+        shard_dir = _digest(os.path.realpath(shard))
+        version = _digest("\0".join(map(str, identity(info))))
         name = os.path.basename(shard)  # samples are named `SHARD:KEY` after the file read
-        directory = os.path.basename(copies)
         try:
-            dir_fd = _copy_dir(root, directory, digest)
+            shard_fd, dir_fd = _copy_dirs(root, os.path.basename(copies), shard_dir, version)
         except OSError as e:
             raise DatasetError(f"cannot decompress {clip(shard)} into the cache: {clip(str(e))}") from e
         try:
@@ -111,25 +113,58 @@ def decompressed_copy(shard: str, compressor: str) -> tuple[str, Identity]:
                 with os.fdopen(os.dup(source), "rb") as raw:
                     _write_copy(shard, opener(raw), name, dir_fd, plain_limit(info.st_size))
                 kept = _kept(name, dir_fd)
+                _drop_other_versions(shard_fd, version)
             if kept is None:
                 raise DatasetError(f"the copy of {clip(shard)} left the cache as it was made: try again")
-            return os.path.join(copies, digest, name), kept
+            return os.path.join(copies, shard_dir, version, name), kept
         finally:
             os.close(dir_fd)
+            os.close(shard_fd)
     finally:
         os.close(source)
 
 
-def _copy_dir(root: str, directory: str, digest: str) -> int:
-    """A descriptor of the directory `digest` (one shard's version) in the private `directory`,
-    made 0700 when missing, never through a link (NOTE [private directory])."""
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def _copy_dirs(root: str, directory: str, shard_dir: str, version: str) -> tuple[int, int]:
+    """Descriptors of the directories of one shard (`shard_dir`) and of its version in the
+    private `directory`, made 0700 when missing, never through a link (NOTE [private directory])."""
     private = open_private_dir(root, directory)
     try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(digest, 0o700, dir_fd=private)
-        return os.open(digest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=private)
+        shard_fd = _subdir(private, shard_dir)
     finally:
         os.close(private)
+    try:
+        return shard_fd, _subdir(shard_fd, version)
+    except BaseException:
+        os.close(shard_fd)
+        raise
+
+
+def _subdir(parent_fd: int, name: str) -> int:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+    return os.open(name, _DIRECTORY, dir_fd=parent_fd)
+
+
+def _drop_other_versions(shard_fd: int, keep: str) -> None:
+    """Remove the copies of the shard's earlier versions (best effort: never raises)."""
+    with contextlib.suppress(OSError), os.scandir(shard_fd) as listing:
+        for entry in listing:
+            if entry.name == keep or not entry.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                fd = os.open(entry.name, _DIRECTORY, dir_fd=shard_fd)
+                try:
+                    with os.scandir(fd) as files:
+                        for file in files:
+                            with contextlib.suppress(OSError):
+                                os.unlink(file.name, dir_fd=fd)
+                finally:
+                    os.close(fd)
+                os.rmdir(entry.name, dir_fd=shard_fd)
 
 
 def _kept(name: str, dir_fd: int) -> Identity | None:
