@@ -8,10 +8,10 @@ files whose members are grouped by key, the member name up to the first dot of i
 order, then member order, which is storage order: a block shuffle reads them sequentially.
 Only the headers and the small label members are read; the images are read by offset when loaded.
 Local paths, or URLs read whole through the node cache (NOTE [node cache]). Reads go to byte
-offsets, so a local `.tar.gz`/`.tgz`, `.tar.xz`/`.txz` or `.tar.bz2`/`.tbz2` is decompressed once
-into the user's cache and the copy is what the index names and workers read (NOTE [decompressed
-shards] in `_storage/decompressed.py`); a compressed shard at a URL, or a zstd one, is refused by
-name before anything is read, and a compressed file under a `.tar` name by its first bytes.
+offsets, so a `.tar.gz`/`.tgz`, `.tar.xz`/`.txz` or `.tar.bz2`/`.tbz2` (local or at a URL) is
+decompressed once into the user's cache and the copy is what the index names and workers read
+(NOTE [decompressed shards] in `_storage/decompressed.py`); a zstd one is refused by name before
+anything is read, and a compressed file under a `.tar` name by its first bytes.
 
 Each shard's identity is kept in the index, and a worker that opens a shard compares it
 (`ExtentIndex`): a shard replaced under a running loader is a DatasetError, never read with the
@@ -41,13 +41,18 @@ from fastload.sources._formats.tar_scan import (
     cached_scan,
     compressed,
     compressed_by_name,
-    decompressed_scan,
+    copy_scan,
     open_cache,
     remote_scan,
 )
 from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._storage.bounds import MAX_SHARDS, clip
-from fastload.sources._storage.decompressed import DECOMPRESSORS, copies_dir
+from fastload.sources._storage.decompressed import (
+    DECOMPRESSORS,
+    copies_dir,
+    decompressed_copy,
+    remote_decompressed_copy,
+)
 from fastload.sources._storage.node_cache import node_cache
 from fastload.sources._storage.remote import is_url
 from fastload.sources._storage.remote import size_of as _remote_size
@@ -94,7 +99,7 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
         copies = None
         for file in files_named([self.paths] if isinstance(self.paths, str) else list(self.paths)):
             yield file
-            if copies is None and not is_url(file.path) and compressed_by_name(file.path) in DECOMPRESSORS:
+            if copies is None and compressed_by_name(file.path) in DECOMPRESSORS:
                 copies = copies_dir()
                 if copies is not None:
                     yield FileToOpen(copies, _COPIES)
@@ -109,7 +114,7 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
         for pattern in patterns:
             for expanded in expand_braces(pattern):
                 compressor = compressed_by_name(expanded)
-                if compressor is not None and (is_url(expanded) or compressor not in DECOMPRESSORS):
+                if compressor is not None and compressor not in DECOMPRESSORS:
                     raise compressed(expanded, compressor)
                 if is_url(expanded):  # objects: named one by one (braces), never listed
                     shards.append(expanded)
@@ -140,18 +145,25 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
         with open_cache() as cache:
             scans = []
             for number, shard in enumerate(shards):
+                compressor = compressed_by_name(shard)
                 if is_url(shard):  # NOTE [node cache]: a shard is one chunk, downloaded whole, scanned there
                     try:
                         size, version = _remote_size(shard)
                         node = node_cache(self.cache_dir, self.size("cache_limit"))
+                        if compressor is not None:  # NOTE [decompressed shards]: a local copy is read
+                            copy = remote_decompressed_copy(shard, compressor, size, version, node)
+                            files[number], scanned = copy_scan(shard, copy, cache, identities)
+                            scans.append(scanned)
+                            continue
                         scans.append(remote_scan(shard, size, version, node, cache))
                     except OSError as e:
                         raise DatasetError(f"cannot read tar shard {clip(str(e))}") from None
                     identities.append((-1, -1, size, -1, -1))  # read through the cache: not checked by inode
                     files[number] = remote_file(shard, size, version, max(size, 1))
-                elif (compressor := compressed_by_name(shard)) is not None:
+                elif compressor is not None:
                     # NOTE [decompressed shards]: the copy is the file the index names and workers read.
-                    files[number], scanned = decompressed_scan(shard, compressor, cache, identities)
+                    copy = decompressed_copy(shard, compressor)
+                    files[number], scanned = copy_scan(shard, copy, cache, identities)
                     scans.append(scanned)
                 else:
                     scans.append(cached_scan(shard, cache, identities))

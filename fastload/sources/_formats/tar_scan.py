@@ -41,7 +41,6 @@ from fastload.sources._storage.bounds import (
     parse_label,
     quoted,
 )
-from fastload.sources._storage.decompressed import decompressed_copy
 from fastload.sources._storage.node_cache import NodeCache
 from fastload.sources._storage.scan_cache import Identity, Scan, ScanCache, cache_root
 
@@ -100,16 +99,16 @@ def cached_scan(
     return scanned
 
 
-def decompressed_scan(
-    shard: str, compressor: str, cache: ScanCache | None, identities: list[Identity]
+def copy_scan(
+    shard: str, copy: tuple[str, Identity], cache: ScanCache | None, identities: list[Identity]
 ) -> tuple[str, Scan]:
-    """A compressed shard's uncompressed copy (made when missing, NOTE [decompressed shards]) and
-    its samples, the copy's identity going to `identities`; errors name the compressed shard."""
-    copy, made = decompressed_copy(shard, compressor)
-    scanned = cached_scan(copy, cache, identities, shown=shard)
+    """A compressed shard's uncompressed copy (its path and identity when made: NOTE [decompressed
+    shards]) and its samples, the copy's identity going to `identities`; errors name the shard."""
+    path, made = copy
+    scanned = cached_scan(path, cache, identities, shown=shard)
     if identities[-1] != made:
         raise DatasetError(f"the decompressed copy of {clip(shard)} changed while it was scanned: try again")
-    return copy, scanned
+    return path, scanned
 
 
 def remote_scan(url: str, size: int, version: str, node: NodeCache, cache: ScanCache | None) -> Scan:
@@ -166,8 +165,8 @@ def compressed(shard: str, name: str) -> DatasetError:
     do (NOTE [decompressed shards])."""
     return DatasetError(
         f"{clip(shard)} is a {name}-compressed tar: fastload reads samples at byte offsets, so it "
-        "decompresses only local shards named .tar.gz/.tgz, .tar.xz/.txz or .tar.bz2/.tbz2 (into its "
-        f"cache) and reads others uncompressed; {EXPECTED}: decompress it (`{name} -d`) and pass the .tar"
+        "decompresses only shards named .tar.gz/.tgz, .tar.xz/.txz or .tar.bz2/.tbz2 (into its cache) "
+        f"and reads others uncompressed; {EXPECTED}: decompress it (`{name} -d`) and pass the .tar"
     )
 
 

@@ -1,6 +1,6 @@
-"""A compressed tar shard (gzip, xz, bzip2) decompressed once into an uncompressed copy in the
-user's private cache directory: `decompressed_copy`, which `TarShards` then scans and reads as a
-plain shard.
+"""A compressed tar shard (gzip, xz, bzip2; local or at a URL) decompressed once into an
+uncompressed copy in the user's private cache directory: `decompressed_copy` and
+`remote_decompressed_copy`, whose copy `TarShards` then scans and reads as a plain shard.
 
 NOTE [decompressed shards]: samples are read at byte offsets, which a compressed stream has
 none of, so each compressed shard is decompressed whole, once, and its copy is what the index
@@ -8,6 +8,9 @@ names (its `files`) and what workers read. The copies live in `tar-plain-UID` un
 root (`cache_root`, NOTE [scan cache trust]), opened by `open_private_dir` (NOTE [private
 directory]: no link followed, this user's, 0700, every operation relative to its descriptor).
 
+- A shard at a URL is read whole through the node cache (verified there, NOTE [chunk
+  verification]) once per listed version and size, which name its copy as a local shard's
+  identity does; its workers read the local copy.
 - A copy is kept under the shard's own base name (samples are named `SHARD:KEY`) in
   `SHARD/VERSION/`, SHARD a hash of the compressed shard's real path and VERSION of its identity
   (device, inode, size, mtime, ctime): a changed or replaced shard is decompressed again, into a
@@ -43,11 +46,12 @@ import os
 import secrets
 import stat
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from fastload._errors import DatasetError
 from fastload.sources._storage.bounds import clip, identity
+from fastload.sources._storage.node_cache import NodeCache
 from fastload.sources._storage.private_dir import open_private_dir
 from fastload.sources._storage.scan_cache import Identity, cache_root
 
@@ -80,18 +84,7 @@ def plain_limit(compressed_bytes: int) -> int:
 def decompressed_copy(shard: str, compressor: str) -> tuple[str, Identity]:
     """The path and identity of `shard`'s uncompressed copy, made when missing (NOTE
     [decompressed shards]); DatasetError when it cannot be made, saying what to do."""
-    opener = DECOMPRESSORS.get(compressor)
-    if opener is None:
-        raise DatasetError(
-            f"{clip(shard)} is a {compressor}-compressed tar, which fastload cannot decompress (it reads "
-            f"gzip, xz and bzip2): decompress it (`{compressor} -d`) and pass the .tar"
-        )
-    root, copies = cache_root(), copies_dir()
-    if root is None or copies is None:
-        raise DatasetError(
-            f"{clip(shard)} is {compressor}-compressed and must be decompressed into the cache, which is "
-            "off (FASTLOAD_CACHE_DIR is empty): set FASTLOAD_CACHE_DIR, or decompress it and pass the .tar"
-        )
+    opener = _opener(shard, compressor)
     try:
         source = os.open(shard, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
@@ -100,28 +93,73 @@ def decompressed_copy(shard: str, compressor: str) -> tuple[str, Identity]:
         info = os.fstat(source)
         if not stat.S_ISREG(info.st_mode):
             raise DatasetError(f"tar shard {clip(shard)} is not a regular file")
-        shard_dir = _digest(os.path.realpath(shard))
-        version = _digest("\0".join(map(str, identity(info))))
-        name = os.path.basename(shard)  # samples are named `SHARD:KEY` after the file read
-        try:
-            shard_fd, dir_fd = _copy_dirs(root, os.path.basename(copies), shard_dir, version)
-        except OSError as e:
-            raise DatasetError(f"cannot decompress {clip(shard)} into the cache: {clip(str(e))}") from e
-        try:
-            kept = _kept(name, dir_fd)
-            if kept is None:
-                with os.fdopen(os.dup(source), "rb") as raw:
-                    _write_copy(shard, opener(raw), name, dir_fd, plain_limit(info.st_size))
-                kept = _kept(name, dir_fd)
-                _drop_other_versions(shard_fd, version)
-            if kept is None:
-                raise DatasetError(f"the copy of {clip(shard)} left the cache as it was made: try again")
-            return os.path.join(copies, shard_dir, version, name), kept
-        finally:
-            os.close(dir_fd)
-            os.close(shard_fd)
+        version = "\0".join(map(str, identity(info)))
+        return _copy(shard, os.path.realpath(shard), version, info.st_size, opener, lambda: _reopened(source))
     finally:
         os.close(source)
+
+
+def remote_decompressed_copy(
+    url: str, compressor: str, size: int, version: str, node: NodeCache
+) -> tuple[str, Identity]:
+    """`decompressed_copy` of the shard at `url` (its `version` and `size` as listed), read whole
+    through the node cache (verified before it is read: NOTE [chunk verification]) only when
+    this version has no copy yet."""
+    opener = _opener(url, compressor)
+    return _copy(url, url, f"{version}\0{size}", size, opener, lambda: node.open_whole(url, version, size))
+
+
+@contextlib.contextmanager
+def _reopened(fd: int) -> Iterator[BinaryIO]:
+    with os.fdopen(os.dup(fd), "rb") as raw:
+        yield raw
+
+
+def _opener(shard: str, compressor: str) -> Callable[[BinaryIO], io.BufferedIOBase]:
+    opener = DECOMPRESSORS.get(compressor)
+    if opener is None:
+        raise DatasetError(
+            f"{clip(shard)} is a {compressor}-compressed tar, which fastload cannot decompress (it reads "
+            f"gzip, xz and bzip2): decompress it (`{compressor} -d`) and pass the .tar"
+        )
+    return opener
+
+
+def _copy(
+    shard: str,
+    where: str,
+    version: str,
+    size: int,
+    opener: Callable[[BinaryIO], io.BufferedIOBase],
+    compressed: Callable[[], contextlib.AbstractContextManager[BinaryIO]],
+) -> tuple[str, Identity]:
+    """The copy of the shard (`where`: its real path or URL; `version`: what changes with its
+    bytes), read from `compressed()` when this version has none yet."""
+    root, copies = cache_root(), copies_dir()
+    if root is None or copies is None:
+        raise DatasetError(
+            f"{clip(shard)} is compressed and must be decompressed into the cache, which is off "
+            "(FASTLOAD_CACHE_DIR is empty): set FASTLOAD_CACHE_DIR, or decompress it and pass the .tar"
+        )
+    shard_dir, version_dir = _digest(where), _digest(version)
+    name = os.path.basename(where)  # samples are named `SHARD:KEY` after the file read
+    try:
+        shard_fd, dir_fd = _copy_dirs(root, os.path.basename(copies), shard_dir, version_dir)
+    except OSError as e:
+        raise DatasetError(f"cannot decompress {clip(shard)} into the cache: {clip(str(e))}") from e
+    try:
+        kept = _kept(name, dir_fd)
+        if kept is None:
+            with compressed() as raw:
+                _write_copy(shard, opener(raw), name, dir_fd, plain_limit(size))
+            kept = _kept(name, dir_fd)
+            _drop_other_versions(shard_fd, version_dir)
+        if kept is None:
+            raise DatasetError(f"the copy of {clip(shard)} left the cache as it was made: try again")
+        return os.path.join(copies, shard_dir, version_dir, name), kept
+    finally:
+        os.close(dir_fd)
+        os.close(shard_fd)
 
 
 def _digest(text: str) -> str:
