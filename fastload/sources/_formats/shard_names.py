@@ -4,7 +4,8 @@ name is made, and the files a daemon's allowlist checks before the shards are sc
 `expand_braces` expands `{000..099}` and `{a,b}`; `check_shard_patterns` counts what patterns
 expand to before anything is expanded or listed (NOTE [source bounds]); `files_named` yields
 each file (and each directory a glob lists, before it is listed) for `Source.files_before_open`.
-Compressed tar names (`COMPRESSED_TAR_SUFFIXES`) are tar names too: `TarShards` refuses them by
+Compressed tar names (`COMPRESSED_TAR_SUFFIXES`) are tar names too: `TarShards` decompresses the
+gzip, xz and bzip2 ones into its cache (NOTE [decompressed shards]) and refuses the others by
 name, saying what to do.
 """
 
@@ -22,7 +23,8 @@ from fastload.sources._storage.bounds import MAX_SHARD_GLOBS, MAX_SHARDS, clip
 from fastload.sources._storage.remote import is_url
 
 # Compressed tar names, with the compressor that undoes them: they name a `TarShards`, which
-# refuses them saying so (it reads samples at byte offsets).
+# reads a gzip, xz or bzip2 one through its decompressed copy, or refuses it saying why (NOTE [decompressed
+# shards]: samples are read at byte offsets).
 COMPRESSED_TAR_SUFFIXES = {
     ".tar.gz": "gzip", ".tgz": "gzip", ".tar.bz2": "bzip2", ".tbz2": "bzip2",
     ".tar.xz": "xz", ".txz": "xz", ".tar.zst": "zstd", ".tzst": "zstd",

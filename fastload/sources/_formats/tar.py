@@ -7,9 +7,11 @@ files whose members are grouped by key, the member name up to the first dot of i
 `KEY.json` (an object whose "label", else "cls", is an integer). Samples are numbered in shard
 order, then member order, which is storage order: a block shuffle reads them sequentially.
 Only the headers and the small label members are read; the images are read by offset when loaded.
-Local paths, or URLs read whole through the node cache (NOTE [node cache]); no compressed shards
-(reads go to byte offsets): a `.tar.gz` (or `.tgz`, `.tar.bz2`, `.tar.xz`, `.tar.zst`) is refused
-by name, before anything is read, and a compressed file under another name by its first bytes.
+Local paths, or URLs read whole through the node cache (NOTE [node cache]). Reads go to byte
+offsets, so a `.tar.gz`/`.tgz`, `.tar.xz`/`.txz` or `.tar.bz2`/`.tbz2` (local or at a URL) is
+decompressed once into the user's cache and the copy is what the index names and workers read
+(NOTE [decompressed shards] in `_storage/decompressed.py`); a zstd one is refused by name before
+anything is read, and a compressed file under a `.tar` name by its first bytes.
 
 Each shard's identity is kept in the index, and a worker that opens a shard compares it
 (`ExtentIndex`): a shard replaced under a running loader is a DatasetError, never read with the
@@ -39,16 +41,29 @@ from fastload.sources._formats.tar_scan import (
     cached_scan,
     compressed,
     compressed_by_name,
+    copy_scan,
     open_cache,
     remote_scan,
 )
 from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._storage.bounds import MAX_SHARDS, clip
+from fastload.sources._storage.decompressed import (
+    DECOMPRESSORS,
+    copies_dir,
+    decompressed_copy,
+    remote_decompressed_copy,
+)
 from fastload.sources._storage.node_cache import node_cache
 from fastload.sources._storage.remote import is_url
 from fastload.sources._storage.remote import size_of as _remote_size
 from fastload.sources._storage.remote_file import remote_file
 from fastload.sources._storage.scan_cache import Identity
+
+# How a daemon's refusal names the directory of the decompressed copies (never by its path).
+_COPIES = (
+    "the cache directory its compressed shards are decompressed into (set the daemon's FASTLOAD_CACHE_DIR "
+    "under a root, or decompress the shards under a root and name the .tar files)"
+)
 
 
 @dataclass(frozen=True)
@@ -79,7 +94,15 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
         return absolute(first)
 
     def files_before_open(self) -> Iterator[FileToOpen]:
-        return files_named([self.paths] if isinstance(self.paths, str) else list(self.paths))
+        """Each shard (a glob's directory before its matches), and after the first compressed one
+        the directory its copy is decompressed into, which workers read (NOTE [decompressed shards])."""
+        copies = None
+        for file in files_named([self.paths] if isinstance(self.paths, str) else list(self.paths)):
+            yield file
+            if copies is None and compressed_by_name(file.path) in DECOMPRESSORS:
+                copies = copies_dir()
+                if copies is not None:
+                    yield FileToOpen(copies, _COPIES)
 
     def shard_paths(self) -> list[str]:
         """Every shard, absolute, in order; DatasetError when a pattern matches nothing."""
@@ -91,7 +114,7 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
         for pattern in patterns:
             for expanded in expand_braces(pattern):
                 compressor = compressed_by_name(expanded)
-                if compressor is not None:
+                if compressor is not None and compressor not in DECOMPRESSORS:
                     raise compressed(expanded, compressor)
                 if is_url(expanded):  # objects: named one by one (braces), never listed
                     shards.append(expanded)
@@ -122,15 +145,26 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
         with open_cache() as cache:
             scans = []
             for number, shard in enumerate(shards):
+                compressor = compressed_by_name(shard)
                 if is_url(shard):  # NOTE [node cache]: a shard is one chunk, downloaded whole, scanned there
                     try:
                         size, version = _remote_size(shard)
                         node = node_cache(self.cache_dir, self.size("cache_limit"))
+                        if compressor is not None:  # NOTE [decompressed shards]: a local copy is read
+                            copy = remote_decompressed_copy(shard, compressor, size, version, node)
+                            files[number], scanned = copy_scan(shard, copy, cache, identities)
+                            scans.append(scanned)
+                            continue
                         scans.append(remote_scan(shard, size, version, node, cache))
                     except OSError as e:
                         raise DatasetError(f"cannot read tar shard {clip(str(e))}") from None
                     identities.append((-1, -1, size, -1, -1))  # read through the cache: not checked by inode
                     files[number] = remote_file(shard, size, version, max(size, 1))
+                elif compressor is not None:
+                    # NOTE [decompressed shards]: the copy is the file the index names and workers read.
+                    copy = decompressed_copy(shard, compressor)
+                    files[number], scanned = copy_scan(shard, copy, cache, identities)
+                    scans.append(scanned)
                 else:
                     scans.append(cached_scan(shard, cache, identities))
         for file_id, (shard, scanned) in enumerate(zip(shards, scans, strict=True)):

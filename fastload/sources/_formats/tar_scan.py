@@ -75,9 +75,12 @@ def open_cache() -> ScanCache | _NoCache:
     return ScanCache.open() or _NoCache()
 
 
-def cached_scan(shard: str, cache: ScanCache | None, identities: list[Identity]) -> Scan:
+def cached_scan(
+    shard: str, cache: ScanCache | None, identities: list[Identity], shown: str | None = None
+) -> Scan:
     """One shard's samples (image extents, labels, keys), from the cache when it has this shard
-    as it is now, else scanned (and kept); the identity of the file scanned goes to `identities`."""
+    as it is now, else scanned (and kept); the identity of the file scanned goes to `identities`;
+    errors name it `shown` (by default its path)."""
     try:
         fd, info = open_regular(shard, _MAX_SHARD_BYTES, "tar shard")
     except OSError as e:
@@ -90,10 +93,22 @@ def cached_scan(shard: str, cache: ScanCache | None, identities: list[Identity])
             kept = cache.get(real, ident)
             if kept is not None:
                 return kept
-        scanned = _scan_file(shard, f)
+        scanned = _scan_file(shown or shard, f)
     if cache is not None and scanned["labels"].size:
         cache.put(real, ident, scanned)
     return scanned
+
+
+def copy_scan(
+    shard: str, copy: tuple[str, Identity], cache: ScanCache | None, identities: list[Identity]
+) -> tuple[str, Scan]:
+    """A compressed shard's uncompressed copy (its path and identity when made: NOTE [decompressed
+    shards]) and its samples, the copy's identity going to `identities`; errors name the shard."""
+    path, made = copy
+    scanned = cached_scan(path, cache, identities, shown=shard)
+    if identities[-1] != made:
+        raise DatasetError(f"the decompressed copy of {clip(shard)} changed while it was scanned: try again")
+    return path, scanned
 
 
 def remote_scan(url: str, size: int, version: str, node: NodeCache, cache: ScanCache | None) -> Scan:
@@ -146,10 +161,12 @@ def compressed_by_name(shard: str) -> str | None:
 
 
 def compressed(shard: str, name: str) -> DatasetError:
-    """The error for a `name`-compressed shard: what it is and what to do."""
+    """The error for a `name`-compressed shard fastload does not decompress: what it is and what to
+    do (NOTE [decompressed shards])."""
     return DatasetError(
-        f"{clip(shard)} is a {name}-compressed tar: fastload reads samples at byte offsets, so tar "
-        f"shards must be uncompressed; {EXPECTED}: decompress it (`{name} -d`) and pass the .tar"
+        f"{clip(shard)} is a {name}-compressed tar: fastload reads samples at byte offsets, so it "
+        "decompresses only shards named .tar.gz/.tgz, .tar.xz/.txz or .tar.bz2/.tbz2 (into its cache) "
+        f"and reads others uncompressed; {EXPECTED}: decompress it (`{name} -d`) and pass the .tar"
     )
 
 

@@ -12,7 +12,8 @@ formats or packing), so that every format reads local files and object storage t
 - `node_cache.py`: the node-local cache of remote objects' chunks; `chunk_file.py`: one chunk
   as it is stored there.
 - `private_dir.py`: a user's private directory under a shared parent; `scan_cache.py`: the tar
-  shard scan cache kept in one.
+  shard scan cache kept in one; `decompressed.py`: compressed tar shards' uncompressed copies,
+  kept in another.
 
 A private room (its name starts with `_`): users import `fastload.sources`, whose `__all__`
 is the public face.
