@@ -42,7 +42,7 @@ from fastload.sources._storage.bounds import (
     quoted,
 )
 from fastload.sources._storage.node_cache import NodeCache
-from fastload.sources._storage.scan_cache import Identity, Scan, ScanCache, cache_root
+from fastload.sources._storage.scan_cache import Identity, Scan, ScanCache
 
 _IMAGE_EXTS = frozenset(ext.lstrip(".") for ext in IMG_EXTENSIONS)
 _LABEL_EXTS = ("cls", "json")  # in order of preference
@@ -56,11 +56,6 @@ _COMPRESSED = (
     (b"\x28\xb5\x2f\xfd", "zstd"),
 )
 EXPECTED = "expected uncompressed .tar shards in the WebDataset layout (KEY.jpg with KEY.cls or KEY.json)"
-
-
-def cache_dir() -> str | None:
-    """Where shard scans are kept (NOTE [shard index cache]), or None when caching is off."""
-    return cache_root()
 
 
 class _NoCache:
