@@ -25,7 +25,7 @@ negated); AugMix adds "weights". `apply` runs them in insertion order (steps in 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -66,6 +66,15 @@ def _bound(kernel: Callable[..., torch.Tensor], value: torch.Tensor | None) -> g
     if value is None:
         return kernel
     return lambda batch: kernel(batch, value)
+
+
+def sample_groups(p: DeviceParams) -> Iterator[tuple[str, list[str], torch.Tensor]]:
+    """The groups of a policy's parameters, in order, as (key, its "|" parts, the samples): the
+    per-sample values ("...|value"), other entries ("weights") and empty groups left out."""
+    for key, index in p.items():
+        parts = key.split("|")
+        if len(parts) >= 2 and parts[-1] != "value" and index.shape[0] > 0:
+            yield key, parts, index
 
 
 def _kernel_parameter(name: str, magnitude: np.ndarray) -> np.ndarray:
@@ -146,10 +155,7 @@ class PolicyOp:
     def run(self, x: torch.Tensor, p: DeviceParams) -> torch.Tensor:
         """Run the groups of `p` (from `step_groups`) on x, in place, in order."""
         height, width = x.shape[-2], x.shape[-1]
-        for key, index in p.items():
-            parts = key.split("|")
-            if len(parts) < 2 or parts[-1] == "value" or index.shape[0] == 0:
-                continue
+        for key, parts, index in sample_groups(p):
             name = parts[1]
             if name in GEOMETRIC_OPS:
                 magnitude = self._geometric_table(name, height, width)[int(parts[2])]

@@ -1,7 +1,8 @@
 """Transforms with timm's semantics where torchvision has none (its RandAugment policy strings,
-`TimmRandAugment`; its `Mixup`, `TimmMixup`), and torchvision's `RandomApply` over per-sample
-pixel transforms (with its conversion from torchvision's, which may give no transform, its
-members, or this one). Declarations only: `fastload._augment.timm_ops` runs them.
+`TimmRandAugment`; its `Mixup` in modes 'batch', 'pair' and 'elem', `TimmMixup`), and
+torchvision's `RandomApply` over per-sample pixel transforms (with its conversion from
+torchvision's, which may give no transform, its members, or this one). Declarations only:
+`fastload._augment.timm_ops` runs them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,22 @@ from fastload.transforms._torchvision_reading import Place
 def _probability(kind: str, name: str, value: object) -> None:
     if not (is_number(value) and 0.0 <= value <= 1.0):
         raise reject(kind, name, value, "a number in [0, 1]")
+
+
+def check_op_settings(kind: str, t: Any) -> None:
+    """Check (and normalise) what timm's policies share, from its AugmentOps' hparams:
+    `magnitude_std`, `translate_pct`, `interpolation` and `fill`."""
+    std = t.magnitude_std
+    if not (std == math.inf or (is_number(std) and 0 <= std <= 1e3)):
+        raise reject(kind, "magnitude_std", std, "a number >= 0, or inf (uniform in [0, magnitude])")
+    if not (is_number(t.translate_pct) and 0 <= t.translate_pct <= 1):
+        raise reject(kind, "translate_pct", t.translate_pct, "a number in [0, 1]")
+    take_interpolation(t)
+    if t.interpolation not in POLICY_INTERPOLATIONS:
+        raise reject(kind, "interpolation", t.interpolation, " or ".join(POLICY_INTERPOLATIONS))
+    check_fill(kind, t.fill)
+    if isinstance(t.fill, Sequence):
+        object.__setattr__(t, "fill", tuple(float(v) for v in t.fill))
 
 
 TIMM_RAND_OPS = (
@@ -66,20 +83,10 @@ class TimmRandAugment(Transform):
             raise reject(kind, "magnitude_max", self.magnitude_max, "a number in [0, 1000]")
         if not (is_number(self.magnitude) and 0 <= self.magnitude <= 1e3):
             raise reject(kind, "magnitude", self.magnitude, "a number in [0, 1000]")
-        std = self.magnitude_std
-        if not (std == math.inf or (is_number(std) and 0 <= std <= 1e3)):
-            raise reject(kind, "magnitude_std", std, "a number >= 0, or inf (uniform in [0, magnitude])")
         _probability(kind, "prob", self.prob)
         if not isinstance(self.increasing, bool):
             raise reject(kind, "increasing", self.increasing, "True or False")
-        if not (is_number(self.translate_pct) and 0 <= self.translate_pct <= 1):
-            raise reject(kind, "translate_pct", self.translate_pct, "a number in [0, 1]")
-        take_interpolation(self)
-        if self.interpolation not in POLICY_INTERPOLATIONS:
-            raise reject(kind, "interpolation", self.interpolation, " or ".join(POLICY_INTERPOLATIONS))
-        check_fill(kind, self.fill)
-        if isinstance(self.fill, Sequence):
-            object.__setattr__(self, "fill", tuple(float(v) for v in self.fill))
+        check_op_settings(kind, self)
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -87,16 +94,25 @@ class TimmRandAugment(Transform):
         return TIMM_RAND_INCREASING_OPS if self.increasing else TIMM_RAND_OPS
 
 
+TIMM_MIXUP_MODES = ("batch", "pair", "elem")
+"""timm's Mixup modes fastload has (not 'half', which only FastCollateMixup takes)."""
+
+
 @declare_transform(stage="batch", kernel="TimmMixup", example={"num_classes": 3})
 @dataclass(frozen=True, kw_only=True)
 class TimmMixup(Transform):
-    """timm's `Mixup` in mode 'batch': with probability `prob` a batch is mixed, by CutMix with
+    """timm's `Mixup`. In `mode` 'batch': with probability `prob` a batch is mixed, by CutMix with
     probability `switch_prob` when both alphas are > 0 (else the one that is); lam ~ Beta(alpha,
     alpha); each image mixed with its mirror in the batch (`x.flip(0)`); a CutMix box of sides
     sqrt(1 - lam) of the image's around a uniform centre, clipped (or of sides uniform in
     `cutmix_minmax` of the image's), lam then corrected to the area kept (`correct_lam`); targets
     are one-hot smoothed by `label_smoothing` (off = s / num_classes, on = 1 - s + off) and mixed
-    by lam, also when the batch is not mixed."""
+    by lam, also when the batch is not mixed. In mode 'elem' each image i draws its own (lam, CutMix
+    or not), as timm's `_params_per_elem` (float32 lam), and is mixed with the batch's original
+    image B-1-i (its mirror; its own box); in mode 'pair' images i and B-1-i share one draw and
+    are mixed with each other (the middle image of an odd batch is left as it is); targets mixed
+    per image by its lam. Deterministic from the loader's seed: the batch's draws come from a
+    numpy Generator seeded by one of its uniforms, in timm's order."""
 
     mixup_alpha: float = 1.0
     cutmix_alpha: float = 0.0
@@ -106,6 +122,7 @@ class TimmMixup(Transform):
     correct_lam: bool = True
     label_smoothing: float = 0.1
     num_classes: int
+    mode: str = "batch"
 
     def __post_init__(self) -> None:
         kind = "TimmMixup"
@@ -130,6 +147,8 @@ class TimmMixup(Transform):
             raise reject(kind, "label_smoothing", self.label_smoothing, "a number in [0, 1]")
         if not (is_int(self.num_classes) and 1 <= self.num_classes <= 1 << 20):
             raise reject(kind, "num_classes", self.num_classes, "the number of classes, an int >= 1")
+        if self.mode not in TIMM_MIXUP_MODES:
+            raise reject(kind, "mode", self.mode, " or ".join(repr(m) for m in TIMM_MIXUP_MODES))
 
 
 def _random_apply(t: Any, place: Place) -> tuple[Transform, ...]:
