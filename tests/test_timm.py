@@ -135,9 +135,9 @@ def test_resize_keep_ratio_is_a_shorter_edge_resize_or_refused() -> None:
 
 def test_timm_policies_without_fastload_equivalents_are_refused_by_name() -> None:
     aa = timm_data().auto_augment
+    own_policy = aa.AutoAugment([[aa.AugmentOp("Invert", 0.5, 3)]])
     for obj, name in (
-        (aa.auto_augment_transform("v0", {}), "AutoAugment"),
-        (aa.augment_and_mix_transform("augmix-m5-w4-d2", {}), "AugMixAugment"),
+        (own_policy, "AutoAugment"),
         (aa.rand_augment_transform("rand-m9-tweights", {}), "RandAugment"),
         (aa.rand_augment_transform("rand-m9-t3a", {}), "RandAugment"),
     ):
@@ -254,9 +254,11 @@ def test_mixup_converts_with_its_parameters_and_refuses_other_modes() -> None:
                           label_smoothing=0.2, num_classes=10)
     (minmax,), _, _ = convert(mixup(mixup_alpha=0.0, cutmix_minmax=(0.2, 0.8), num_classes=10))
     assert minmax.cutmix_minmax == (0.2, 0.8) and minmax.cutmix_alpha == 1.0  # as timm sets it
-    for mode in ("elem", "pair"):
-        with pytest.raises(ConfigError, match="mode='batch'"):
-            from_torchvision(mixup(mode=mode, num_classes=10))
+    for mode in ("elem", "pair"):  # tests/test_timm_recipes.py checks their pixels
+        (each,), _, _ = convert(mixup(mode=mode, num_classes=10))
+        assert each == TimmMixup(num_classes=10, mode=mode)
+    with pytest.raises(ConfigError, match="mode 'half'"):
+        from_torchvision(mixup(mode="half", num_classes=10))
 
 
 def test_mixup_switch_and_prob_are_timms() -> None:

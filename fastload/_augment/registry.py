@@ -3,7 +3,8 @@
 (`sample_op`, `batch_op`). A kernel made of its members' kernels (RandomApply, RandomChoice) is
 handed this registry when it is made, so no kernel module imports it (it imports them).
 
-fastload's kernels are the tables of `color_ops`, `policies`, `mixing`, `timm_ops` and `warp_ops`; a program
+fastload's kernels are the tables of `color_ops`, `policies`, `mixing`, `timm_ops`, `timm_policies` and
+`warp_ops`; a program
 adds its own with `register_kernel` (a transform declared outside fastload, with its kernel).
 """
 
@@ -13,7 +14,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fastload._augment import color_ops, mixing, policies, timm_ops, warp_ops
+from fastload._augment import color_ops, mixing, policies, timm_ops, timm_policies, warp_ops
 from fastload._augment.ops import BatchKernel, BatchOp, SampleKernel, SampleOp
 from fastload._errors import ConfigError
 from fastload.transforms import DECODE, Transform, declaration_of
@@ -103,7 +104,8 @@ def _qualified(make: object) -> tuple[str, str]:
 
 
 KERNELS = KernelRegistry(
-    {**color_ops.KERNELS, **policies.KERNELS, **mixing.KERNELS, **timm_ops.KERNELS, **warp_ops.KERNELS},
+    {**color_ops.KERNELS, **policies.KERNELS, **mixing.KERNELS, **timm_ops.KERNELS, **timm_policies.KERNELS,
+     **warp_ops.KERNELS},
     {**mixing.BATCH_KERNELS, **timm_ops.BATCH_KERNELS},
 )
 """fastload's kernels, and those a program registers."""

@@ -8,7 +8,8 @@ policies and the warps (vertical flips, rotations, affine and perspective: `_war
 the uint8 samples (in the workers, or on the GPU after the copy); RandomErasing after
 normalization; MixUp/CutMix across the batch, labels becoming soft targets. `from_torchvision`
 converts a torchvision pipeline (v1 or v2) of the transforms fastload has into these, and timm's
-`create_transform` recipes and `Mixup` (`TimmRandAugment`, `TimmMixup`, with timm's semantics).
+`create_transform` recipes and `Mixup` (`TimmRandAugment`, `TimmAutoAugment`, `TimmAugMix`,
+`TimmMixup` in its three modes, `three_augment`: DeiT III's, with timm's semantics).
 
 Each transform is declared once, on its class (`declare_transform` in `_declare`: its name, stage,
 kernel, an example and its torchvision conversion); the JSON spec, `from_torchvision` and the
@@ -51,6 +52,7 @@ from fastload.transforms._mixing import CutMix, MixUp, RandomChoice, RandomErasi
 from fastload.transforms._plan import TransformPlan as TransformPlan
 from fastload.transforms._plan import compile_transforms as compile_transforms
 from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, TrivialAugmentWide
+from fastload.transforms._timm_policies import TimmAugMix, TimmAutoAugment, three_augment
 from fastload.transforms._timm_transforms import RandomApply, TimmMixup, TimmRandAugment
 from fastload.transforms._torchvision import from_torchvision
 from fastload.transforms._warps import RandomAffine, RandomPerspective, RandomRotation, RandomVerticalFlip
@@ -87,10 +89,13 @@ __all__ = [
     "RandomSolarize",
     "RandomVerticalFlip",
     "Resize",
+    "TimmAugMix",
+    "TimmAutoAugment",
     "TimmMixup",
     "TimmRandAugment",
     "Transform",
     "TrivialAugmentWide",
     "from_torchvision",
+    "three_augment",
 ]
 

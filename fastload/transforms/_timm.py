@@ -1,5 +1,6 @@
 """timm's transforms (what `timm.data.create_transform` and `timm.data.Mixup` make), converted to
-fastload's for `from_torchvision`; read from the
+fastload's for `from_torchvision`: its crops and resizes, RandAugment, AutoAugment (its policies
+and DeiT III's '3a'), AugMix, RandomErasing and Mixup (modes 'batch', 'pair', 'elem'); read from the
 attributes timm stores, by class name: timm is not a dependency, and is never imported here.
 
 Where fastload approximates timm, the conversion says so with a `UserWarning` that names the
@@ -17,6 +18,12 @@ from fastload._errors import ConfigError
 from fastload.transforms._base import Transform
 from fastload.transforms._geometric import RandomResizedCrop, Resize
 from fastload.transforms._mixing import RandomErasing
+from fastload.transforms._timm_policies import (
+    TIMM_AUGMIX_OPS,
+    TIMM_AUTOAUGMENT_POLICIES,
+    TimmAugMix,
+    TimmAutoAugment,
+)
 from fastload.transforms._timm_transforms import (
     TIMM_RAND_INCREASING_OPS,
     TIMM_RAND_OPS,
@@ -43,8 +50,8 @@ def timm_conversion(t: object) -> str | None:
     return TIMM_CONVERSIONS.get(type(t).__name__) if is_timm(t) else None
 
 
-def _approximated(what: str, how: str) -> None:
-    warnings.warn(f"fastload approximates {what}: {how}", UserWarning, stacklevel=5)
+def _approximated(what: str, how: str, stacklevel: int = 5) -> None:
+    warnings.warn(f"fastload approximates {what}: {how}", UserWarning, stacklevel=stacklevel)
 
 
 def _refused(name: str, why: str) -> ConfigError:
@@ -102,11 +109,40 @@ def _resize_keep_ratio(t: Any) -> Resize:
     return Resize(size=height, interpolation=_crop_interpolation("ResizeKeepRatio", t.interpolation))
 
 
-def _same(ops: Sequence[Any], read: Callable[[Any], Any]) -> Any:
+def _same(kind: str, ops: Sequence[Any], read: Callable[[Any], Any]) -> Any:
     values = {repr(read(op)) for op in ops}
     if len(values) != 1:
-        raise _refused("RandAugment", "its operations have different probabilities, magnitudes or hparams")
+        raise _refused(kind, "its operations have different probabilities, magnitudes or hparams")
     return read(ops[0])
+
+
+_FILL = (128, 128, 128)  # timm's default fill (_FILL)
+
+
+def _op_settings(kind: str, ops: Sequence[Any]) -> dict[str, Any]:
+    """What timm's AugmentOps of a policy share (their hparams): the resampling filter, the fill,
+    the magnitude's noise and the translation's reach, as fastload's parameters; warns of what
+    fastload approximates."""
+    resample = _same(kind, ops, lambda op: op.kwargs.get("resample"))
+    interpolation = "nearest" if _mode_name(resample) == "nearest" else "bilinear"
+    filters = "random bilinear / bicubic" if isinstance(resample, (tuple, list)) else _mode_name(resample)
+    if float(_same(kind, ops, lambda op: op.magnitude_max) or 10.0) != 10.0 and kind != "RandAugment":
+        raise _refused(kind, "magnitude_max other than 10")
+    _approximated(
+        f"timm's {kind}",
+        f"rotations and shears resampled {interpolation} (timm: {filters}); translations by whole "
+        "pixels, truncated (timm: fractional); PIL's ImageEnhance / ImageOps through torchvision's "
+        "tensor arithmetic (pixel values may differ by a level); its solarize, posterize, invert, "
+        "equalize and Gaussian blur are PIL's bits",
+        stacklevel=6,
+    )
+    std = float(_same(kind, ops, lambda op: op.magnitude_std))
+    return {
+        "magnitude_std": math.inf if std == math.inf else std,
+        "translate_pct": float(_same(kind, ops, lambda op: op.hparams.get("translate_pct", 0.45))),
+        "interpolation": interpolation,
+        "fill": tuple(float(v) for v in _same(kind, ops, lambda op: op.kwargs.get("fillcolor", _FILL))),
+    }
 
 
 def _rand_augment(t: Any) -> TimmRandAugment:
@@ -119,26 +155,37 @@ def _rand_augment(t: Any) -> TimmRandAugment:
             "'tweights' or 't3aw')",
         )
     ops = list(t.ops)
-    resample = _same(ops, lambda op: op.kwargs.get("resample"))
-    interpolation = "nearest" if _mode_name(resample) == "nearest" else "bilinear"
-    filters = "random bilinear / bicubic" if isinstance(resample, (tuple, list)) else _mode_name(resample)
-    _approximated(
-        "timm's RandAugment",
-        f"rotations and shears resampled {interpolation} (timm: {filters}); translations by whole "
-        "pixels, truncated (timm: fractional); PIL's ImageEnhance / ImageOps through torchvision's "
-        "tensor arithmetic (pixel values may differ by a level)",
-    )
-    std = float(_same(ops, lambda op: op.magnitude_std))
     return TimmRandAugment(
         num_layers=int(t.num_layers),
-        magnitude=float(_same(ops, lambda op: op.magnitude)),
-        magnitude_std=math.inf if std == math.inf else std,
-        magnitude_max=float(_same(ops, lambda op: op.magnitude_max) or 10.0),
-        prob=float(_same(ops, lambda op: op.prob)),
+        magnitude=float(_same("RandAugment", ops, lambda op: op.magnitude)),
+        magnitude_max=float(_same("RandAugment", ops, lambda op: op.magnitude_max) or 10.0),
+        prob=float(_same("RandAugment", ops, lambda op: op.prob)),
         increasing=names == TIMM_RAND_INCREASING_OPS,
-        translate_pct=float(_same(ops, lambda op: op.hparams.get("translate_pct", 0.45))),
-        interpolation=interpolation,
-        fill=tuple(float(v) for v in _same(ops, lambda op: op.kwargs.get("fillcolor", (128, 128, 128)))),
+        **_op_settings("RandAugment", ops),
+    )
+
+
+def _auto_augment(t: Any) -> TimmAutoAugment:
+    table = tuple(tuple((op.name, float(op.prob), float(op.magnitude)) for op in sub) for sub in t.policy)
+    for name, policy in TIMM_AUTOAUGMENT_POLICIES.items():
+        if table == policy:
+            ops = [op for sub in t.policy for op in sub]
+            return TimmAutoAugment(policy=name, **_op_settings("AutoAugment", ops))
+    raise _refused("AutoAugment", f"its policy is none of timm's ({', '.join(TIMM_AUTOAUGMENT_POLICIES)})")
+
+
+def _augmix(t: Any) -> TimmAugMix:
+    ops = list(t.ops)
+    names = tuple(op.name for op in ops)
+    if names != TIMM_AUGMIX_OPS or _same("AugMixAugment", ops, lambda op: op.prob) != 1.0:
+        raise _refused("AugMixAugment", "its operations are not timm's augmix_ops")
+    return TimmAugMix(
+        severity=int(_same("AugMixAugment", ops, lambda op: op.magnitude)),
+        width=int(t.width),
+        depth=int(t.depth) if int(t.depth) > 0 else -1,
+        alpha=float(t.alpha),
+        blended=bool(t.blended),
+        **_op_settings("AugMixAugment", ops),
     )
 
 
@@ -169,11 +216,10 @@ def _random_erasing(t: Any, normalized: bool) -> RandomErasing:
 
 
 def _mixup(t: Any) -> TimmMixup:
-    if t.mode != "batch":
-        raise _refused(
-            "Mixup",
-            f"mode {t.mode!r} draws lam per sample or pair; fastload mixes per batch: use mode='batch'",
-        )
+    if t.mode not in ("batch", "pair", "elem"):
+        raise _refused("Mixup", f"mode {t.mode!r}: fastload has 'batch', 'pair' and 'elem'")
+    if getattr(t, "multi_label", False):
+        raise _refused("Mixup", "multi_label=True: fastload mixes class indices")
     minmax = None if t.cutmix_minmax is None else (float(t.cutmix_minmax[0]), float(t.cutmix_minmax[1]))
     return TimmMixup(
         mixup_alpha=float(t.mixup_alpha),
@@ -184,6 +230,7 @@ def _mixup(t: Any) -> TimmMixup:
         correct_lam=bool(t.correct_lam),
         label_smoothing=float(t.label_smoothing),
         num_classes=int(t.num_classes),
+        mode=str(t.mode),
     )
 
 
@@ -200,6 +247,8 @@ def from_timm(t: Any, normalized: bool) -> Transform:
         return _random_erasing(t, normalized)
     if name == "Mixup":
         return _mixup(t)
-    if name in ("AutoAugment", "AugMixAugment"):
-        raise _refused(name, "fastload has torchvision's AutoAugment and AugMix (other policies), not timm's")
+    if name == "AutoAugment":
+        return _auto_augment(t)
+    if name == "AugMixAugment":
+        return _augmix(t)
     raise _refused(name, "fastload has no equivalent")
