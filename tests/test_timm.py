@@ -85,7 +85,8 @@ def test_train_recipe_converts_with_timms_parameters(interpolation: str) -> None
     assert (erasing.p, erasing.scale) == (erase.probability, (erase.min_area, erase.max_area))
     assert close(np.log(erasing.ratio), erase.log_aspect_ratio)
     assert close(normalize, (norm.mean.tolist(), norm.std.tolist()))
-    assert any("RandAugment" in n and "bilinear" in n for n in notes)
+    assert policy.interpolation == interpolation  # PIL's bicubic, or timm's draw of bilinear / bicubic
+    assert any("RandAugment" in n and "ImageEnhance" in n for n in notes)
     assert any("'random'" in n for n in notes) == (interpolation == "random")
 
 
@@ -220,8 +221,8 @@ def test_each_rand_augment_operation_is_timms_on_pixels(name: str, monkeypatch: 
     if name in ("Invert", "SolarizeIncreasing", "SolarizeAdd", "PosterizeIncreasing", "Equalize"):
         assert diff.max() == 0, name  # the same integer arithmetic
     elif name in ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"):
-        assert diff.mean() < 12, (name, diff.mean())  # PIL's affine vs torch's grid, whole-pixel shifts
-        assert np.abs(ours.astype(int) - smooth).mean() > 2 * diff.mean(), name  # and it did move
+        assert diff.max() == 0, name  # PIL's affine (fastload._augment.pil_affine)
+        assert np.abs(ours.astype(int) - smooth).mean() > 2, name  # and it did move
     else:
         assert diff.max() <= 2, (name, diff.max())  # torchvision's tensor arithmetic for PIL's
 

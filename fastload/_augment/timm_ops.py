@@ -3,21 +3,26 @@ batches), timm's Mixup (a `BatchOp`) and RandomApply (a `SampleOp` over its memb
 the registry (`registry`), handed to it, makes: this module does not import the registry),
 their randomness drawn from the uniforms they are given, as the policies' and mixing's are.
 
-timm's RandAugment runs on PIL images; here its operations are fastload's batched kernels
-(torchvision's tensor arithmetic for PIL's ImageOps / ImageEnhance, `fastload._augment.color`),
-geometric ones through `affine.policy_op_` (bilinear or nearest, translations by whole pixels,
-truncated, as torchvision's policies), with timm's level-to-argument formulas and draws.
+timm's operations run on PIL images; here they are batched kernels over one table (`step_groups`
+makes a step's groups, `run_steps` runs them; timm's AutoAugment and AugMix, `timm_policies`, use
+it too), with timm's level-to-argument formulas and draws: rotations, shears and translations
+through PIL's affine bit for bit (`pil_affine`, bilinear, bicubic or timm's random choice of
+the two; nearest through `affine.policy_op_`, approximated), its Gaussian blur bit for bit
+(`pil_blur`), solarize, posterize, invert and equalize with PIL's integer arithmetic, and PIL's
+ImageEnhance and autocontrast through torchvision's tensor arithmetic (`color`: a pixel may
+differ by 1, tests/test_timm_recipes.py).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 import torch
 
-from fastload._augment import color, groups, pil_blur
+from fastload._augment import color, groups, pil_affine, pil_blur
 from fastload._augment.affine import Fill, policy_op_
 from fastload._augment.mixing import _beta, _check_batch
 from fastload._augment.ops import BatchKernel, DeviceParams, Kernels, Params, SampleKernel, SampleOp
@@ -115,15 +120,23 @@ def step_groups(
     names: Sequence[str],
     op: np.ndarray,
     level: np.ndarray,
-    negate: np.ndarray,
+    u_sign: np.ndarray,
     translate_pct: float,
+    interpolation: str,
     own: np.ndarray | None = None,
 ) -> Params:
     """One step's groups, from per-sample choices (N,): `op` (an index into `names`, -1 for none),
-    its `level`, `negate` and `own` (the operation's own uniform: a blur's radius). Keys:
-    "{step}|{op}" (samples) and "{step}|{op}|value" (their argument) for a pixel operation,
-    "{step}|{op}|{argument!r}" (samples) for a geometric one (one group per argument)."""
+    its `level`, its sign's uniform `u_sign` (negated above 0.5, as timm's `_randomly_negate`; its
+    second bit draws the filter where `interpolation` is 'random', timm's choice of bilinear or
+    bicubic) and `own` (the operation's own uniform: a blur's radius). Keys: "{step}|{op}"
+    (samples) and "{step}|{op}|value" (their argument) for a pixel operation,
+    "{step}|{op}|{argument!r}|{filter}" (samples) for a geometric one."""
     params: Params = {}
+    negate = u_sign > 0.5
+    if interpolation == "random":
+        filters = np.where((u_sign * 2.0) % 1.0 >= 0.5, "bicubic", "bilinear")
+    else:
+        filters = np.full(u_sign.shape, interpolation)
     for k, name in enumerate(names):
         members = np.flatnonzero(op == k).astype(np.int64)
         if members.size == 0:
@@ -135,7 +148,10 @@ def step_groups(
             argument = level_argument(name, level[members], negate[members])
         if name in _GEOMETRIC:
             for value in np.unique(argument).tolist():
-                params[f"{step}|{name}|{value!r}"] = members[argument == value]
+                for resample in np.unique(filters[members]).tolist():
+                    chosen = (argument == value) & (filters[members] == resample)
+                    if chosen.any():
+                        params[f"{step}|{name}|{value!r}|{resample}"] = members[chosen]
             continue
         params[f"{step}|{name}"] = members
         if name == "GaussianBlurRand":  # random.uniform(0.1, 2 factor), then PIL's box taps
@@ -146,20 +162,26 @@ def step_groups(
     return params
 
 
-def run_steps(x: torch.Tensor, p: DeviceParams, interpolation: str, fill: Fill) -> torch.Tensor:
-    """Run the groups of `step_groups` (keys in step order) on x, in place, in order."""
+def run_steps(x: torch.Tensor, p: DeviceParams, fill: Fill) -> torch.Tensor:
+    """Run the groups of `step_groups` (keys in step order) on x, in place, in order: geometric
+    ones bilinear or bicubic through PIL's affine (`pil_affine`), nearest through torch's grid."""
     height, width = x.shape[-2], x.shape[-1]
     for key, parts, index in sample_groups(p):
         name = parts[1]
         if name in _GEOMETRIC:
-            argument = float(parts[2])
+            argument, resample = float(parts[2]), parts[3]
+            if resample != "nearest":
+                matrix = pil_affine.timm_matrix(name, argument, height, width)
+                warp = partial(pil_affine.transform, matrix=matrix, resample=resample, fill=fill or (0, 0, 0))
+                groups.apply_to(x, index, warp)
+                continue
             # PIL's affine maps an output pixel to the input one `argument` further: the image
             # moves by -argument, as torchvision's translate by `argument` does not.
             if name == "TranslateXRel":
                 argument *= -width
             elif name == "TranslateYRel":
                 argument *= -height
-            policy_op_(x, index, _GEOMETRIC[name], argument, interpolation, fill)
+            policy_op_(x, index, _GEOMETRIC[name], argument, "nearest", fill)
             continue
         kernel = _KERNELS[name.removesuffix("Increasing")]
         groups.apply_to(x, index, _bound(kernel, p.get(f"{key}|value")))
@@ -191,12 +213,13 @@ class TimmRandAugmentOp:
             d = u[:, _DRAWS_PER_OP * layer : _DRAWS_PER_OP * (layer + 1)]
             op = np.where(d[:, 1] <= self.t.prob, uniform_integers(d[:, 0], len(self.names)), -1)
             level = self.magnitudes(d[:, 2], d[:, 3])
-            params.update(step_groups(layer, self.names, op, level, d[:, 4] > 0.5, self.t.translate_pct))
+            pct, interpolation = self.t.translate_pct, self.t.interpolation
+            params.update(step_groups(layer, self.names, op, level, d[:, 4], pct, interpolation))
         return params
 
     def apply(self, x: torch.Tensor, p: DeviceParams) -> torch.Tensor:
         """Run the layers' groups on x, in place, in order."""
-        return run_steps(x, p, self.t.interpolation, self.fill)
+        return run_steps(x, p, self.fill)
 
 
 class TimmMixupOp:

@@ -50,19 +50,19 @@ class TimmAutoAugmentOp:
     def params(self, u: np.ndarray) -> Params:
         """Each step's `step_groups` (a sample whose step does not apply is in none)."""
         sub = uniform_integers(u[:, 0], self._op.shape[0])
+        t = self.t
         params: Params = {}
         for step in range(self.steps):
             d = u[:, 1 + _PER_STEP * step : 1 + _PER_STEP * (step + 1)]
             op = np.where(d[:, 1] <= self._p[sub, step], self._op[sub, step], -1)
-            level = timm_levels(self._magnitude[sub, step], self.t.magnitude_std, 10.0, d[:, 2], d[:, 3])
-            params.update(
-                step_groups(step, self.names, op, level, d[:, 4] > 0.5, self.t.translate_pct, own=d[:, 0])
-            )
+            level = timm_levels(self._magnitude[sub, step], t.magnitude_std, 10.0, d[:, 2], d[:, 3])
+            pct, interpolation = t.translate_pct, t.interpolation
+            params.update(step_groups(step, self.names, op, level, d[:, 4], pct, interpolation, own=d[:, 0]))
         return params
 
     def apply(self, x: torch.Tensor, p: DeviceParams) -> torch.Tensor:
         """Run the steps' groups on x, in place, in order."""
-        return run_steps(x, p, self.t.interpolation, self.fill)
+        return run_steps(x, p, self.fill)
 
 
 def blended_weights(weights: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -120,7 +120,8 @@ class TimmAugMixOp:
             d = chains[:, 1 + _PER_CHAIN_STEP * step : 1 + _PER_CHAIN_STEP * (step + 1)]
             op = np.where(step < depth, uniform_integers(d[:, 0], len(self.names)), -1)
             level = timm_levels(float(self.t.severity), self.t.magnitude_std, 10.0, d[:, 1], d[:, 2])
-            params.update(step_groups(step, self.names, op, level, d[:, 3] > 0.5, self.t.translate_pct))
+            t = self.t
+            params.update(step_groups(step, self.names, op, level, d[:, 3], t.translate_pct, t.interpolation))
         weights, m = self.weights(u[:, 0])
         if self.t.blended:
             params["blend"] = blended_weights(weights, m)
@@ -138,7 +139,7 @@ class TimmAugMixOp:
         chains = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
         chains.view(self.width, n, *x.shape[1:]).copy_(x.unsqueeze(0).expand(self.width, *x.shape))
         steps = {k: v for k, v in p.items() if k not in ("weights", "m", "blend")}
-        return self.mix(x, run_steps(chains, steps, self.t.interpolation, self.fill), p)
+        return self.mix(x, run_steps(chains, steps, self.fill), p)
 
     def mix(self, x: torch.Tensor, chains: torch.Tensor, p: DeviceParams) -> torch.Tensor:
         """Mix the augmented `chains` (width * N rows) into x, in place, as timm's `_apply_basic`

@@ -25,6 +25,7 @@ from fastload.transforms._timm_policies import (
     TimmAutoAugment,
 )
 from fastload.transforms._timm_transforms import (
+    TIMM_INTERPOLATIONS,
     TIMM_RAND_INCREASING_OPS,
     TIMM_RAND_OPS,
     TimmMixup,
@@ -124,16 +125,25 @@ def _op_settings(kind: str, ops: Sequence[Any]) -> dict[str, Any]:
     the magnitude's noise and the translation's reach, as fastload's parameters; warns of what
     fastload approximates."""
     resample = _same(kind, ops, lambda op: op.kwargs.get("resample"))
-    interpolation = "nearest" if _mode_name(resample) == "nearest" else "bilinear"
-    filters = "random bilinear / bicubic" if isinstance(resample, (tuple, list)) else _mode_name(resample)
+    if isinstance(resample, (tuple, list)):
+        names = {_mode_name(r) for r in resample}
+        if names != {"bilinear", "bicubic"}:
+            raise _refused(kind, f"resampling drawn from {sorted(names)}: fastload draws bilinear or bicubic")
+        interpolation = "random"
+    else:
+        interpolation = _mode_name(resample)
+        if interpolation not in TIMM_INTERPOLATIONS:
+            why = f"resampling {interpolation!r}: PIL's affine takes nearest, bilinear or bicubic"
+            raise _refused(kind, why)
     if float(_same(kind, ops, lambda op: op.magnitude_max) or 10.0) != 10.0 and kind != "RandAugment":
         raise _refused(kind, "magnitude_max other than 10")
+    nearest = "; nearest resampling through torch's grid, translations by whole pixels" if (
+        interpolation == "nearest") else ""
     _approximated(
         f"timm's {kind}",
-        f"rotations and shears resampled {interpolation} (timm: {filters}); translations by whole "
-        "pixels, truncated (timm: fractional); PIL's ImageEnhance / ImageOps through torchvision's "
-        "tensor arithmetic (pixel values may differ by a level); its solarize, posterize, invert, "
-        "equalize and Gaussian blur are PIL's bits",
+        "PIL's ImageEnhance (Color, Contrast, Brightness, Sharpness) and autocontrast through "
+        f"torchvision's tensor arithmetic (a pixel may differ by 1){nearest}; the other operations, "
+        "its affine warps and Gaussian blur are PIL's bits",
         stacklevel=6,
     )
     std = float(_same(kind, ops, lambda op: op.magnitude_std))

@@ -84,7 +84,7 @@ class TimmAutoAugment(Transform):
     negated half the time. Policies: 'original', 'originalr', 'v0', 'v0r' and '3a' (DeiT III's
     3-Augment: solarize at 128, grayscale, or a PIL Gaussian blur of radius uniform in [0.1, 2]).
     Translations move by `translate_pct` of the side; `fill` (uint8 units) fills what a geometric
-    operation uncovers (timm's `img_mean`)."""
+    operation uncovers (timm's `img_mean`); `interpolation` as `TimmRandAugment`'s."""
 
     policy: str = "original"
     magnitude_std: float = 0.0

@@ -18,13 +18,19 @@ from fastload.transforms._color import RandomSolarize
 from fastload.transforms._declare import declare_transform
 from fastload.transforms._geometric import RandomHorizontalFlip
 from fastload.transforms._mixing import RandomErasing
-from fastload.transforms._policies import POLICY_INTERPOLATIONS, check_fill
+from fastload.transforms._policies import check_fill
 from fastload.transforms._torchvision_reading import Place
 
 
 def _probability(kind: str, name: str, value: object) -> None:
     if not (is_number(value) and 0.0 <= value <= 1.0):
         raise reject(kind, name, value, "a number in [0, 1]")
+
+
+TIMM_INTERPOLATIONS = ("bilinear", "bicubic", "random", "nearest")
+"""The resampling of timm's geometric operations: PIL's bilinear or bicubic affine (bit for bit),
+'random' (timm's default: bilinear or bicubic drawn per operation), or 'nearest' (through torch's
+grid: approximated)."""
 
 
 def check_op_settings(kind: str, t: Any) -> None:
@@ -36,8 +42,8 @@ def check_op_settings(kind: str, t: Any) -> None:
     if not (is_number(t.translate_pct) and 0 <= t.translate_pct <= 1):
         raise reject(kind, "translate_pct", t.translate_pct, "a number in [0, 1]")
     take_interpolation(t)
-    if t.interpolation not in POLICY_INTERPOLATIONS:
-        raise reject(kind, "interpolation", t.interpolation, " or ".join(POLICY_INTERPOLATIONS))
+    if t.interpolation not in TIMM_INTERPOLATIONS:
+        raise reject(kind, "interpolation", t.interpolation, ", ".join(TIMM_INTERPOLATIONS))
     check_fill(kind, t.fill)
     if isinstance(t.fill, Sequence):
         object.__setattr__(t, "fill", tuple(float(v) for v in t.fill))
@@ -63,7 +69,9 @@ class TimmRandAugment(Transform):
     N(`magnitude`, `magnitude_std`) (uniform in [0, magnitude] when it is infinite; a fixed one when
     0) clipped to [0, `magnitude_max`], on timm's 0..10 scale; signed operations negated half the
     time. Translations move by `translate_pct` of the side; `fill` (uint8 units) fills what a
-    geometric operation uncovers (timm's `img_mean`)."""
+    geometric operation uncovers (timm's `img_mean`); `interpolation` is its resampling (one of
+    `TIMM_INTERPOLATIONS`: 'random' draws bilinear or bicubic per operation, as timm does when its
+    hparams name none)."""
 
     num_layers: int = 2
     magnitude: float = 10.0
