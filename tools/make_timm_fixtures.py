@@ -132,6 +132,7 @@ def main() -> None:
     random.seed(0)
     img = image(3)
     pil = Image.fromarray(img)
+    odd = np.ascontiguousarray(image(4, 20, 24)[1:18, 2:23])  # 17 x 21: centres between pixels
     levels = np.array([0.0, 2.5, 5.0, 9.7, 10.0])
     arrays: dict[str, np.ndarray] = {
         "timm_version": np.array(timm.__version__),
@@ -141,6 +142,8 @@ def main() -> None:
         "op_negate": np.array([ng for _, _, ng in OPS]),
         "ops_bilinear": operations(aa, pil, Image.BILINEAR),
         "ops_bicubic": operations(aa, pil, Image.BICUBIC),
+        "image_odd": odd,
+        "ops_odd_bicubic": operations(aa, Image.fromarray(odd), Image.BICUBIC),
         "blur_radii": np.array(BLUR_RADII),
         "blur": np.stack([np.asarray(aa.gaussian_blur(pil, r)) for r in BLUR_RADII]),
         "level_grid": levels,

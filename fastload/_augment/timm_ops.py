@@ -7,10 +7,9 @@ timm's operations run on PIL images; here they are batched kernels over one tabl
 makes a step's groups, `run_steps` runs them; timm's AutoAugment and AugMix, `timm_policies`, use
 it too), with timm's level-to-argument formulas and draws: rotations, shears and translations
 through PIL's affine bit for bit (`pil_affine`, bilinear, bicubic or timm's random choice of
-the two; nearest through `affine.policy_op_`, approximated), its Gaussian blur bit for bit
-(`pil_blur`), solarize, posterize, invert and equalize with PIL's integer arithmetic, and PIL's
-ImageEnhance and autocontrast through torchvision's tensor arithmetic (`color`: a pixel may
-differ by 1, tests/test_timm_recipes.py).
+the two; nearest through `affine.policy_op_`, approximated), its Gaussian blur (`pil_blur`),
+ImageEnhance and autocontrast (`pil_enhance`) bit for bit, solarize, posterize, invert and
+equalize with PIL's integer arithmetic (`color`): timm's pixels (tests/test_timm_recipes.py).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from fastload._augment import color, groups, pil_affine, pil_blur
+from fastload._augment import color, groups, pil_affine, pil_blur, pil_enhance
 from fastload._augment.affine import Fill, policy_op_
 from fastload._augment.mixing import _beta, _check_batch
 from fastload._augment.ops import BatchKernel, DeviceParams, Kernels, Params, SampleKernel, SampleOp
@@ -48,18 +47,18 @@ def solarize_add(x: torch.Tensor, add: torch.Tensor) -> torch.Tensor:
 
 
 _KERNELS: dict[str, Callable[..., torch.Tensor]] = {
-    "AutoContrast": color.autocontrast,
+    "AutoContrast": pil_enhance.autocontrast,
     "Equalize": color.equalize,
     "Invert": color.invert,
     "Posterize": color.posterize,
     "PosterizeOriginal": color.posterize,
     "Solarize": color.solarize,
     "SolarizeAdd": solarize_add,
-    "Color": color.adjust_saturation,
-    "Contrast": color.adjust_contrast,
-    "Brightness": color.adjust_brightness,
-    "Sharpness": color.adjust_sharpness,
-    "Desaturate": color.adjust_saturation,  # ImageEnhance.Color(1 - level)
+    "Color": pil_enhance.color,
+    "Contrast": pil_enhance.contrast,
+    "Brightness": pil_enhance.brightness,
+    "Sharpness": pil_enhance.sharpness,
+    "Desaturate": pil_enhance.color,  # ImageEnhance.Color(1 - level)
     "GaussianBlurRand": pil_blur.gaussian_blur,
 }
 

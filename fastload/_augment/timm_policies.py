@@ -5,8 +5,8 @@ colour operations through torchvision's tensor arithmetic, geometric ones biline
 their randomness drawn from the uniforms they are given.
 
 AugMix mixes as timm does, in float32: not blended, the chains summed with their weights, clipped,
-truncated to uint8, then PIL's `Image.blend(image, mixed, m)` (`in1 + m (in2 - in1)` in float32,
-truncated); blended, one PIL blend per chain into the running image.
+truncated to uint8, then PIL's `Image.blend(image, mixed, m)` (`pil_enhance.pil_blend`); blended,
+one PIL blend per chain into the running image.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from fastload._augment import groups
 from fastload._augment.affine import Fill
 from fastload._augment.draws import gamma, normalize
 from fastload._augment.ops import DeviceParams, Params, SampleKernel
+from fastload._augment.pil_enhance import pil_blend
 from fastload._augment.timm_ops import run_steps, step_groups, timm_levels
 from fastload._sample_random import uniform_integers
 from fastload.transforms._policies import fill_values
@@ -75,14 +76,6 @@ def blended_weights(weights: np.ndarray, m: np.ndarray) -> np.ndarray:
         out[:, c] = scaled[:, c] / cump
         cump = cump * (np.float32(1) - out[:, c])
     return out
-
-
-def pil_blend(image: torch.Tensor, other: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    """PIL's `Image.blend(image, other, alpha)` per sample (alpha (N,) float32 in [0, 1]): uint8
-    `image + alpha (other - image)` in float32, truncated."""
-    a = alpha.to(torch.float32).view(-1, 1, 1, 1)
-    base = image.to(torch.float32)
-    return base.add_(other.to(torch.float32).sub_(base).mul_(a)).to(torch.uint8)
 
 
 class TimmAugMixOp:

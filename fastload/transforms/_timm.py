@@ -137,15 +137,13 @@ def _op_settings(kind: str, ops: Sequence[Any]) -> dict[str, Any]:
             raise _refused(kind, why)
     if float(_same(kind, ops, lambda op: op.magnitude_max) or 10.0) != 10.0 and kind != "RandAugment":
         raise _refused(kind, "magnitude_max other than 10")
-    nearest = "; nearest resampling through torch's grid, translations by whole pixels" if (
-        interpolation == "nearest") else ""
-    _approximated(
-        f"timm's {kind}",
-        "PIL's ImageEnhance (Color, Contrast, Brightness, Sharpness) and autocontrast through "
-        f"torchvision's tensor arithmetic (a pixel may differ by 1){nearest}; the other operations, "
-        "its affine warps and Gaussian blur are PIL's bits",
-        stacklevel=6,
-    )
+    if interpolation == "nearest":  # bilinear, bicubic and 'random' are PIL's pixels
+        _approximated(
+            f"timm's {kind}",
+            "its rotations, shears and translations resampled nearest through torch's grid, "
+            "translations by whole pixels (its other operations are PIL's pixels)",
+            stacklevel=6,
+        )
     std = float(_same(kind, ops, lambda op: op.magnitude_std))
     return {
         "magnitude_std": math.inf if std == math.inf else std,
