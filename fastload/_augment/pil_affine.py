@@ -45,45 +45,49 @@ Tensor = torch.Tensor
 
 
 def _cubic(v1: Tensor, v2: Tensor, v3: Tensor, v4: Tensor, d: Tensor) -> Tensor:
-    """PIL's BICUBIC macro, in its order of operations."""
-    p2 = -v1 + v3
-    p3 = 2 * (v1 - v2) + v3 - v4
-    p4 = -v1 + v2 - v3 + v4
-    return v2 + d * (p2 + d * (p3 + d * p4))
+    """PIL's BICUBIC macro, `p1 + d (p2 + d (p3 + d p4))`, in its order of operations. The p
+    terms of whole pixel values (int16) are exact in any type; only the Horner steps need float64."""
+    p2 = v3 - v1  # -v1 + v3
+    p3 = (v1 - v2).mul_(2).add_(v3).sub_(v4)
+    p4 = (v2 - v1).sub_(v3).add_(v4)  # -v1 + v2 - v3 + v4
+    f64 = torch.float64
+    horner = p4.to(f64).mul_(d).add_(p3.to(f64)).mul_(d).add_(p2.to(f64)).mul_(d)
+    return horner.add_(v2.to(f64))
 
 
 def transform(x: torch.Tensor, matrix: Matrix, resample: str, fill: Sequence[float]) -> torch.Tensor:
     """PIL's affine transform of every sample of the uint8 batch x (N, C, H, W) with `matrix`,
-    `resample` 'bilinear' or 'bicubic', `fill` (one value per channel) where the source is outside."""
-    channels, height, width = x.shape[1:]
+    `resample` 'bilinear' or 'bicubic', `fill` (one value per channel) where the source is outside.
+    The source pixels are gathered by flat index as rows of (H * W, N * C) (one index per tap, the
+    same for every sample: each gathered row is contiguous), the arithmetic in float64 as PIL's."""
+    n, channels, height, width = x.shape
     a0, a1, a2, a3, a4, a5 = matrix
     dev = x.device
     ys = (torch.arange(height, device=dev, dtype=torch.float64) + 0.5).view(-1, 1)
     xs = (torch.arange(width, device=dev, dtype=torch.float64) + 0.5).view(1, -1)
-    xin = a0 * xs + a1 * ys + a2
-    yin = a3 * xs + a4 * ys + a5
+    xin = (a0 * xs + a1 * ys + a2).reshape(-1, 1)
+    yin = (a3 * xs + a4 * ys + a5).reshape(-1, 1)
     inside = (xin >= 0.0) & (xin < width) & (yin >= 0.0) & (yin < height)
     xf, yf = xin - 0.5, yin - 0.5
     x0, y0 = torch.floor(xf), torch.floor(yf)
     dx, dy = xf - x0, yf - y0
-    x0, y0 = x0.to(torch.int64), y0.to(torch.int64)
-    source = x.to(torch.float64)
+    x0, y0 = x0.to(torch.int64).view(-1), y0.to(torch.int64).view(-1)
+    pixels = x.permute(2, 3, 0, 1).reshape(height * width, n * channels)
     taps = range(0, 2) if resample == "bilinear" else range(-1, 3)
+    columns = [(x0 + k).clamp_(0, width - 1) for k in taps]
 
-    def column(k: int) -> torch.Tensor:
-        return (x0 + k).clamp_(0, width - 1)
+    def along_row(j: int) -> torch.Tensor:
+        start = (y0 + j).clamp_(0, height - 1) * width
+        v = [pixels.index_select(0, start + c).to(torch.int16) for c in columns]
+        if resample == "bilinear":  # a + (b - a) dx
+            return (v[1] - v[0]).to(torch.float64).mul_(dx).add_(v[0].to(torch.float64))
+        return _cubic(v[0], v[1], v[2], v[3], dx)
 
-    rows = []
-    for j in taps:
-        row = (y0 + j).clamp_(0, height - 1)
-        values = [source[:, :, row, column(k)] for k in taps]
-        if resample == "bilinear":
-            rows.append(values[0] + (values[1] - values[0]) * dx)
-        else:
-            rows.append(_cubic(values[0], values[1], values[2], values[3], dx))
+    lines = [along_row(j) for j in taps]
     if resample == "bilinear":
-        value = rows[0] + (rows[1] - rows[0]) * dy
+        value = (lines[1] - lines[0]).mul_(dy).add_(lines[0])
     else:
-        value = _cubic(rows[0], rows[1], rows[2], rows[3], dy).clamp_(0.0, 255.0)
-    pixel = torch.tensor([float(v) for v in fill], dtype=torch.float64, device=dev).view(1, channels, 1, 1)
-    return torch.where(inside, value, pixel).to(torch.uint8)
+        value = _cubic(lines[0], lines[1], lines[2], lines[3], dy).clamp_(0.0, 255.0)
+    pixel = torch.tensor([float(v) for v in fill], dtype=torch.float64, device=dev).repeat(n)
+    out = torch.where(inside, value, pixel).to(torch.uint8)
+    return out.view(height, width, n, channels).permute(2, 3, 0, 1)

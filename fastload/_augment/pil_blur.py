@@ -5,8 +5,9 @@ al.'s extended box blur, `_gaussian_blur_radius` in Pillow's BoxBlur.c) along ro
 along columns, each pass rounding back to 8 bits. A pass of box radius r + a (r whole) gives the
 2r + 1 pixels around x the weight `ww = int(2**24 / (2(r + a) + 1))` (float32 division, as PIL's)
 and the two beyond them `fw = (2**24 - (2r + 1) ww) // 2`, pixels past an edge being the edge's,
-then `(sum + 2**23) >> 24`. Here those are integer taps (int64: exact), per sample, the weights
-made on the host (`box_weights`) and the passes batched over the samples (`gaussian_blur`).
+then `(sum + 2**23) >> 24`. Here those are integer taps per sample, the weights
+made on the host (`box_weights`) and the passes batched over the samples (`gaussian_blur`), in
+float64 (every sum is a whole number below 2**33: exact).
 """
 
 from __future__ import annotations
@@ -49,25 +50,30 @@ def box_weights(radii: np.ndarray) -> np.ndarray:
     return taps
 
 
-def _pass(x: torch.Tensor, taps: torch.Tensor, dim: int) -> torch.Tensor:
-    """One box pass along `dim` (int64 in, int64 out, in 0..255): edge pixels repeated."""
-    size = x.shape[dim]
+def _pass(x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    """One box pass along the last dimension of x (float64 (N, C, H, W), whole values in 0..255,
+    contiguous), edge pixels repeated: `(sum of taps x pixels + 2**23) >> 24`, exact in float64."""
+    size = x.shape[-1]
     reach = (taps.shape[1] - 1) // 2
-    where = torch.arange(-reach, size + reach, device=x.device).clamp_(0, size - 1)
-    padded = x.index_select(dim, where)
+    edges = (x[..., :1].expand(*x.shape[:-1], reach), x[..., -1:].expand(*x.shape[:-1], reach))
+    padded = torch.cat([edges[0], x, edges[1]], -1)
     acc = torch.zeros_like(x)
     for tap in range(taps.shape[1]):
-        acc.add_(padded.narrow(dim, tap, size) * taps[:, tap].view(-1, 1, 1, 1))
-    return acc.add_(1 << 23).bitwise_right_shift_(24)
+        acc.addcmul_(padded[..., tap : tap + size], taps[:, tap].view(-1, 1, 1, 1))
+    return acc.add_(1 << 23).div_(1 << 24).floor_()
 
 
 def gaussian_blur(x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
     """PIL's GaussianBlur per sample of the uint8 batch x (N, C, H, W), with `taps` (N, K) from
-    `box_weights`: three passes along rows, then three along columns."""
+    `box_weights`: three passes along rows, then three along columns (on the transposed image, as
+    PIL does)."""
     if x.shape[0] == 0:
         return x
-    work = x.to(torch.int64)
-    taps = taps.to(device=x.device, dtype=torch.int64)
-    for dim in (3, 3, 3, 2, 2, 2):
-        work = _pass(work, taps, dim)
-    return work.to(torch.uint8)
+    taps = taps.to(device=x.device, dtype=torch.float64)
+    work = x.to(torch.float64).contiguous()
+    for _ in range(PASSES):
+        work = _pass(work, taps)
+    work = work.transpose(2, 3).contiguous()
+    for _ in range(PASSES):
+        work = _pass(work, taps)
+    return work.transpose(2, 3).to(torch.uint8)
