@@ -129,6 +129,48 @@ def test_augmix_mixing_is_timms(blended: bool) -> None:
         assert np.array_equal(as_image(out), want), k
 
 
+GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+SIGNED = (*GEOMETRIC, "ColorIncreasing", "ContrastIncreasing", "BrightnessIncreasing", "SharpnessIncreasing")
+
+
+def _auto_augment_uniforms(policy: str, log: np.ndarray) -> np.ndarray:
+    """fastload's uniforms (1, draws) for the draws timm made (the fixture's log, in timm's call
+    order: the sub-policy's choice; per operation its apply check (p < 1), sign (signed ones),
+    resampling choice (geometric ones) and blur radius)."""
+    table = TIMM_AUTOAUGMENT_POLICIES[policy]
+    draws = iter((int(kind), float(u)) for kind, u in log if kind >= 0)
+    _, u_sub = next(draws)
+    chosen = table[int(u_sub * len(table))]
+    row = [u_sub]
+    for step in range(max(len(sub) for sub in table)):
+        own, apply, sign = 0.5, 0.0, 0.25
+        if step < len(chosen):
+            name, p, _ = chosen[step]
+            if p < 1.0:
+                apply = next(draws)[1]
+            if apply <= p:
+                if name in SIGNED:
+                    sign = next(draws)[1]
+                if name in GEOMETRIC:  # the sign's second bit draws the filter
+                    bicubic = int(next(draws)[1] * 2) == 1
+                    sign = (0.5 if sign > 0.5 else 0.0) + (0.375 if bicubic else 0.125)
+                if name == "GaussianBlurRand":
+                    own = next(draws)[1]
+        row += [own, apply, 0.5, 0.5, sign]
+    assert next(draws, None) is None  # every draw timm made is accounted for
+    return np.array([row])
+
+
+@pytest.mark.parametrize("policy", ["original", "v0r", "3a"])
+def test_auto_augment_is_timms_given_its_draws(policy: str) -> None:
+    op = TimmAutoAugmentOp(T.TimmAutoAugment(policy, interpolation="random", fill=FILL))
+    image = FIXTURES["image_odd"]
+    cases = zip(FIXTURES[f"aa_{policy}"], FIXTURES[f"aa_{policy}_draws"], strict=True)
+    for case, (want, log) in enumerate(cases):
+        params = op.params(_auto_augment_uniforms(policy, log))
+        assert np.array_equal(as_image(op.apply(as_batch(image), on_torch(params))), want), (policy, case)
+
+
 def _box_uniforms(calls: np.ndarray, minmax: bool) -> np.ndarray:
     """The uniforms that make fastload's box draw the values timm's randint calls gave."""
     per = 4 if minmax else 2

@@ -44,11 +44,60 @@ def image(seed: int, height: int = 24, width: int = 32) -> np.ndarray:
 def operations(aa: Any, img: Image.Image, resample: int) -> np.ndarray:
     hparams = {"img_mean": FILL, "interpolation": resample, "translate_pct": 0.45, "translate_const": 100}
     out = []
+    real = aa._randomly_negate
     for name, level, negate in OPS:
         aa._randomly_negate = (lambda v: -v) if negate else (lambda v: v)
         op = aa.AugmentOp(name, prob=1.0, magnitude=level, hparams=hparams)
         out.append(np.asarray(op(img)))
+    aa._randomly_negate = real
     return np.stack(out)
+
+
+class Draws:
+    """Python's `random` as timm's auto_augment module uses it, over logged uniforms: `random()`,
+    `choice(seq)` = seq[floor(u len)], `uniform(a, b)` = a + (b - a) u (Python's own formula). The
+    log (kind: 0 random, 1 choice, 2 uniform; u) lets the test give fastload the same draws."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.log: list[tuple[int, float]] = []
+
+    def _u(self, kind: int) -> float:
+        u = float(self.rng.random())
+        self.log.append((kind, u))
+        return u
+
+    def random(self) -> float:
+        return self._u(0)
+
+    def choice(self, seq: Any) -> Any:
+        return seq[min(int(self._u(1) * len(seq)), len(seq) - 1)]
+
+    def uniform(self, a: float, b: float) -> float:
+        return a + (b - a) * self._u(2)
+
+
+AUTOAUGMENT_CASES = (("original", 8), ("v0r", 8), ("3a", 6))
+
+
+def auto_augments(aa: Any, img: Image.Image) -> dict[str, np.ndarray]:
+    """timm's whole AutoAugment (timm's create_transform hparams, resampling drawn per operation)
+    on the odd-sized image, several draws per policy, with the draws it made."""
+    hparams = {"img_mean": FILL, "translate_const": 100}
+    real = aa.random
+    out: dict[str, np.ndarray] = {}
+    for policy, count in AUTOAUGMENT_CASES:
+        transform = aa.auto_augment_transform(policy, dict(hparams))
+        images, logs = [], np.full((count, 12, 2), -1.0)
+        for case in range(count):
+            draws = Draws(1000 * len(policy) + case)
+            aa.random = draws
+            images.append(np.asarray(transform(img)))
+            logs[case, : len(draws.log)] = draws.log
+        out[f"aa_{policy}"] = np.stack(images)
+        out[f"aa_{policy}_draws"] = logs
+    aa.random = real
+    return out
 
 
 def augmix_mixes(aa: Any, img: Image.Image) -> dict[str, np.ndarray]:
@@ -153,6 +202,7 @@ def main() -> None:
     }
     real_choice = np.random.choice
     arrays.update(augmix_mixes(aa, pil))
+    arrays.update(auto_augments(aa, Image.fromarray(odd)))
     aa.np.random.choice = real_choice
     arrays.update(mixups(mixup_module))
     args.out.parent.mkdir(parents=True, exist_ok=True)
