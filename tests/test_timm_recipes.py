@@ -21,7 +21,7 @@ from fastload._augment import pil_blur
 from fastload._augment.timm_ops import TimmMixupOp, level_argument, run_steps, step_groups
 from fastload._augment.timm_policies import TimmAugMixOp, TimmAutoAugmentOp, blended_weights
 from fastload.transforms import from_torchvision
-from fastload.transforms._timm_policies import TIMM_AUTOAUGMENT_POLICIES
+from fastload.transforms._timm_policies import TIMM_AUGMIX_OPS, TIMM_AUTOAUGMENT_POLICIES
 
 FIXTURES = np.load(Path(__file__).parent / "fixtures" / "timm_recipes.npz")
 FILL = (124.0, 116.0, 104.0)
@@ -169,6 +169,40 @@ def test_auto_augment_is_timms_given_its_draws(policy: str) -> None:
     for case, (want, log) in enumerate(cases):
         params = op.params(_auto_augment_uniforms(policy, log))
         assert np.array_equal(as_image(op.apply(as_batch(image), on_torch(params))), want), (policy, case)
+
+
+def _augmix_uniforms(chains: np.ndarray, log: np.ndarray) -> np.ndarray:
+    """fastload's uniforms (1, draws) for TimmAugMix(width=3, depth=-1) from timm's draws: each
+    chain's depth and operations (numpy's), each operation's level (`uniform(0, m)`), sign and
+    resampling (Python's, in call order)."""
+    draws = iter((int(kind), float(u)) for kind, u in log if kind >= 0)
+    row = [0.5]  # the weights' uniform: the test gives timm's weights instead
+    for depth, *ops in chains.tolist():
+        row.append((depth - 1 + 0.5) / 3)
+        for step in range(3):
+            if step >= depth:
+                row += [0.5, 0.5, 0.5, 0.25]
+                continue
+            name = TIMM_AUGMIX_OPS[ops[step]]
+            level_u = next(draws)[1]
+            sign = next(draws)[1] if name in SIGNED else 0.25
+            if name in GEOMETRIC:
+                bicubic = int(next(draws)[1] * 2) == 1
+                sign = (0.5 if sign > 0.5 else 0.0) + (0.375 if bicubic else 0.125)
+            row += [(ops[step] + 0.5) / len(TIMM_AUGMIX_OPS), level_u, 0.5, sign]
+    assert next(draws, None) is None
+    return np.array([row])
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_augmix_is_timms_given_its_draws(case: int) -> None:
+    blended = case >= 3
+    op = TimmAugMixOp(T.TimmAugMix(severity=5, width=3, blended=blended, interpolation="random", fill=FILL))
+    f = {k: FIXTURES[f"augmix_full_{k}"][case] for k in ("out", "weights", "m", "chains", "draws")}
+    params = op.params(_augmix_uniforms(f["chains"], f["draws"]))
+    weights, m = f["weights"][None], f["m"][None]
+    params.update({"blend": blended_weights(weights, m)} if blended else {"weights": weights, "m": m})
+    assert np.array_equal(as_image(op.apply(as_batch(FIXTURES["image_odd"]), on_torch(params))), f["out"])
 
 
 def _box_uniforms(calls: np.ndarray, minmax: bool) -> np.ndarray:

@@ -100,6 +100,42 @@ def auto_augments(aa: Any, img: Image.Image) -> dict[str, np.ndarray]:
     return out
 
 
+def augmixes(aa: Any, img: Image.Image) -> dict[str, np.ndarray]:
+    """timm's whole AugMix ('augmix-m5-w3', depth drawn) on the odd-sized image, basic and blended,
+    with its draws: numpy's (chain weights, m, each chain's depth and operations) and Python's."""
+    transform = aa.augment_and_mix_transform("augmix-m5-w3", {"img_mean": FILL, "translate_const": 100})
+    rnd, real = np.random, (np.random.dirichlet, np.random.beta, np.random.randint, np.random.choice)
+    rng = np.random.default_rng(11)
+    out: dict[str, list[np.ndarray]] = {k: [] for k in ("out", "weights", "m", "chains", "draws")}
+    for blended in (False, True):
+        transform.blended = blended
+        for case in range(3):
+            chains: list[list[int]] = []
+            rnd.dirichlet = lambda alpha: rng.dirichlet(alpha)
+            rnd.beta = lambda a, b: rng.beta(a, b)
+            rnd.randint = lambda low, high: int(rng.integers(low, high))
+
+            def choice(ops: Any, depth: int, replace: bool = True, chains: list = chains) -> Any:
+                picked = rng.integers(0, len(ops), depth)
+                chains.append([depth, *picked.tolist(), *[-1] * (3 - depth)])
+                return [ops[i] for i in picked]
+
+            rnd.choice = choice
+            draws = Draws(50 + case)
+            aa.random = draws
+            w, m = rng.dirichlet([1.0] * 3), rng.beta(1.0, 1.0)  # drawn here so they can be recorded
+            rnd.dirichlet, rnd.beta = (lambda alpha, w=w: w), (lambda a, b, m=m: m)
+            out["out"].append(np.asarray(transform(img)))
+            out["weights"].append(np.float32(w))
+            out["m"].append(np.float32(m))
+            out["chains"].append(np.array(chains))
+            log = np.full((40, 2), -1.0)
+            log[: len(draws.log)] = draws.log
+            out["draws"].append(log)
+    rnd.dirichlet, rnd.beta, rnd.randint, rnd.choice = real
+    return {f"augmix_full_{k}": np.stack(v) for k, v in out.items()}
+
+
 def augmix_mixes(aa: Any, img: Image.Image) -> dict[str, np.ndarray]:
     """`_apply_basic` and `_apply_blended` with chain c running ops[c] (Invert, Equalize,
     Posterize at 10: fastload's are PIL's bits), for two drawn (weights, m)."""
@@ -202,7 +238,10 @@ def main() -> None:
     }
     real_choice = np.random.choice
     arrays.update(augmix_mixes(aa, pil))
+    real_random = aa.random
     arrays.update(auto_augments(aa, Image.fromarray(odd)))
+    arrays.update(augmixes(aa, Image.fromarray(odd)))
+    aa.random = real_random
     aa.np.random.choice = real_choice
     arrays.update(mixups(mixup_module))
     args.out.parent.mkdir(parents=True, exist_ok=True)
