@@ -17,7 +17,7 @@ import torch
 
 from fastload import ConfigError, FastLoader
 from fastload import transforms as T
-from fastload._augment import pil_blur
+from fastload._augment import pil_affine, pil_blur, pil_images
 from fastload._augment.timm_ops import TimmMixupOp, level_argument, run_steps, step_groups
 from fastload._augment.timm_policies import TimmAugMixOp, TimmAutoAugmentOp, blended_weights
 from fastload.transforms import from_torchvision
@@ -47,6 +47,17 @@ def run_one(name: str, level: float, negate: bool, image: np.ndarray, resample: 
     return as_image(run_steps(as_batch(image), on_torch(params), FILL))
 
 
+@pytest.fixture(params=["batched", "pillow"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both paths of the PIL-exact kernels: the batched torch arithmetic (a GPU's) and Pillow per
+    image (a CPU's, where Pillow is installed)."""
+    if request.param == "pillow" and pil_images.pillow() is None:
+        pytest.skip("Pillow is not installed: the kernels take their batched path")
+    for module in (pil_affine, pil_blur):
+        monkeypatch.setattr(module, "runs_on_pil", lambda x, use_pil, p=request.param: p == "pillow")
+    return str(request.param)
+
+
 def timm_data() -> Any:
     try:
         from helpers import torchvision_or_skip
@@ -70,13 +81,13 @@ def convert(obj: Any) -> tuple[T.Transform, ...]:
 
 
 @pytest.mark.parametrize("radius", [float(r) for r in FIXTURES["blur_radii"]])
-def test_gaussian_blur_is_pils_bit_for_bit(radius: float) -> None:
+def test_gaussian_blur_is_pils_bit_for_bit(radius: float, path: str) -> None:
     taps = torch.from_numpy(pil_blur.box_weights(np.array([radius])))
     want = FIXTURES["blur"][list(FIXTURES["blur_radii"]).index(radius)]
     assert np.array_equal(as_image(pil_blur.gaussian_blur(as_batch(FIXTURES["image"]), taps)), want)
 
 
-def test_gaussian_blur_runs_each_sample_with_its_radius() -> None:
+def test_gaussian_blur_runs_each_sample_with_its_radius(path: str) -> None:
     images = np.stack([FIXTURES["image"], FIXTURES["image"][::-1].copy()])
     x = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
     radii = np.array([0.37, 2.0])
@@ -86,9 +97,28 @@ def test_gaussian_blur_runs_each_sample_with_its_radius() -> None:
         assert torch.equal(both[i], alone[0]), r
 
 
+@pytest.mark.parametrize("size", [(31, 40), (24, 17)])
+def test_batched_path_is_pillows_on_many_warps_and_blurs(size: tuple[int, int]) -> None:
+    if pil_images.pillow() is None:
+        pytest.skip("Pillow is not installed: nothing to compare the batched path with")
+    rng = np.random.default_rng(sum(size))
+    x = torch.from_numpy(rng.integers(0, 256, (3, *size, 3), dtype=np.uint8)).permute(0, 3, 1, 2)
+    x = x.contiguous(memory_format=torch.channels_last)  # a ring slot's layout
+    for k in range(12):
+        name = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")[k % 5]
+        argument = float(rng.uniform(-30, 30) if name == "Rotate" else rng.uniform(-0.45, 0.45))
+        matrix = pil_affine.timm_matrix(name, argument, *size)
+        for resample in ("bilinear", "bicubic"):
+            batched = pil_affine.transform(x, matrix, resample, FILL, use_pil=False)
+            assert torch.equal(batched, pil_affine.transform(x, matrix, resample, FILL, use_pil=True)), name
+    weights = torch.from_numpy(pil_blur.box_weights(rng.uniform(0.0, 3.0, 3)))
+    batched = pil_blur.gaussian_blur(x, weights, use_pil=False)
+    assert torch.equal(batched, pil_blur.gaussian_blur(x, weights, use_pil=True))
+
+
 @pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("case", range(len(FIXTURES["ops"])))
-def test_each_operation_against_timms_pixels(case: int, resample: str) -> None:
+def test_each_operation_against_timms_pixels(case: int, resample: str, path: str) -> None:
     name = str(FIXTURES["ops"][case])
     level, negate = float(FIXTURES["op_levels"][case]), bool(FIXTURES["op_negate"][case])
     ours = run_one(name, level, negate, FIXTURES["image"], resample).astype(int)
@@ -97,7 +127,7 @@ def test_each_operation_against_timms_pixels(case: int, resample: str) -> None:
 
 
 @pytest.mark.parametrize("case", range(len(FIXTURES["ops"])))
-def test_each_operation_against_timms_pixels_on_an_odd_sized_image(case: int) -> None:
+def test_each_operation_against_timms_pixels_on_an_odd_sized_image(case: int, path: str) -> None:
     name = str(FIXTURES["ops"][case])
     level, negate = float(FIXTURES["op_levels"][case]), bool(FIXTURES["op_negate"][case])
     ours = run_one(name, level, negate, FIXTURES["image_odd"], "bicubic")
@@ -162,7 +192,7 @@ def _auto_augment_uniforms(policy: str, log: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("policy", ["original", "v0r", "3a"])
-def test_auto_augment_is_timms_given_its_draws(policy: str) -> None:
+def test_auto_augment_is_timms_given_its_draws(policy: str, path: str) -> None:
     op = TimmAutoAugmentOp(T.TimmAutoAugment(policy, interpolation="random", fill=FILL))
     image = FIXTURES["image_odd"]
     cases = zip(FIXTURES[f"aa_{policy}"], FIXTURES[f"aa_{policy}_draws"], strict=True)
@@ -195,7 +225,7 @@ def _augmix_uniforms(chains: np.ndarray, log: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("case", range(6))
-def test_augmix_is_timms_given_its_draws(case: int) -> None:
+def test_augmix_is_timms_given_its_draws(case: int, path: str) -> None:
     blended = case >= 3
     op = TimmAugMixOp(T.TimmAugMix(severity=5, width=3, blended=blended, interpolation="random", fill=FILL))
     f = {k: FIXTURES[f"augmix_full_{k}"][case] for k in ("out", "weights", "m", "chains", "draws")}

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
+from fastload._augment.pil_images import per_image, pillow, runs_on_pil
+
 Matrix = tuple[float, float, float, float, float, float]
 
 
@@ -55,12 +57,23 @@ def _cubic(v1: Tensor, v2: Tensor, v3: Tensor, v4: Tensor, d: Tensor) -> Tensor:
     return horner.add_(v2.to(f64))
 
 
-def transform(x: torch.Tensor, matrix: Matrix, resample: str, fill: Sequence[float]) -> torch.Tensor:
+def transform(
+    x: torch.Tensor, matrix: Matrix, resample: str, fill: Sequence[float], use_pil: bool | None = None
+) -> torch.Tensor:
     """PIL's affine transform of every sample of the uint8 batch x (N, C, H, W) with `matrix`,
     `resample` 'bilinear' or 'bicubic', `fill` (one value per channel) where the source is outside.
+    On a CPU with Pillow, Pillow runs it image by image (`pil_images`: the same bits).
     The source pixels are gathered by flat index as rows of (H * W, N * C) (one index per tap, the
     same for every sample: each gathered row is contiguous), the arithmetic in float64 as PIL's."""
     n, channels, height, width = x.shape
+    if runs_on_pil(x, use_pil):
+        image = pillow()
+        assert image is not None
+        method = image.Resampling.BICUBIC if resample == "bicubic" else image.Resampling.BILINEAR
+        colour = tuple(int(v) for v in fill)
+        return per_image(
+            x, lambda _, im: im.transform(im.size, image.Transform.AFFINE, matrix, method, fillcolor=colour)
+        )
     a0, a1, a2, a3, a4, a5 = matrix
     dev = x.device
     ys = (torch.arange(height, device=dev, dtype=torch.float64) + 0.5).view(-1, 1)

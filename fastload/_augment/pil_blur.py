@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fastload._augment.pil_images import per_image, pillow, runs_on_pil
+
 PASSES = 3  # ImageFilter.GaussianBlur's
 
 
@@ -31,9 +33,9 @@ def box_radius(radius: float) -> np.float32:
 
 
 def box_weights(radii: np.ndarray) -> np.ndarray:
-    """(N, 2R + 3) int64 taps of one pass for each sample's Gaussian radius (N,) (R: the largest
-    whole box radius): `fw`, then 2r + 1 of `ww`, then `fw`, centred; zeros elsewhere. A radius of 0
-    gives the identity tap (PIL copies the image)."""
+    """(N, 2R + 4) float64: each sample's taps of one pass for its Gaussian radius (R: the largest
+    whole box radius): `fw`, then 2r + 1 of `ww`, then `fw`, centred, zeros elsewhere (a radius
+    of 0: the identity tap, PIL copies the image); then the radius itself (for the PIL path)."""
     boxes = [box_radius(float(r)) for r in radii]
     whole = [int(b) for b in boxes]
     reach = max(whole, default=0) + 1
@@ -47,7 +49,7 @@ def box_weights(radii: np.ndarray) -> np.ndarray:
         taps[i, reach - r : reach + r + 1] = ww
         taps[i, reach - r - 1] += fw
         taps[i, reach + r + 1] += fw
-    return taps
+    return np.concatenate([taps.astype(np.float64), np.asarray(radii, dtype=np.float64).reshape(-1, 1)], 1)
 
 
 def _pass(x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
@@ -63,13 +65,18 @@ def _pass(x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
     return acc.add_(1 << 23).div_(1 << 24).floor_()
 
 
-def gaussian_blur(x: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
-    """PIL's GaussianBlur per sample of the uint8 batch x (N, C, H, W), with `taps` (N, K) from
+def gaussian_blur(x: torch.Tensor, weights: torch.Tensor, use_pil: bool | None = None) -> torch.Tensor:
+    """PIL's GaussianBlur per sample of the uint8 batch x (N, C, H, W), with `weights` from
     `box_weights`: three passes along rows, then three along columns (on the transposed image, as
-    PIL does)."""
+    PIL does). On a CPU with Pillow, Pillow runs it image by image (`pil_images`: the same bits)."""
     if x.shape[0] == 0:
         return x
-    taps = taps.to(device=x.device, dtype=torch.float64)
+    if runs_on_pil(x, use_pil):
+        image = pillow()
+        assert image is not None
+        radii = weights[:, -1].tolist()
+        return per_image(x, lambda i, im: im.filter(image.ImageFilter.GaussianBlur(radii[i])))
+    taps = weights[:, :-1].to(device=x.device, dtype=torch.float64)
     work = x.to(torch.float64).contiguous()
     for _ in range(PASSES):
         work = _pass(work, taps)
