@@ -1,7 +1,8 @@
 """The native backend: libjpeg-turbo region-of-interest + DCT-scaled decode, resize and flip in C.
 
 JPEGs go to `fastload._jpeg.decode_crop_resize`, which decodes only the rows and columns the
-sample's crop keeps and writes the resized, flipped pixels straight into the batch; other
+sample's crop keeps and writes the resized, flipped pixels straight into the batch (a padded
+crop's part inside the image, the rest filled by `padding`); other
 formats (PNG, WebP, ...) and a missing extension go through the Pillow backend, with the same
 geometry from the same random draws.
 """
@@ -14,6 +15,7 @@ from types import ModuleType
 import numpy as np
 
 from fastload._encoded_bytes import JPEG_MAGIC
+from fastload._loading.decoding.padding import Box, Padding, decode_padded
 from fastload._loading.decoding.undecodable import sample_failure
 from fastload._sample_random import SampleDraws
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
@@ -32,6 +34,7 @@ class NativeBackend:
         self.plan = plan
         self._jpeg = jpeg
         self._filter = _FILTERS[plan.interpolation]
+        self._padding = Padding.of(plan)  # a padded RandomCrop's fill (NOTE [padded crops])
 
     def decode_batch(
         self, blobs: Sequence[bytes | memoryview], rngs: Sequence[RandomSource], out: np.ndarray
@@ -54,6 +57,8 @@ class NativeBackend:
             return
         boxes, clips, flips = geometry.boxes.tolist(), geometry.clips.tolist(), geometry.flips.tolist()
         heights, widths = geometry.out_heights.tolist(), geometry.out_widths.tolist()
+        padded = geometry.needs_padding().tolist()
+        rects = geometry.image_rects.tolist() if geometry.image_rects is not None else None
         decode, filter_ = self._jpeg.decode_crop_resize, self._filter
         k = 0
         for i, blob in enumerate(blobs):
@@ -61,10 +66,31 @@ class NativeBackend:
                 self._decode_one(i, blob, rngs[i], out)
                 continue
             try:
-                decode(blob, boxes[k], out[i], heights[k], widths[k], flips[k], filter_, clips[k])
+                if padded[k] and rects is not None:
+                    self._decode_padded(blob, boxes[k], clips[k], rects[k], flips[k], out[i])
+                else:
+                    decode(blob, boxes[k], out[i], heights[k], widths[k], flips[k], filter_, clips[k])
             except Exception as e:  # any decoder failure is reported against its sample, in words
                 raise sample_failure(i, blob, e) from e
             k += 1
+
+    def _decode_padded(
+        self,
+        blob: bytes | memoryview,
+        box: Box,
+        clip: Box | None,
+        rect: tuple[int, int, int, int],
+        flip: bool,
+        out: np.ndarray,
+    ) -> None:
+        """A JPEG whose output reaches past it: the part inside decoded, the rest filled."""
+
+        def region(region_box: Box, dst: np.ndarray, region_flip: bool) -> None:
+            height, width, filter_ = dst.shape[0], dst.shape[1], self._filter
+            self._jpeg.decode_crop_resize(blob, region_box, dst, height, width, region_flip, filter_, clip)
+
+        if self._padding is not None:
+            decode_padded(self._padding, box, clip, rect, flip, region, out)
 
     def _decode_one(self, i: int, blob: bytes | memoryview, rng: RandomSource, out: np.ndarray) -> None:
         """Sample i alone, its geometry drawn from `rng` by the plan's per-sample walk."""
@@ -74,6 +100,9 @@ class NativeBackend:
                 return
             width, height = self._jpeg.jpeg_size(blob)
             g = self.plan.sample(height, width, rng)
+            if g.needs_padding and g.image_rect is not None:
+                self._decode_padded(blob, g.box, g.clip, g.image_rect, g.flip, out[i])
+                return
             self._jpeg.decode_crop_resize(
                 blob, g.box, out[i], g.out_height, g.out_width, g.flip, self._filter, g.clip
             )

@@ -1,5 +1,5 @@
 """Decode+augment with Pillow: decode (whole, or DCT-scaled with `draft`), one resample of the
-crop box, flip.
+crop box, flip; a padded crop's padding filled around it (`padding`, not drafted).
 
 The resize is one `Image.resize(box=...)` call; the image is first cut to `SampleGeometry.clip`
 (for a RandomResizedCrop, its crop), because the filter must not read past it: with draft off this
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
+from fastload._loading.decoding.padding import Box, Padding, decode_padded
 from fastload._loading.decoding.undecodable import sample_failure
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
 
@@ -43,6 +44,15 @@ def decode_into(
     with Image.open(io.BytesIO(blob)) as img:
         width, height = img.size
         geometry = plan.sample(height, width, rng)
+        padding = Padding.of(plan) if geometry.needs_padding else None
+        if padding is not None and geometry.image_rect is not None:  # NOTE [padded crops]
+            clip = geometry.clip
+
+            def region(box: Box, dst: np.ndarray, flip: bool) -> None:
+                _resample_into(img, box, clip, geometry.interpolation, flip, dst)
+
+            decode_padded(padding, geometry.box, clip, geometry.image_rect, geometry.flip, region, out)
+            return geometry
         left, top, right, bottom = geometry.box
         clip = geometry.clip or (0.0, 0.0, float(width), float(height))
         if draft and img.format == "JPEG":
@@ -54,24 +64,31 @@ def decode_into(
             sx, sy = img.size[0] / width, img.size[1] / height
             left, top, right, bottom = left * sx, top * sy, right * sx, bottom * sy
             clip = (clip[0] * sx, clip[1] * sy, clip[2] * sx, clip[3] * sy)
-        # The filter must not read past `clip` (torchvision crops, then resizes): crop to it first.
-        x0, y0 = max(0, math.floor(clip[0] + 1e-6)), max(0, math.floor(clip[1] + 1e-6))
-        x1 = min(img.size[0], math.ceil(clip[2] - 1e-6))
-        y1 = min(img.size[1], math.ceil(clip[3] - 1e-6))
-        src: Image.Image = img
-        if (x0, y0, x1, y1) != (0, 0, *img.size):
-            src = img.crop((x0, y0, x1, y1))
-            left, top, right, bottom = left - x0, top - y0, right - x0, bottom - y0
-        rgb = src if src.mode == "RGB" else src.convert("RGB")
-        resized = rgb.resize(
-            (geometry.out_width, geometry.out_height),
-            _FILTERS[geometry.interpolation],
-            box=(left, top, right, bottom),
-        )
-    if geometry.flip:
+        _resample_into(img, (left, top, right, bottom), clip, geometry.interpolation, geometry.flip, out)
+    return geometry
+
+
+def _resample_into(
+    img: Image.Image, box: Box, clip: Box | None, interpolation: str, flip: bool, out: np.ndarray
+) -> None:
+    """Resample `box` of `img` to `out`'s size (the filter reading only inside `clip`), mirrored
+    when `flip`, into `out` (h, w, 3)."""
+    left, top, right, bottom = box
+    clip = clip or (0.0, 0.0, float(img.size[0]), float(img.size[1]))
+    # The filter must not read past `clip` (torchvision crops, then resizes): crop to it first.
+    x0, y0 = max(0, math.floor(clip[0] + 1e-6)), max(0, math.floor(clip[1] + 1e-6))
+    x1 = min(img.size[0], math.ceil(clip[2] - 1e-6))
+    y1 = min(img.size[1], math.ceil(clip[3] - 1e-6))
+    src: Image.Image = img
+    if (x0, y0, x1, y1) != (0, 0, *img.size):
+        src = img.crop((x0, y0, x1, y1))
+        left, top, right, bottom = left - x0, top - y0, right - x0, bottom - y0
+    rgb = src if src.mode == "RGB" else src.convert("RGB")
+    size = (out.shape[1], out.shape[0])
+    resized = rgb.resize(size, _FILTERS[interpolation], box=(left, top, right, bottom))
+    if flip:
         resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     out[...] = np.asarray(resized)
-    return geometry
 
 
 class PilBackend:
