@@ -144,11 +144,13 @@ class TransformPlan:
 # lies in the output (`SampleGeometry.image_rect`); the decoder decodes the part of the output
 # inside the image into its place and fills the rest (`_loading/decoding/padding.py`): the
 # constant fill, or the image's own border pixels (edge, reflect, symmetric), gathered from the
-# decoded pixels. That is exact only if nothing resamples the output afterwards (a resize would
-# blend the fill into the image), so after a padded RandomCrop come only flips and crops that
-# neither pad nor resize (CenterCrop, RandomCrop without padding), which move `image_rect`;
-# `compile_transforms` refuses the rest. GPU decoders (DALI, nvJPEG)
-# refuse it by name (`decoding.boxes.refuse_padding`).
+# decoded pixels: exactly torchvision's pad + crop on a crop of the source (the CIFAR recipe),
+# within a level after a resize (the part's box resampled alone moves the filter's centres by an
+# ulp, as Resize + CenterCrop). Nothing may resample the output afterwards (a resize would blend
+# the fill into the image), so after a padded RandomCrop come only flips and crops that neither
+# pad nor resize (CenterCrop, RandomCrop without padding), which move `image_rect`;
+# `compile_transforms` refuses the rest. The GPU decoders (DALI, nvJPEG) refuse padding by name
+# (`decoding.boxes.refuse_padding`).
 
 
 DECODED_GEOMETRY = (RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip)
