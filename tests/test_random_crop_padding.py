@@ -303,6 +303,7 @@ def _torchvision() -> ModuleType:
         "torchvision", reason="torchvision is not installed: the real conversion is compared where it is"
     )
     import torchvision.transforms
+    import torchvision.transforms.v2  # a submodule: an attribute once imported
 
     return torchvision.transforms
 
@@ -392,3 +393,25 @@ def test_dali_and_the_gpu_decoders_refuse_padding_by_name() -> None:
             DaliExecutor(None, plan, 0, 8, None, torch.device("cpu"), decoder=decoder)  # type: ignore[arg-type]
     # Without padding they are not refused for it (DALI's own absence aside).
     T.compile_transforms([T.RandomCrop(32)]).padded_crop is None  # noqa: B015
+
+
+def test_timms_random_crop_or_pad_is_a_random_crop_padded_where_needed() -> None:
+    cls = type("RandomCropOrPad", (), {"__module__": "timm.data.transforms"})
+    fake = cls()
+    fake.__dict__.update(size=(32, 32), fill=(1, 2, 3), padding_mode="reflect")
+    (crop,), _ = T.from_torchvision(fake)
+    assert crop == T.RandomCrop((32, 32), pad_if_needed=True, fill=(1.0, 2.0, 3.0), padding_mode="reflect")
+
+
+def test_timms_own_random_crop_or_pad_converts() -> None:
+    from test_timm import timm_data
+
+    tv = _torchvision()
+    pipeline = tv.Compose(
+        [timm_data().transforms.RandomCropOrPad(40, padding_mode="reflect"), tv.RandomHorizontalFlip()]
+    )
+    transforms, _ = T.from_torchvision(pipeline)
+    assert transforms == (
+        T.RandomCrop((40, 40), pad_if_needed=True, padding_mode="reflect"),
+        T.RandomHorizontalFlip(),
+    )
