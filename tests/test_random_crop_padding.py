@@ -415,3 +415,10 @@ def test_timms_own_random_crop_or_pad_converts() -> None:
         T.RandomCrop((40, 40), pad_if_needed=True, padding_mode="reflect"),
         T.RandomHorizontalFlip(),
     )
+
+
+def test_lists_are_kept_as_tuples() -> None:
+    crop = T.RandomCrop(8, padding=[1, 2], fill=[3, 4, 5])
+    assert crop == T.RandomCrop(8, padding=(1, 2), fill=(3, 4, 5)) and hash(crop) == hash(
+        T.RandomCrop(8, (1, 2), fill=(3, 4, 5))
+    )

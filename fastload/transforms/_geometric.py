@@ -7,6 +7,7 @@ log-uniform aspect ratio, then the central fallback), drawn from a sample's own 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -258,6 +259,10 @@ class RandomCrop(Transform):
 
     def __post_init__(self) -> None:
         pair(self.size, "RandomCrop")
+        for name in ("padding", "fill"):  # a list given is kept as a tuple: hashable, as JSON gives it back
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
         self.pads()
         check_bool("RandomCrop", "pad_if_needed", self.pad_if_needed)
         if self.fill is None:
@@ -274,6 +279,10 @@ class RandomCrop(Transform):
 
     def pads(self) -> tuple[int, int, int, int]:
         """`padding` as (left, top, right, bottom)."""
+        return self._pads
+
+    @functools.cached_property
+    def _pads(self) -> tuple[int, int, int, int]:
         accepted = f"None, an int in 0..{MAX_SIDE} or a sequence of 1, 2 or 4 of them"
         p = self.padding
         if p is None:

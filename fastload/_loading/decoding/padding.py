@@ -14,6 +14,7 @@ Only the pixels inside the image are ever decoded; a crop lying wholly in the pa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,9 +41,12 @@ class Padding:
     def of(cls, plan: TransformPlan) -> Padding | None:
         """The plan's padding, or None when no crop of it may reach past the image."""
         crop = plan.padded_crop
-        if crop is None:
-            return None
-        return cls(crop.padding_mode, np.trunc(np.array(fill_values(crop.fill))).astype(np.uint8))
+        return None if crop is None else _padding(crop.padding_mode, crop.fill)
+
+
+@functools.lru_cache(maxsize=16)
+def _padding(mode: str, fill: float | tuple[float, ...]) -> Padding:
+    return Padding(mode, np.trunc(np.array(fill_values(fill))).astype(np.uint8))
 
 
 def decode_padded(

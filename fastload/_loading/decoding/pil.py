@@ -49,7 +49,8 @@ def decode_into(
             clip = geometry.clip
 
             def region(box: Box, dst: np.ndarray, flip: bool) -> None:
-                _resample_into(img, box, clip, geometry.interpolation, flip, dst)
+                if not _copy_into(img, box, flip, dst):
+                    _resample_into(img, box, clip, geometry.interpolation, flip, dst)
 
             decode_padded(padding, geometry.box, clip, geometry.image_rect, geometry.flip, region, out)
             return geometry
@@ -66,6 +67,21 @@ def decode_into(
             clip = (clip[0] * sx, clip[1] * sy, clip[2] * sx, clip[3] * sy)
         _resample_into(img, (left, top, right, bottom), clip, geometry.interpolation, geometry.flip, out)
     return geometry
+
+
+def _copy_into(img: Image.Image, box: Box, flip: bool, out: np.ndarray) -> bool:
+    """Copy `box` into `out` when it is whole pixels of `out`'s size (a crop of the source, as
+    the CIFAR recipe's: every filter at scale 1 on whole pixels is a copy); False otherwise."""
+    whole = tuple(round(v) for v in box)
+    if any(abs(v - w) > 1e-9 for v, w in zip(box, whole, strict=True)):
+        return False
+    x0, y0, x1, y1 = whole
+    if (y1 - y0, x1 - x0) != out.shape[:2]:
+        return False
+    part = img.crop((x0, y0, x1, y1)) if (x0, y0, x1, y1) != (0, 0, *img.size) else img
+    pixels = np.asarray(part if part.mode == "RGB" else part.convert("RGB"))
+    out[...] = pixels[:, ::-1] if flip else pixels
+    return True
 
 
 def _resample_into(
