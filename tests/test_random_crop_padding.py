@@ -254,18 +254,21 @@ def test_the_batch_geometry_records_where_each_image_lies() -> None:
     )
 
 
+CHAIN_48 = [
+    T.RandomCrop(48, padding=4, pad_if_needed=True, padding_mode="reflect"),
+    T.RandomHorizontalFlip(),
+]
+COMMON: dict[str, Any] = {
+    "batch_size": 8,
+    "shuffle": True,
+    "seed": 11,
+    "device": "cpu",
+    "transform": CHAIN_48,
+}
+
+
 def test_zero_and_two_workers_give_the_same_batches(image_folder: Any) -> None:
-    chain = [
-        T.RandomCrop(48, padding=4, pad_if_needed=True, padding_mode="reflect"),
-        T.RandomHorizontalFlip(),
-    ]
-    common: dict[str, Any] = {
-        "batch_size": 8,
-        "shuffle": True,
-        "seed": 11,
-        "device": "cpu",
-        "transform": chain,
-    }
+    common = COMMON
     with (
         FastLoader(image_folder, num_workers=0, **common) as inline,
         FastLoader(image_folder, num_workers=2, **common) as pool,
@@ -275,6 +278,16 @@ def test_zero_and_two_workers_give_the_same_batches(image_folder: Any) -> None:
             assert xa.shape == (8, 3, 48, 48) and torch.equal(xa, xb) and torch.equal(ya, yb)
             batches += 1
         assert batches == 3
+
+
+def test_a_daemon_gives_the_same_batches(image_folder: Any, shared_daemon: Any) -> None:
+    # The chain crosses to the daemon as JSON (padding and fill included) and its workers pad.
+    with (
+        FastLoader(image_folder, num_workers=0, **COMMON) as inline,
+        FastLoader(image_folder, daemon=shared_daemon.address, **COMMON) as served,
+    ):
+        pairs = list(zip(inline, served, strict=True))
+        assert len(pairs) == 3 and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in pairs)
 
 
 def _fake_torchvision(version: str, **attributes: Any) -> Any:
