@@ -6,9 +6,10 @@ Protects: each sample's pixels equal the padded image cropped at the box that sa
 through Pillow) and the Pillow backend, for every padding form (int, (lr, tb), (l, t, r, b)),
 `pad_if_needed` (on images smaller than the crop), scalar and per-channel fills, the four
 padding modes, flips before and after the crop, a crop after a resize and a crop of the padded
-crop; the conversion from torchvision v1/v2 (the padding's order as each stores it); the same
-batches from 0 and 2 workers; and every refusal: bad parameters, a resize or a second padding
-after a padded crop, an image larger than the padded crop can take, DALI and the GPU decoders.
+crop; the conversion from torchvision v1/v2 and timm's RandomCropOrPad (the padding's order as
+each stores it); the same batches from 0 and 2 workers and through a daemon; and every refusal:
+bad parameters, a resize or a second padding after a padded crop, an image larger than the
+padded crop can take, DALI and the GPU decoders.
 """
 
 from __future__ import annotations
