@@ -15,6 +15,7 @@ padded crop can take, DALI and the GPU decoders.
 from __future__ import annotations
 
 import io
+import warnings
 from types import ModuleType
 from typing import Any
 
@@ -436,3 +437,13 @@ def test_lists_are_kept_as_tuples() -> None:
     assert crop == T.RandomCrop(8, padding=(1, 2), fill=(3, 4, 5)) and hash(crop) == hash(
         T.RandomCrop(8, (1, 2), fill=(3, 4, 5))
     )
+
+
+def test_v1s_double_padding_is_said_where_it_differs() -> None:
+    common = {"size": (32, 32), "pad_if_needed": True, "fill": 0}
+    with pytest.warns(UserWarning, match="v1 pads twice"):
+        T.from_torchvision(_fake_torchvision("v1", padding=2, padding_mode="reflect", **common))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # v2, or a mode whose second padding is the first's: nothing said
+        T.from_torchvision(_fake_torchvision("v2", padding=[2, 2, 2, 2], padding_mode="reflect", **common))
+        T.from_torchvision(_fake_torchvision("v1", padding=2, padding_mode="edge", **common))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -217,6 +218,15 @@ def _random_crop(t: Any, place: Place) -> RandomCrop:
         if len(padding) == 1:
             padding = padding[0]
     fill = fill_at("RandomCrop", t.fill, place)
+    mirrored = t.padding_mode in ("reflect", "symmetric")
+    if ".v2." not in type(t).__module__ and padding and t.pad_if_needed and mirrored:
+        warnings.warn(
+            f"RandomCrop(padding={t.padding}, pad_if_needed=True, padding_mode={t.padding_mode!r}) of "
+            "torchvision v1 pads twice (the second time mirroring the first padding); fastload pads "
+            "once, as v2 does: images smaller than size - padding get other pixels in the padding",
+            UserWarning,
+            stacklevel=2,
+        )
     return RandomCrop(
         size=size_of(t.size),
         padding=padding or None,
