@@ -9,6 +9,7 @@ geometry from the same random draws.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
@@ -18,7 +19,7 @@ from fastload._encoded_bytes import JPEG_MAGIC
 from fastload._loading.decoding.padding import Box, Padding, decode_padded
 from fastload._loading.decoding.undecodable import sample_failure
 from fastload._sample_random import SampleDraws
-from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
+from fastload.transforms import MAX_SIDE, RandomSource, SampleGeometry, TransformPlan
 from fastload.transforms._batch_geometry import sample_batch
 
 # Pillow's Image.Resampling numbering, which the extension takes.
@@ -41,16 +42,17 @@ class NativeBackend:
     ) -> None:
         """Decode the batch; a task's `SampleDraws` get their geometry drawn a batch at a time
         (NOTE [per-batch geometry]), other random sources a sample at a time."""
-        jpegs = [i for i, blob in enumerate(blobs) if blob[:3] == JPEG_MAGIC]
-        sizes = np.empty((len(jpegs), 2), np.int64)  # (width, height), as the header says
-        for k, i in enumerate(jpegs):
+        png_sizes = {i: size for i, blob in enumerate(blobs) if (size := png_size(blob)) is not None}
+        headed = [i for i, blob in enumerate(blobs) if blob[:3] == JPEG_MAGIC or i in png_sizes]  # sizes read
+        sizes = np.empty((len(headed), 2), np.int64)  # (width, height), as the header says
+        for k, i in enumerate(headed):
             try:
-                sizes[k] = self._jpeg.jpeg_size(blobs[i])
+                sizes[k] = png_sizes[i] if i in png_sizes else self._jpeg.jpeg_size(blobs[i])
             except Exception as e:
                 raise sample_failure(i, blobs[i], e) from e
         geometry = None
-        if isinstance(rngs, SampleDraws) and jpegs:
-            geometry = sample_batch(self.plan, sizes[:, 1], sizes[:, 0], rngs.uniforms[jpegs])
+        if isinstance(rngs, SampleDraws) and headed:
+            geometry = sample_batch(self.plan, sizes[:, 1], sizes[:, 0], rngs.uniforms[headed])
         if geometry is None:
             for i, blob in enumerate(blobs):
                 self._decode_one(i, blob, rngs[i], out)
@@ -62,11 +64,17 @@ class NativeBackend:
         decode, filter_ = self._jpeg.decode_crop_resize, self._filter
         k = 0
         for i, blob in enumerate(blobs):
-            if k == len(jpegs) or jpegs[k] != i:
+            if k == len(headed) or headed[k] != i:
                 self._decode_one(i, blob, rngs[i], out)
                 continue
             try:
-                if padded[k] and rects is not None:
+                if i in png_sizes:  # Pillow's decode, with the geometry drawn here
+                    rect = tuple(rects[k]) if rects is not None else None
+                    g = SampleGeometry(
+                        boxes[k], heights[k], widths[k], flips[k], self.plan.interpolation, clips[k], rect
+                    )
+                    _pil_decode_with()(blob, g, self._padding, out[i])
+                elif padded[k] and rects is not None:
                     self._decode_padded(blob, boxes[k], clips[k], rects[k], flips[k], out[i])
                 else:
                     decode(blob, boxes[k], out[i], heights[k], widths[k], flips[k], filter_, clips[k])
@@ -110,24 +118,45 @@ class NativeBackend:
             raise sample_failure(i, blob, e) from e
 
 
-# NOTE [per-batch geometry]: a task's crops are drawn for all its JPEGs at once
+# NOTE [per-batch geometry]: a task's crops are drawn for all its JPEGs (and PNGs, whose IHDR
+# says their size; Pillow decodes them with the geometry drawn here) at once
 # (`transforms._batch_geometry.sample_batch`: the same draws, the same boxes as the per-sample
 # walk, tested sample for sample), after one pass reading their headers' sizes; what it cannot
 # decide (a chain that could use more draws than a task has, a CenterCrop larger than an image)
-# and files that are not JPEGs go a sample at a time. The per-sample walk cost ~10 µs an image,
+# and other files go a sample at a time. The per-sample walk cost ~10 µs an image,
 # ~1% of a worker's time beside the decode.
 
 
 _Decode = Callable[[bytes | memoryview, TransformPlan, RandomSource, np.ndarray], SampleGeometry]
+_DecodeWith = Callable[[bytes | memoryview, SampleGeometry, Padding | None, np.ndarray], None]
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(blob: bytes | memoryview) -> tuple[int, int] | None:
+    """(width, height) from a PNG's IHDR (its first chunk, by the format), or None: not a PNG,
+    or a header that does not say (Pillow then reads it, sample by sample)."""
+    if len(blob) < 24 or bytes(blob[:8]) != _PNG_SIGNATURE or bytes(blob[12:16]) != b"IHDR":
+        return None
+    width, height = struct.unpack(">II", blob[16:24])
+    return (width, height) if 0 < width <= MAX_SIDE and 0 < height <= MAX_SIDE else None
 
 
 def _pil_decode_into() -> _Decode:
     """Pillow's decoder for non-JPEG files, with an error that says what to install."""
+    return _pil().decode_into  # type: ignore[no-any-return]
+
+
+def _pil_decode_with() -> _DecodeWith:
+    """Pillow's decoder for PNGs whose geometry was drawn with the batch's."""
+    return _pil().decode_with  # type: ignore[no-any-return]
+
+
+def _pil() -> ModuleType:
     try:
-        from fastload._loading.decoding.pil import decode_into
+        from fastload._loading.decoding import pil
     except ImportError as e:
         raise RuntimeError(
             "this image is not a JPEG, and decoding other formats needs Pillow: "
             "`pip install pillow` (or pillow-simd)"
         ) from e
-    return decode_into
+    return pil

@@ -45,28 +45,45 @@ def decode_into(
         width, height = img.size
         geometry = plan.sample(height, width, rng)
         padding = Padding.of(plan) if geometry.needs_padding else None
-        if padding is not None and geometry.image_rect is not None:  # NOTE [padded crops]
-            clip = geometry.clip
-
-            def region(box: Box, dst: np.ndarray, flip: bool) -> None:
-                if not _copy_into(img, box, flip, dst):
-                    _resample_into(img, box, clip, geometry.interpolation, flip, dst)
-
-            decode_padded(padding, geometry.box, clip, geometry.image_rect, geometry.flip, region, out)
-            return geometry
-        left, top, right, bottom = geometry.box
-        clip = geometry.clip or (0.0, 0.0, float(width), float(height))
-        if draft and img.format == "JPEG":
-            wanted = (
-                math.ceil(width * geometry.out_width / (right - left)),
-                math.ceil(height * geometry.out_height / (bottom - top)),
-            )
-            img.draft("RGB", wanted)
-            sx, sy = img.size[0] / width, img.size[1] / height
-            left, top, right, bottom = left * sx, top * sy, right * sx, bottom * sy
-            clip = (clip[0] * sx, clip[1] * sy, clip[2] * sx, clip[3] * sy)
-        _resample_into(img, (left, top, right, bottom), clip, geometry.interpolation, geometry.flip, out)
+        _apply(img, geometry, padding, out, draft)
     return geometry
+
+
+def decode_with(
+    blob: bytes | memoryview, geometry: SampleGeometry, padding: Padding | None, out: np.ndarray
+) -> None:
+    """Decode one encoded image (not a JPEG: nothing drafted) with the `geometry` drawn for it
+    (the native backend's per-batch path, NOTE [per-batch geometry]), write HWC uint8 into `out`."""
+    with Image.open(io.BytesIO(blob)) as img:
+        _apply(img, geometry, padding if geometry.needs_padding else None, out, draft=False)
+
+
+def _apply(
+    img: Image.Image, geometry: SampleGeometry, padding: Padding | None, out: np.ndarray, draft: bool
+) -> None:
+    """`geometry` on the opened `img` into `out`: its padding filled around it when `padding`."""
+    if padding is not None and geometry.image_rect is not None:  # NOTE [padded crops]
+        clip = geometry.clip
+
+        def region(box: Box, dst: np.ndarray, flip: bool) -> None:
+            if not _copy_into(img, box, flip, dst):
+                _resample_into(img, box, clip, geometry.interpolation, flip, dst)
+
+        decode_padded(padding, geometry.box, clip, geometry.image_rect, geometry.flip, region, out)
+        return
+    width, height = img.size
+    left, top, right, bottom = geometry.box
+    clip = geometry.clip or (0.0, 0.0, float(width), float(height))
+    if draft and img.format == "JPEG":
+        wanted = (
+            math.ceil(width * geometry.out_width / (right - left)),
+            math.ceil(height * geometry.out_height / (bottom - top)),
+        )
+        img.draft("RGB", wanted)
+        sx, sy = img.size[0] / width, img.size[1] / height
+        left, top, right, bottom = left * sx, top * sy, right * sx, bottom * sy
+        clip = (clip[0] * sx, clip[1] * sy, clip[2] * sx, clip[3] * sy)
+    _resample_into(img, (left, top, right, bottom), clip, geometry.interpolation, geometry.flip, out)
 
 
 def _copy_into(img: Image.Image, box: Box, flip: bool, out: np.ndarray) -> bool:
@@ -78,8 +95,11 @@ def _copy_into(img: Image.Image, box: Box, flip: bool, out: np.ndarray) -> bool:
     x0, y0, x1, y1 = whole
     if (y1 - y0, x1 - x0) != out.shape[:2]:
         return False
-    part = img.crop((x0, y0, x1, y1)) if (x0, y0, x1, y1) != (0, 0, *img.size) else img
+    small = img.size[0] * img.size[1] <= 4 * out.shape[0] * out.shape[1]  # whole, then sliced
+    part = img if small or (x0, y0, x1, y1) == (0, 0, *img.size) else img.crop((x0, y0, x1, y1))
     pixels = np.asarray(part if part.mode == "RGB" else part.convert("RGB"))
+    if part is img:
+        pixels = pixels[y0:y1, x0:x1]
     out[...] = pixels[:, ::-1] if flip else pixels
     return True
 
