@@ -27,6 +27,7 @@ from PIL import Image
 from fastload import ConfigError, FastLoader
 from fastload import transforms as T
 from fastload._loading.decoding.backend import make_backend
+from fastload._loading.decoding.native import png_size
 from fastload._loading.decoding.padding import fold
 from fastload._native_jpeg import native_jpeg
 from fastload._sample_random import SampleDraws
@@ -186,10 +187,12 @@ def test_flips_before_the_crop_mirror_where_the_padding_lands(mode: str) -> None
     assert _check_batch(chain, blobs, "native") > 0
 
 
-def test_the_per_batch_and_per_sample_paths_decode_the_same_pixels() -> None:
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "mixed"])
+def test_the_per_batch_and_per_sample_paths_decode_the_same_pixels(fmt: str) -> None:
     if native_jpeg() is None:
         pytest.skip("fastload's native extension is not built")
-    blobs = [_encoded(_image(32, 32, i), "JPEG") for i in range(12)]
+    formats = ["JPEG", "PNG", "BMP"] if fmt == "mixed" else [fmt]  # BMP: neither, sample by sample
+    blobs = [_encoded(_image(32, 30 + i % 5, i), formats[i % len(formats)]) for i in range(12)]
     plan = T.compile_transforms(
         [T.RandomCrop(32, padding=4, padding_mode="reflect"), T.RandomHorizontalFlip()]
     )
@@ -199,6 +202,13 @@ def test_the_per_batch_and_per_sample_paths_decode_the_same_pixels() -> None:
     backend.decode_batch(blobs, draws, batched)
     backend.decode_batch(blobs, list(draws), walked)  # not SampleDraws: sample by sample
     assert np.array_equal(batched, walked)
+
+
+def test_a_png_header_gives_its_size_or_nothing() -> None:
+    blob = _encoded(_image(20, 36, 0), "PNG")
+    assert png_size(blob) == (36, 20) and png_size(memoryview(blob)) == (36, 20)
+    assert png_size(blob[:20]) is None and png_size(_encoded(_image(20, 36, 0), "JPEG")) is None
+    assert png_size(blob[:12] + b"tEXt" + blob[16:]) is None  # IHDR not first: Pillow reads it
 
 
 def test_a_padded_crop_after_a_resize_pads_the_resized_image() -> None:
