@@ -74,8 +74,8 @@ class NativeBackend:
                         boxes[k], heights[k], widths[k], flips[k], self.plan.interpolation, clips[k], rect
                     )
                     _pil_decode_with()(blob, g, self._padding, out[i])
-                elif padded[k] and rects is not None:
-                    self._decode_padded(blob, boxes[k], clips[k], rects[k], flips[k], out[i])
+                elif padded[k] and rects is not None and self._padding is not None:
+                    self._decode_padded(self._padding, blob, boxes[k], clips[k], rects[k], flips[k], out[i])
                 else:
                     decode(blob, boxes[k], out[i], heights[k], widths[k], flips[k], filter_, clips[k])
             except Exception as e:  # any decoder failure is reported against its sample, in words
@@ -84,6 +84,7 @@ class NativeBackend:
 
     def _decode_padded(
         self,
+        padding: Padding,
         blob: bytes | memoryview,
         box: Box,
         clip: Box | None,
@@ -97,8 +98,7 @@ class NativeBackend:
             height, width, filter_ = dst.shape[0], dst.shape[1], self._filter
             self._jpeg.decode_crop_resize(blob, region_box, dst, height, width, region_flip, filter_, clip)
 
-        if self._padding is not None:
-            decode_padded(self._padding, box, clip, rect, flip, region, out)
+        decode_padded(padding, box, clip, rect, flip, region, out)
 
     def _decode_one(self, i: int, blob: bytes | memoryview, rng: RandomSource, out: np.ndarray) -> None:
         """Sample i alone, its geometry drawn from `rng` by the plan's per-sample walk."""
@@ -108,8 +108,8 @@ class NativeBackend:
                 return
             width, height = self._jpeg.jpeg_size(blob)
             g = self.plan.sample(height, width, rng)
-            if g.needs_padding and g.image_rect is not None:
-                self._decode_padded(blob, g.box, g.clip, g.image_rect, g.flip, out[i])
+            if g.needs_padding and g.image_rect is not None and self._padding is not None:
+                self._decode_padded(self._padding, blob, g.box, g.clip, g.image_rect, g.flip, out[i])
                 return
             self._jpeg.decode_crop_resize(
                 blob, g.box, out[i], g.out_height, g.out_width, g.flip, self._filter, g.clip
