@@ -8,6 +8,7 @@ import pytest
 from fastload._sample_random import DRAWS, SampleDraws
 from fastload.transforms import (
     CenterCrop,
+    RandomCrop,
     RandomHorizontalFlip,
     RandomResizedCrop,
     Resize,
@@ -33,6 +34,16 @@ CHAINS: dict[str, list[Transform]] = {
         CenterCrop(128),
     ],
     "resize+rrc+center": [Resize(300), RandomResizedCrop(256), CenterCrop(200)],
+    # RandomCrop: its padding reaches past the image (`image_rect`), before or after flips.
+    "crop-pad+flip": [RandomCrop(32, padding=4, pad_if_needed=True), RandomHorizontalFlip()],
+    "flip+resize+crop-pad4+flip": [
+        RandomHorizontalFlip(),
+        Resize(40),
+        RandomCrop((32, 24), padding=(1, 2, 3, 4), pad_if_needed=True),
+        RandomHorizontalFlip(0.3),
+    ],
+    "rrc+crop-pad2": [RandomResizedCrop(64), RandomCrop(48, padding=(3, 5), padding_mode="reflect")],
+    "crop+resize": [RandomHorizontalFlip(), RandomCrop(8), Resize((16, 12))],
 }
 
 
@@ -52,7 +63,7 @@ def test_batch_geometry_is_the_per_sample_walk(name: str) -> None:
     checked = 0
     for seed in range(6):
         heights, widths = _sizes(rng, 400)
-        if any(isinstance(t, CenterCrop) for t in plan.geometry):
+        if any(isinstance(t, (CenterCrop, RandomCrop)) for t in plan.geometry):
             heights, widths = heights + 300, widths + 300  # every image larger than its crop
         draws = SampleDraws(seed, 3, rng.permutation(100_000)[:400])
         batch = sample_batch(plan, heights, widths, draws.uniforms)
@@ -63,6 +74,9 @@ def test_batch_geometry_is_the_per_sample_walk(name: str) -> None:
             assert tuple(batch.clips[i]) == g.clip
             assert bool(batch.flips[i]) == g.flip
             assert (int(batch.out_heights[i]), int(batch.out_widths[i])) == (g.out_height, g.out_width)
+            rect = None if batch.image_rects is None else tuple(int(v) for v in batch.image_rects[i])
+            assert rect == g.image_rect
+            assert bool(batch.needs_padding()[i]) == g.needs_padding
             checked += 1
     assert checked == 2400
 

@@ -43,6 +43,7 @@ from fastload.transforms._declare import declare_transform as declare_transform
 from fastload.transforms._declare import declared_transforms as declared_transforms
 from fastload.transforms._geometric import (
     CenterCrop,
+    RandomCrop,
     RandomHorizontalFlip,
     RandomResizedCrop,
     Resize,
@@ -78,6 +79,7 @@ __all__ = [
     "RandomApply",
     "RandomAutocontrast",
     "RandomChoice",
+    "RandomCrop",
     "RandomEqualize",
     "RandomErasing",
     "RandomGrayscale",

@@ -10,7 +10,8 @@ keeps a cursor into its row.
 
 It returns None (the caller walks sample by sample) when the chain could read past the uniforms
 a task has per sample, where `SampleRandom` goes on from a slower generator, and when a
-CenterCrop is larger than some image, where the per-sample walk raises the error naming it.
+CenterCrop or RandomCrop is larger than some (padded) image, where the per-sample walk raises
+the error naming it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fastload._sample_random import uniform_integers
 from fastload.transforms._base import pair
 from fastload.transforms._geometric import (
     CenterCrop,
+    RandomCrop,
     RandomHorizontalFlip,
     RandomResizedCrop,
     Resize,
@@ -39,7 +41,8 @@ class BatchGeometry:
     """What each sample's chain does to its source image (`SampleGeometry`, a row a sample).
 
     `boxes` and `clips` are (n, 4) float64 (left, top, right, bottom) in source pixels; `flips`
-    (n,) bool; `out_heights`/`out_widths` (n,) int64.
+    (n,) bool; `out_heights`/`out_widths` (n,) int64; `image_rects` (n, 4) int64, or None when
+    the chain has no padded RandomCrop (`SampleGeometry.image_rect`).
     """
 
     boxes: np.ndarray
@@ -47,12 +50,21 @@ class BatchGeometry:
     flips: np.ndarray
     out_heights: np.ndarray
     out_widths: np.ndarray
+    image_rects: np.ndarray | None = None
+
+    def needs_padding(self) -> np.ndarray:
+        """(n,) bool: the samples whose output reaches past their image (`SampleGeometry.needs_padding`)."""
+        if self.image_rects is None:
+            return np.zeros(len(self.flips), bool)
+        r = self.image_rects
+        inside = (r[:, 0] <= 0) & (r[:, 1] <= 0)
+        return ~(inside & (r[:, 2] >= self.out_widths) & (r[:, 3] >= self.out_heights))
 
 
 def most_draws(plan: TransformPlan) -> int:
     """The most uniforms the plan's geometry can use for one sample."""
     # A RandomResizedCrop: two a try, and two more for the box's place when a try fits.
-    costs = {RandomHorizontalFlip: 1, RandomResizedCrop: 2 * _RRC_TRIES + 2}
+    costs = {RandomHorizontalFlip: 1, RandomResizedCrop: 2 * _RRC_TRIES + 2, RandomCrop: 2}
     return sum(costs.get(type(t), 0) for t in plan.geometry)
 
 
@@ -72,6 +84,7 @@ def sample_batch(
     box_w, box_h = cur_w.astype(np.float64), cur_h.astype(np.float64)
     flip = np.zeros(n, bool)
     clip = np.stack([left, top, box_w, box_h], axis=1)
+    image_rects: np.ndarray | None = None
     for t in plan.geometry:
         if isinstance(t, RandomHorizontalFlip):
             flip ^= uniforms[rows, cursor] < t.p
@@ -85,6 +98,14 @@ def sample_batch(
             ct, cl, ch, cw, used = _random_resized_crop(t, cur_h, cur_w, uniforms, cursor)
             cursor += used
             new_h, new_w = pair(t.size, "RandomResizedCrop")
+        elif isinstance(t, RandomCrop):
+            drawn = _random_crop(t, cur_h, cur_w, uniforms, cursor)
+            if drawn is None:
+                return None  # the per-sample walk raises, naming the size
+            ct, cl = drawn
+            cursor += 2
+            new_h, new_w = pair(t.size, "RandomCrop")
+            ch, cw = np.full(n, new_h, np.int64), np.full(n, new_w, np.int64)
         elif isinstance(t, CenterCrop):
             crop_h, crop_w = pair(t.size, "CenterCrop")
             if bool(np.any((cur_h < crop_h) | (cur_w < crop_w))):
@@ -97,13 +118,37 @@ def sample_batch(
             raise AssertionError(f"{t!r} is not a geometric transform")
         sx, sy = box_w / cur_w, box_h / cur_h
         cl = np.where(flip, cur_w - cl - cw, cl)
+        if isinstance(t, RandomCrop) and t.pads_image:  # NOTE [padded crops]
+            image_rects = np.stack([-cl, -ct, cur_w - cl, cur_h - ct], axis=1)
+        elif image_rects is not None:  # a crop of the padded crop
+            image_rects = image_rects - np.stack([cl, ct, cl, ct], axis=1)
         left, top = left + cl * sx, top + ct * sy
         box_w, box_h = cw * sx, ch * sy
         cur_h, cur_w = np.full(n, new_h, np.int64), np.full(n, new_w, np.int64)
         if isinstance(t, RandomResizedCrop):
             clip = np.stack([left, top, left + box_w, top + box_h], axis=1)
     boxes = np.stack([left, top, left + box_w, top + box_h], axis=1)
-    return BatchGeometry(boxes, clip, flip, cur_h, cur_w)
+    return BatchGeometry(boxes, clip, flip, cur_h, cur_w, image_rects)
+
+
+def _random_crop(
+    t: RandomCrop, height: np.ndarray, width: np.ndarray, uniforms: np.ndarray, cursor: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """`RandomCrop.sample_box` for every sample: (top, left), or None where a crop does not fit."""
+    pad_left, pad_top, pad_right, pad_bottom = t.pads()
+    crop_h, crop_w = pair(t.size, "RandomCrop")
+    padded_h, padded_w = height + pad_top + pad_bottom, width + pad_left + pad_right
+    top_pad, left_pad = np.full(len(height), pad_top, np.int64), np.full(len(height), pad_left, np.int64)
+    if t.pad_if_needed:
+        lack_h, lack_w = np.maximum(crop_h - padded_h, 0), np.maximum(crop_w - padded_w, 0)
+        top_pad, left_pad = top_pad + lack_h, left_pad + lack_w
+        padded_h, padded_w = padded_h + 2 * lack_h, padded_w + 2 * lack_w
+    if bool(np.any((padded_h < crop_h) | (padded_w < crop_w))):
+        return None
+    rows = np.arange(len(height))
+    top = uniform_integers(uniforms[rows, cursor], padded_h - crop_h + 1) - top_pad
+    left = uniform_integers(uniforms[rows, cursor + 1], padded_w - crop_w + 1) - left_pad
+    return top, left
 
 
 def _resized(t: Resize, height: np.ndarray, width: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -14,6 +14,7 @@ from fastload.transforms._base import STAGES, RandomSource, Stage, Transform, pa
 from fastload.transforms._declare import declaration_of
 from fastload.transforms._geometric import (
     CenterCrop,
+    RandomCrop,
     RandomHorizontalFlip,
     RandomResizedCrop,
     Resize,
@@ -56,6 +57,12 @@ class TransformPlan:
         mixing = self._stage("batch")
         return mixing[0] if mixing else None
 
+    @functools.cached_property
+    def padded_crop(self) -> RandomCrop | None:
+        """The chain's RandomCrop that may reach past the image (its padding fills the rest), if any."""
+        padded = [t for t in self.geometry if isinstance(t, RandomCrop) and t.pads_image]
+        return padded[0] if padded else None
+
     def for_workers(self, with_pixels: bool, with_tensor: bool = False) -> TransformPlan:
         """The part of the chain a worker runs: the geometry, the pixel stage `with_pixels`
         (batches that stay on the CPU), and the tensor stage `with_tensor` (CPU batches the workers
@@ -69,6 +76,7 @@ class TransformPlan:
         cur_h, cur_w = height, width
         flip = False
         clip = (0.0, 0.0, float(width), float(height))
+        image_rect: tuple[int, int, int, int] | None = None
         for t in self.geometry:
             if isinstance(t, RandomHorizontalFlip):
                 # torchvision draws torch.rand(1) < p; the order of draws is part of determinism.
@@ -79,9 +87,9 @@ class TransformPlan:
                 cur_h, cur_w = t.output_size(cur_h, cur_w)
                 clip = (left, top, left + box_w, top + box_h)  # the whole current image is resampled
                 continue
-            if isinstance(t, RandomResizedCrop):
+            if isinstance(t, (RandomResizedCrop, RandomCrop)):
                 ct, cl, ch, cw = t.sample_box(cur_h, cur_w, rng)
-                new_h, new_w = pair(t.size, "RandomResizedCrop")
+                new_h, new_w = pair(t.size, "RandomCrop")
             elif isinstance(t, CenterCrop):
                 ct, cl, ch, cw = t.box(cur_h, cur_w)
                 new_h, new_w = ch, cw
@@ -92,6 +100,10 @@ class TransformPlan:
             sx, sy = box_w / cur_w, box_h / cur_h
             if flip:
                 cl = cur_w - cl - cw
+            if isinstance(t, RandomCrop) and t.pads_image:  # NOTE [padded crops]
+                image_rect = (-cl, -ct, cur_w - cl, cur_h - ct)
+            elif image_rect is not None:  # a crop of the padded crop
+                image_rect = (image_rect[0] - cl, image_rect[1] - ct, image_rect[2] - cl, image_rect[3] - ct)
             left, top = left + cl * sx, top + ct * sy
             box_w, box_h = cw * sx, ch * sy
             cur_h, cur_w = new_h, new_w
@@ -104,6 +116,7 @@ class TransformPlan:
             flip=flip,
             interpolation=self.interpolation,
             clip=clip,
+            image_rect=image_rect,
         )
 
 
@@ -126,8 +139,27 @@ class TransformPlan:
 # would silently change what they do).
 
 
-DECODED_GEOMETRY = (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip)
+# NOTE [padded crops]: a RandomCrop's box may reach past the image it cuts (its padding). The
+# geometry keeps the box in source pixels, reaching past the image, and records where the image
+# lies in the output (`SampleGeometry.image_rect`); the decoder decodes the part of the output
+# inside the image into its place and fills the rest (`_loading/decoding/padding.py`): the
+# constant fill, or the image's own border pixels (edge, reflect, symmetric), gathered from the
+# decoded pixels: exactly torchvision's pad + crop on a crop of the source (the CIFAR recipe),
+# within a level after a resize (the part's box resampled alone moves the filter's centres by an
+# ulp, as Resize + CenterCrop). Nothing may resample the output afterwards (a resize would blend
+# the fill into the image), so after a padded RandomCrop come only flips and crops that neither
+# pad nor resize (CenterCrop, RandomCrop without padding), which move `image_rect`;
+# `compile_transforms` refuses the rest. The GPU decoders (DALI, nvJPEG) refuse padding by name
+# (`decoding.boxes.refuse_padding`).
+
+
+DECODED_GEOMETRY = (RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip)
 """The geometric transforms `TransformPlan.sample` folds into the decode (their kernel, `DECODE`)."""
+
+
+def _resamples_or_pads(t: Transform) -> bool:
+    """A resize or a padded crop: what may not follow a padded RandomCrop."""
+    return isinstance(t, (Resize, RandomResizedCrop)) or (isinstance(t, RandomCrop) and t.pads_image)
 
 
 def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
@@ -135,13 +167,15 @@ def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
 
     Raises:
         ConfigError: an unknown transform, stages out of order (NOTE [transform stages]), more
-            than one batch transform, or a chain whose output size depends on the image (batches
+            than one batch transform, a resize or padding after a padded RandomCrop, or a chain
+            whose output size depends on the image (batches
             need one size: end the geometry with a crop or a fixed-size Resize).
     """
     chain = tuple(transforms or ())
     out: tuple[int, int] | None = None
     interpolation = "bilinear"
     latest: Transform | None = None
+    padded: RandomCrop | None = None
     for t in chain:
         if declaration_of(type(t)) is None or getattr(t, "stage", None) not in STAGES:
             raise ConfigError(
@@ -166,8 +200,17 @@ def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
                 "only one batch transform per chain: use RandomChoice([MixUp(...), CutMix(...)]) "
                 "to pick one per batch"
             )
+        if padded is not None and _resamples_or_pads(t):
+            raise ConfigError(
+                f"{type(t).__name__} comes after {padded!r}: after a padded RandomCrop only crops without "
+                "padding and flips may come (a resize would blend the padding into the image: NOTE "
+                "[padded crops]); resize before it"
+            )
         latest = t
-        if isinstance(t, RandomResizedCrop):
+        if isinstance(t, RandomCrop):
+            out = pair(t.size, "RandomCrop")
+            padded = t if t.pads_image else padded
+        elif isinstance(t, RandomResizedCrop):
             out = pair(t.size, "RandomResizedCrop")
             interpolation = t.interpolation
         elif isinstance(t, CenterCrop):
@@ -178,6 +221,7 @@ def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
     if out is None:
         raise ConfigError(
             "the transform chain does not give every image the same size, but a batch needs one: "
-            "end its crops and resizes with RandomResizedCrop, CenterCrop or Resize((height, width))"
+            "end its crops and resizes with RandomResizedCrop, RandomCrop, CenterCrop or "
+            "Resize((height, width))"
         )
     return TransformPlan(chain, out[0], out[1], interpolation)

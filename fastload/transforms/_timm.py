@@ -16,7 +16,7 @@ from typing import Any
 
 from fastload._errors import ConfigError
 from fastload.transforms._base import Transform
-from fastload.transforms._geometric import RandomResizedCrop, Resize
+from fastload.transforms._geometric import RandomCrop, RandomResizedCrop, Resize
 from fastload.transforms._mixing import RandomErasing
 from fastload.transforms._timm_policies import (
     TIMM_AUGMIX_OPS,
@@ -108,6 +108,14 @@ def _resize_keep_ratio(t: Any) -> Resize:
         "fastload) truncates it, so it may be one pixel shorter",
     )
     return Resize(size=height, interpolation=_crop_interpolation("ResizeKeepRatio", t.interpolation))
+
+
+def _random_crop_or_pad(t: Any) -> RandomCrop:
+    """timm's RandomCropOrPad: a random crop, or a pad at a random offset where the image is
+    smaller, drawn in [-lack, 0] as RandomCrop(pad_if_needed=True) draws (the same pixels)."""
+    fill = t.fill if isinstance(t.fill, (int, float)) else tuple(float(v) for v in t.fill)
+    size = (int(t.size[0]), int(t.size[1]))
+    return RandomCrop(size, pad_if_needed=True, fill=fill, padding_mode=str(t.padding_mode))
 
 
 def _same(kind: str, ops: Sequence[Any], read: Callable[[Any], Any]) -> Any:
@@ -249,6 +257,8 @@ def from_timm(t: Any, normalized: bool) -> Transform:
         return _random_resized_crop(t)
     if name == "ResizeKeepRatio":
         return _resize_keep_ratio(t)
+    if name == "RandomCropOrPad":
+        return _random_crop_or_pad(t)
     if name == "RandAugment":
         return _rand_augment(t)
     if name == "RandomErasing":

@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from fastload._errors import ConfigError
+from fastload._loading.decoding.boxes import refuse_padding
 from fastload._loading.decoding.undecodable import SampleFailure
 from fastload.transforms import RandomSource, TransformPlan
 
@@ -60,6 +61,7 @@ def make_backend(name: str, plan: TransformPlan) -> ImageBackend:
 
         return PilBackend(plan, draft=draft)
     if name == "dali":
+        refuse_padding(plan, "backend='dali'")
         try:
             from fastload._loading.decoding.dali import DaliBackend
         except ImportError as e:

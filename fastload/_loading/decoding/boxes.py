@@ -17,12 +17,24 @@ from types import ModuleType
 import numpy as np
 
 from fastload._encoded_bytes import JPEG_MAGIC, jpeg_cut_short
+from fastload._errors import ConfigError
 from fastload._loading.decoding.undecodable import SampleFailure, sample_failure
 from fastload._sample_random import SampleDraws
 from fastload.transforms import RandomSource, SampleGeometry, TransformPlan
 from fastload.transforms._batch_geometry import BatchGeometry, sample_batch
 
 _EPS = 1e-6  # as the Pillow backend: a clip edge within this of a whole pixel is that pixel
+
+
+def refuse_padding(plan: TransformPlan, decoder: str) -> None:
+    """ConfigError when `plan` has a padded RandomCrop: the GPU decoders' inputs (a slice inside
+    the image and a box within it) cannot reach past the image (NOTE [padded crops])."""
+    crop = plan.padded_crop
+    if crop is not None:
+        raise ConfigError(
+            f"{decoder} cannot pad a crop ({crop!r} may reach past the image): use backend='native' "
+            "(or 'pil') for RandomCrop's padding / pad_if_needed, or leave them out"
+        )
 
 
 def image_size(blob: bytes | memoryview, jpeg: ModuleType | None) -> tuple[int, int]:

@@ -53,7 +53,7 @@ import torch
 
 from fastload._augment.program import TrainerStages
 from fastload._loading.decoding.backend import SampleFailure
-from fastload._loading.decoding.boxes import sample_inputs
+from fastload._loading.decoding.boxes import refuse_padding, sample_inputs
 from fastload._loading.decoding.dali_tuning import DaliTuning
 from fastload._loading.decoding.host_normalize import HostNormalizer
 from fastload._loading.decoding.nvjpeg_decoder import NvjpegDecoder
@@ -115,6 +115,7 @@ class DaliExecutor:
         `threads`: the reads' (and DALI's, unless `tuning` says); `decoder`: "dali" or "nvjpeg"."""
         if decoder not in ("dali", "nvjpeg"):
             raise ValueError(f"decoder must be 'dali' or 'nvjpeg', got {decoder!r}")
+        refuse_padding(plan, f"backend={decoder!r} on the trainer's device")
         self._index = index
         self._plan = plan
         self._seed = seed
