@@ -21,6 +21,7 @@ from daemon_helpers import DaemonProcess
 
 from fastload import ConfigError, FastLoader, samplers
 from fastload import transforms as T
+from fastload._augment.program import TrainerStages
 from fastload._loading.order.sampling import RepeatCopies, RepeatedPlan, WeightedPlan, drawn_plan
 
 # chi-square's 0.1% critical values by degrees of freedom (a fixed seed: these are regression
@@ -179,8 +180,9 @@ SAMPLERS = {
 
 def run(root: Path, sampler: samplers.Sampler, epochs: int = 2, **kwargs: Any) -> list[list[Any]]:
     kwargs.setdefault("num_workers", 0)
+    kwargs.setdefault("transform", CROP)
     with FastLoader(
-        root, batch_size=5, sampler=sampler, seed=11, device="cpu", transform=CROP, sample_ids=True, **kwargs
+        root, batch_size=5, sampler=sampler, seed=11, device="cpu", sample_ids=True, **kwargs
     ) as loader:
         return [[(x.clone(), y.clone(), ids.indices.clone()) for x, y, ids in loader] for _ in range(epochs)]
 
@@ -300,7 +302,7 @@ def test_loader_refusals(image_folder: Path) -> None:
         FastLoader(image_folder, sampler=samplers.Weighted(np.ones(N + 1)), transform=CROP, num_workers=0)
     with pytest.raises(ConfigError, match="mutually exclusive"):
         FastLoader(image_folder, sampler=samplers.ClassBalanced(), shuffle=True, transform=CROP)
-    with pytest.raises(ConfigError, match="RepeatedAugmentation gives each repeat .* a daemon's workers"):
+    with pytest.raises(ConfigError, match=r"RepeatedAugmentation gives each repeat .* a daemon's workers"):
         FastLoader(image_folder, sampler=samplers.RepeatedAugmentation(), daemon="ipc:///nonexistent/fastload")
 
 
@@ -309,3 +311,43 @@ def test_weighted_through_a_daemon_gives_the_local_batches(
 ) -> None:
     served = run(image_folder, SAMPLERS["weighted"], num_workers=1, daemon=shared_daemon.address)
     assert_same(local_runs["weighted"], served)
+
+
+def test_the_trainers_stages_key_repeats_as_the_workers_do(image_folder: Path) -> None:
+    # Batches going to a GPU get their pixel stage in the trainer (`Pipeline.deliver`, keys from
+    # `RepeatCopies` and the batch's index); run here on the CPU, the same keys must give the
+    # pixels the workers give when they run the stage themselves.
+    ra, pixels = samplers.RepeatedAugmentation(3), [T.ColorJitter(0.4, 0.4, 0.4, 0.1)]
+    in_workers = run(image_folder, ra, epochs=1, transform=[*CROP, *pixels])[0]
+    geometry_only = run(image_folder, ra, epochs=1)[0]
+    p = plan(ra, N, batch_size=5, seed=11)
+    assert isinstance(p, RepeatedPlan)
+    copies = p.copies(N)
+    stages = TrainerStages(T.compile_transforms([*CROP, *pixels]), seed=11, pixels_here=True)
+    pairs, keyed_alike = zip(in_workers, geometry_only, strict=True), 0
+    for b, ((x_workers, _, ids), (x_plain, _, same_ids)) in enumerate(pairs):
+        assert torch.equal(ids, same_ids)
+        x = stages.before_normalize(x_plain.clone(), 0, copies.keys(b, 0, ids.numpy()))
+        assert torch.equal(x, x_workers) and not torch.equal(x, x_plain)
+        by_index = stages.before_normalize(x_plain.clone(), 0, ids.numpy())
+        keyed_alike += int(torch.equal(by_index, x_workers))
+    assert keyed_alike == 0  # every batch holds a repeat whose key is not its index
+
+
+def test_a_position_converts_to_another_batch_size_and_world_size(image_folder: Path) -> None:
+    # The draws are one sequence dealt strided (NOTE [elastic resume]): 2 batches of 6 on one rank
+    # are the sequence's first 12, which 2 ranks of batch 3 resume after, at their batch 2.
+    weighted = SAMPLERS["weighted"]
+    common: dict[str, Any] = dict(seed=11, device="cpu", num_workers=0, transform=CROP, sample_ids=True)
+    with FastLoader(image_folder, batch_size=6, sampler=weighted, **common) as first:
+        it = iter(first)
+        next(it), next(it)
+        state = first.state_dict()
+    rest = []
+    for rank in range(2):
+        ranked = dict(common, rank=rank, world_size=2)
+        with FastLoader(image_folder, batch_size=3, sampler=weighted, **ranked) as loader:
+            loader.load_state_dict(state)
+            rest.append(torch.cat([ids.indices for *_, ids in loader]).numpy())
+    sequence = plan(weighted, N, seed=11).order(0)
+    assert np.array_equal(np.stack(rest, axis=1).reshape(-1), sequence[12:])
