@@ -24,7 +24,11 @@ import numpy as np
 
 from fastload._errors import ConfigError
 
-__all__ = ["ClassBalanced", "RepeatedAugmentation", "Sampler", "Weighted", "class_balanced_weights"]
+__all__ = [
+    "MAX_REPEATS", "ClassBalanced", "RepeatedAugmentation", "Sampler", "Weighted", "class_balanced_weights",
+]
+
+MAX_REPEATS = 1024  # RepeatedAugmentation's repeats (a daemon takes no more from a peer)
 
 
 class Sampler:
@@ -127,8 +131,10 @@ class RepeatedAugmentation(Sampler):
     num_samples: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.repeats, Integral) or isinstance(self.repeats, bool) or int(self.repeats) < 1:
-            raise ConfigError(f"repeats must be an integer >= 1, got {self.repeats!r}")
+        repeats = self.repeats
+        whole = isinstance(repeats, Integral) and not isinstance(repeats, bool)
+        if not whole or not 1 <= int(repeats) <= MAX_REPEATS:
+            raise ConfigError(f"repeats must be an integer 1..{MAX_REPEATS}, got {repeats!r}")
         object.__setattr__(self, "repeats", int(self.repeats))
         object.__setattr__(self, "num_samples", _count_or_none(self.num_samples, "num_samples"))
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from daemon_helpers import DaemonProcess
+from daemon_helpers import DaemonProcess, RawClient, hello_fields, hello_reply
 
 from fastload import ConfigError, FastLoader, samplers
 from fastload import transforms as T
@@ -302,15 +302,34 @@ def test_loader_refusals(image_folder: Path) -> None:
         FastLoader(image_folder, sampler=samplers.Weighted(np.ones(N + 1)), transform=CROP, num_workers=0)
     with pytest.raises(ConfigError, match="mutually exclusive"):
         FastLoader(image_folder, sampler=samplers.ClassBalanced(), shuffle=True, transform=CROP)
-    with pytest.raises(ConfigError, match=r"RepeatedAugmentation gives each repeat .* a daemon's workers"):
-        FastLoader(image_folder, sampler=samplers.RepeatedAugmentation(), daemon="ipc:///nonexistent/fastload")
 
 
-def test_weighted_through_a_daemon_gives_the_local_batches(
-    shared_daemon: DaemonProcess, image_folder: Path, local_runs: dict[str, Any]
+@pytest.mark.parametrize("name", ["weighted", "repeated"])
+def test_a_daemon_gives_the_local_batches(
+    shared_daemon: DaemonProcess, image_folder: Path, local_runs: dict[str, Any], name: str
 ) -> None:
-    served = run(image_folder, SAMPLERS["weighted"], num_workers=1, daemon=shared_daemon.address)
-    assert_same(local_runs["weighted"], served)
+    # The trainer sends its plan's tasks; a daemon's workers key repeats as local ones do (the
+    # hello's `repeats`, NOTE [augmentation of repeats]).
+    served = run(image_folder, SAMPLERS[name], num_workers=1, daemon=shared_daemon.address)
+    assert_same(local_runs[name], served)
+
+
+def test_class_balanced_through_a_daemon_says_where_the_targets_are(
+    shared_daemon: DaemonProcess, image_folder: Path
+) -> None:
+    with pytest.raises(ConfigError, match="class_balanced_weights"):
+        FastLoader(
+            image_folder, sampler=samplers.ClassBalanced(), transform=CROP, daemon=shared_daemon.address
+        )  # the session its hello opened is closed, not left to the garbage collector
+
+
+@pytest.mark.parametrize("repeats", [0, samplers.MAX_REPEATS + 1])
+def test_a_daemon_refuses_a_hello_of_repeats_out_of_range(
+    shared_daemon: DaemonProcess, image_folder: Path, repeats: int
+) -> None:
+    with RawClient(shared_daemon.address) as client:
+        op, fields = hello_reply(client, hello_fields(image_folder, repeats=repeats))
+    assert op == "error" and "repeats must be 1..1024" in fields["message"]
 
 
 def test_the_trainers_stages_key_repeats_as_the_workers_do(image_folder: Path) -> None:

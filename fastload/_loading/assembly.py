@@ -27,7 +27,7 @@ from fastload._loading.settings.position import Plan, recorded_settings, source_
 from fastload._loading.settings.sanity import check_settings_sense
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.ring_plan import plan_ring
-from fastload.samplers import RepeatedAugmentation, Sampler
+from fastload.samplers import Sampler
 from fastload.sources._indexes.arrays import ArrayIndex
 from fastload.sources._indexes.sample_index import SampleIndex
 
@@ -45,17 +45,20 @@ class Assembly:
         self._session: DaemonSession | None = None
         self._num_samples = 0
         self._keep: np.ndarray | None = None  # the samples an `exclude=` list leaves in (None: all)
-        self._check_exclude(exclude)  # before a daemon session or an index is opened
-        self._check_repeats()
-        self._open_source()
-        self._exclude(exclude)
-        check_settings_sense(self._spec, self.classes, self._index, self._num_samples)
-        sized = hasattr(self._spec.dataset, "__len__")
-        total = self._num_samples or (len(self._spec.dataset) if sized else 0)
-        total = total if self._keep is None else len(self._keep)
-        self.skips = SkipAccount(spec.max_skipped, total) if spec.on_error == "skip" else None
         self._copies: RepeatCopies | None = None  # a RepeatedPlan's augmentation keys
-        self._plan = self._make_plan()
+        self._check_exclude(exclude)  # before a daemon session or an index is opened
+        self._open_source()
+        try:
+            self._exclude(exclude)
+            check_settings_sense(self._spec, self.classes, self._index, self._num_samples)
+            sized = hasattr(self._spec.dataset, "__len__")
+            total = self._num_samples or (len(self._spec.dataset) if sized else 0)
+            total = total if self._keep is None else len(self._keep)
+            self.skips = SkipAccount(spec.max_skipped, total) if spec.on_error == "skip" else None
+            self._plan = self._make_plan()
+        except BaseException:
+            self.close_session()  # the one a daemon opened above, not left to the garbage collector
+            raise
         self._fingerprint: dict[str, Any] | None = None  # the source's, for state_dict (computed once)
 
     @property
@@ -178,17 +181,6 @@ class Assembly:
                 "IterableDataset"
             )
 
-    def _check_repeats(self) -> None:
-        spec = self._spec
-        elsewhere = spec.daemon is not None or spec.decodes_in_trainer
-        if isinstance(spec.sampler, RepeatedAugmentation) and elsewhere:
-            where = "a daemon's workers" if spec.daemon is not None else f"backend={spec.backend!r} on a GPU"
-            raise ConfigError(
-                f"RepeatedAugmentation gives each repeat of a sample its own augmentation, which {where} "
-                "cannot yet (they key a sample's draws by its index alone, NOTE [augmentation of repeats]): "
-                "load it with this process's workers and backend='native' or 'pil'"
-            )
-
     def _exclude(self, exclude: ExcludeArg) -> None:
         """Resolve `exclude=` against the source (or Dataset) into the samples kept."""
         if exclude is None:
@@ -227,6 +219,12 @@ class Assembly:
             keep=self._keep,
         )
         if isinstance(plan, RepeatedPlan):
+            if spec.decodes_in_trainer:
+                raise ConfigError(
+                    "RepeatedAugmentation gives each repeat of a sample its own augmentation, which "
+                    f"backend={spec.backend!r} on a GPU cannot yet (it keys a sample's draws by its "
+                    "index alone, NOTE [augmentation of repeats]): use backend='native' or 'pil'"
+                )
             self._copies = plan.copies(self._num_samples)
             if isinstance(self._job, ImageJob):
                 self._job.copies = self._copies

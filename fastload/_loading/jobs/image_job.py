@@ -135,6 +135,7 @@ class ImageJob(SourceJob):
             "batch_size": self.batch_size,
             "normalize": [list(v) for v in self.normalize] if self.normalize is not None else None,
             "on_error": self.on_error,
+            **({} if self.copies is None else {"copies": dataclasses.asdict(self.copies)}),
         }
 
     @classmethod
@@ -159,6 +160,8 @@ class ImageJob(SourceJob):
             on_error=str(config.get("on_error", "raise")),
         )
         job._index_segment = segment
+        copies = config.get("copies")
+        job.copies = None if copies is None else RepeatCopies(**{k: int(v) for k, v in copies.items()})
         return job
 
     def close(self) -> None:

@@ -134,8 +134,10 @@ class RepeatedPlan(DrawnPlan):
 # epoch's sequence (m: the row's position in its rank's order, batch_index * batch_size + row).
 # Copy 0 keeps the sample's plain key; keys of different copies never meet a real index. The key
 # is computed where the draws are made, from what every task already carries (its batch index and
-# first row): the workers' geometry, pixel and tensor stages (`ImageJob`), and the trainer's
-# stages (`Pipeline.deliver`). Nothing new crosses the worker wire.
+# first row): the workers' geometry, pixel and tensor stages (`ImageJob.copies`), and the trainer's
+# stages (`Pipeline.deliver`). Nothing new crosses the task wire; a daemon learns `repeats` from
+# the hello (rank, world size and batch size it has already) and hands its job the same keys.
+# A GPU decoder in the trainer (backend "dali"/"nvjpeg" on CUDA) keys by index: refused there.
 @dataclass(frozen=True)
 class RepeatCopies:
     """The augmentation keys of a RepeatedPlan's rows (NOTE [augmentation of repeats])."""

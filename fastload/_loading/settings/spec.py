@@ -21,7 +21,7 @@ from fastload._augment.registry import check_kernels
 from fastload._bad_samples import DEFAULT_MAX_SKIPPED
 from fastload._errors import ConfigError
 from fastload._loading.slots.delivery import ImageOutput
-from fastload.samplers import Sampler
+from fastload.samplers import RepeatedAugmentation, Sampler
 from fastload.sources import ImageFolder, Source
 from fastload.transforms import Transform, TransformPlan, compile_transforms, to_config
 
@@ -185,6 +185,7 @@ class LoaderSpec:
             # A folder is its path alone (what every daemon understands); other sources describe themselves.
             **({} if _plain_folder(self.source) else {"source": self.source.resolved().to_json()}),
             **({"on_error": self.on_error} if self.on_error != "raise" else {}),  # what older daemons know
+            **({"repeats": self.sampler.repeats} if isinstance(self.sampler, RepeatedAugmentation) else {}),
         }
 
 
