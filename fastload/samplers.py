@@ -14,6 +14,7 @@ sampler of your own still works as before, iterated in the trainer (it is not a 
 
 from __future__ import annotations
 
+import abc
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,13 +32,13 @@ __all__ = [
 MAX_REPEATS = 1024  # RepeatedAugmentation's repeats (a daemon takes no more from a peer)
 
 
-class Sampler:
+class Sampler(abc.ABC):
     """The base of fastload's sampler descriptions (`Weighted`, `ClassBalanced`,
     `RepeatedAugmentation`): what the loader recognizes as a plan, not a torch sampler."""
 
+    @abc.abstractmethod
     def to_config(self) -> dict[str, Any]:
         """What a `state_dict` records of this sampler (its kind and parameters; weights by digest)."""
-        raise NotImplementedError
 
 
 def _count_or_none(value: object, name: str) -> int | None:

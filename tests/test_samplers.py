@@ -370,3 +370,12 @@ def test_a_position_converts_to_another_batch_size_and_world_size(image_folder: 
             rest.append(torch.cat([ids.indices for *_, ids in loader]).numpy())
     sequence = plan(weighted, N, seed=11).order(0)
     assert np.array_equal(np.stack(rest, axis=1).reshape(-1), sequence[12:])
+
+
+def test_class_balanced_counts_the_classes_an_exclusion_leaves() -> None:
+    targets = np.array([0] * 10 + [1] * 10 + [2] * 10)
+    keep = np.concatenate([np.arange(2), np.arange(10, 30)])  # class 0 keeps 2 samples of its 10
+    p = plan(samplers.ClassBalanced(num_samples=9000), 30, targets=targets, keep=keep)
+    drawn = p.order(0)
+    assert set(drawn.tolist()) <= set(keep.tolist())
+    assert chi2(np.bincount(targets[drawn], minlength=3), np.full(3, 3000.0)) < CHI2_999[2]

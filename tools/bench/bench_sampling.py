@@ -1,0 +1,115 @@
+"""Weighted and repeated-augmentation sampling against a plain shuffle's rate (issue 31's target:
+>= 97% of it), on the same folder, the same chain and the same workers.
+
+Systems (each a `FastLoader` over --folder, RandomResizedCrop + flip, CPU batches):
+  shuffle     shuffle=True (the reference)
+  weighted    sampler=samplers.Weighted(random weights), with replacement
+  balanced    sampler=samplers.ClassBalanced()
+  repeated    sampler=samplers.RepeatedAugmentation(repeats=3) (DeiT's RASampler)
+
+A round runs every system once, in an order rotated each round (paired: a system's run is compared
+with the shuffle's of the same round); each run builds its loader, takes --warmup batches, then
+times --batches more. It prints the median rate of --rounds rounds with its spread (min..max), and
+the median of the per-round ratios to the shuffle's.
+
+    python tools/bench/bench_sampling.py --folder DIR [--workers 2] [--rounds 3] [--batches 24]
+        [--batch-size 64] [--size 224]
+
+The folder: tools/bench/make_bench_dataset.py DIR --images 2000 (with a venv that has
+scikit-image). Ratios on a shared machine move with what else runs: say so beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastload import FastLoader, samplers
+from fastload import transforms as T
+
+
+def systems(num_samples: int) -> dict[str, dict[str, Any]]:
+    """Each system's FastLoader arguments (beside the common ones)."""
+    weights = np.random.default_rng(0).uniform(0.1, 1.0, num_samples)
+    return {
+        "shuffle": {"shuffle": True},
+        "weighted": {"sampler": samplers.Weighted(weights)},
+        "balanced": {"sampler": samplers.ClassBalanced()},
+        "repeated": {"sampler": samplers.RepeatedAugmentation(repeats=3)},
+    }
+
+
+def timed_run(make: Callable[[], FastLoader], warmup: int, batches: int) -> float:
+    """Images a second over `batches` batches after `warmup` of one loader's first epoch."""
+    with make() as loader:
+        it = iter(loader)
+        for _ in range(warmup):
+            next(it)
+        count, start = 0, time.perf_counter()
+        for _ in range(batches):
+            images, _ = next(it)
+            count += images.shape[0]
+        return count / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--folder", type=Path, required=True, help="an ImageNet-layout folder")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=24, help="timed batches a run (within one epoch)")
+    parser.add_argument("--warmup", type=int, default=3, help="batches before the timing starts")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--only", default="", help="comma-separated systems (default: all)")
+    args = parser.parse_args()
+    chain = [T.RandomResizedCrop(args.size), T.RandomHorizontalFlip()]
+    with FastLoader(args.folder, transform=chain, num_workers=0, device="cpu") as probe:
+        num_samples = len(probe.targets)
+    table = systems(num_samples)
+    names = [n for n in table if not args.only or n in args.only.split(",")]
+    if "shuffle" not in names:
+        names.insert(0, "shuffle")
+    needed = (args.warmup + args.batches) * args.batch_size
+    if needed > num_samples // 256 * 256:  # RepeatedAugmentation's epoch, DeiT's count
+        raise SystemExit(
+            f"{args.folder} holds {num_samples} samples, a repeated-augmentation epoch "
+            f"{num_samples // 256 * 256}: fewer than the {needed} a run takes (fewer --batches)"
+        )
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]  # alternated within the round
+        for name in order:
+            def make(name: str = name, seed: int = r) -> FastLoader:
+                return FastLoader(
+                    args.folder, batch_size=args.batch_size, num_workers=args.workers, device="cpu",
+                    transform=chain, seed=seed, **table[name],
+                )  # fmt: skip
+
+            rates[name].append(timed_run(make, args.warmup, args.batches))
+        print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.0f}" for n in names), flush=True)
+    print(
+        f"\n{num_samples} images in {args.folder.name}, batch {args.batch_size}, {args.size}px, "
+        f"{args.workers} workers, {args.rounds} rounds x {args.batches} batches\n"
+    )
+    print("| system | img/s median | spread (min..max) | ratio to shuffle (median of rounds) | ratios |")
+    print("|---|---:|---:|---:|---|")
+    for name in names:
+        ratios = [a / b for a, b in zip(rates[name], rates["shuffle"], strict=True)]
+        low, high = min(rates[name]), max(rates[name])
+        print(
+            f"| {name} | {statistics.median(rates[name]):.0f} | {low:.0f}..{high:.0f} "
+            f"| {statistics.median(ratios):.3f} | {', '.join(f'{x:.3f}' for x in ratios)} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
