@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 import torch
 from daemon_helpers import DaemonProcess, RawClient, hello_fields, hello_reply
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fastload import ConfigError, FastLoader, samplers
 from fastload import transforms as T
@@ -379,3 +381,35 @@ def test_class_balanced_counts_the_classes_an_exclusion_leaves() -> None:
     drawn = p.order(0)
     assert set(drawn.tolist()) <= set(keep.tolist())
     assert chi2(np.bincount(targets[drawn], minlength=3), np.full(3, 3000.0)) < CHI2_999[2]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 300), world=st.integers(1, 6), batch_size=st.integers(1, 40), repeats=st.integers(1, 4),
+    drop_last=st.booleans(), replacement=st.booleans(), epoch=st.integers(0, 3),
+)
+def test_every_rank_its_equal_share_of_one_sequence(
+    n: int, world: int, batch_size: int, repeats: int, drop_last: bool, replacement: bool, epoch: int
+) -> None:
+    weights = np.linspace(0.5, 1.5, n)
+    both = (samplers.Weighted(weights, replacement=replacement), samplers.RepeatedAugmentation(repeats))
+    for sampler in both:
+        if isinstance(sampler, samplers.RepeatedAugmentation) and (n // 256 * 256 or n) < world:
+            continue  # refused: fewer samples an epoch than ranks
+        ranks = [
+            plan(sampler, n, batch_size=batch_size, drop_last=drop_last, rank=r, world_size=world)
+            for r in range(world)
+        ]
+        orders = [p.order(epoch) for p in ranks]
+        per = ranks[0].samples_per_rank
+        assert all(len(o) == per for o in orders) and all(len(p) == len(ranks[0]) for p in ranks)
+        assert all(o.min() >= 0 and o.max() < n for o in orders if len(o))
+        one = plan(sampler, n, batch_size=batch_size, drop_last=drop_last).order(epoch)
+        dealt = np.stack(orders, axis=1).reshape(-1)
+        shared = min(len(dealt), len(one))
+        assert np.array_equal(dealt[:shared], one[:shared])  # one sequence, dealt strided
+        for p, o in zip(ranks, orders, strict=True):
+            batches = list(p.iter_batches(epoch))
+            assert len(batches) == len(p)
+            if batches:
+                assert np.array_equal(np.concatenate(batches), o[: sum(map(len, batches))])
