@@ -316,6 +316,18 @@ def test_a_daemon_gives_the_local_batches(
     assert_same(local_runs[name], served)
 
 
+def test_a_daemon_session_keys_repeats_in_the_trainers_stages_too(
+    shared_daemon: DaemonProcess, image_folder: Path
+) -> None:
+    # Local CPU batches with normalize run RandomErasing in the workers; a daemon's session keeps
+    # uint8 slots and runs it in the trainer (`Pipeline.deliver`, keyed by `RepeatCopies`).
+    chain = [*CROP, T.ColorJitter(0.3, 0.3), T.RandomErasing(p=1.0)]
+    kwargs: dict[str, Any] = dict(epochs=1, transform=chain, normalize=((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)))
+    local = run(image_folder, SAMPLERS["repeated"], **kwargs)
+    assert_same(local, run(image_folder, SAMPLERS["repeated"], daemon=shared_daemon.address, **kwargs))
+    assert all(_all_differ(r) for r in _rows_by_index(local[0]).values())
+
+
 def test_class_balanced_through_a_daemon_says_where_the_targets_are(
     shared_daemon: DaemonProcess, image_folder: Path
 ) -> None:
