@@ -103,8 +103,10 @@ class ClassBalanced(Sampler):
     """`Weighted` with weight 1 / count(class) for each sample, from the source's targets (each
     class drawn equally often on average). Single-label sources only: multi-hot targets are
     refused (a sample of several classes has no one class to count; compute weights of your own
-    and pass `Weighted`), and so are samples without a label (-1). `num_samples` and
-    `replacement` mean what they mean in `Weighted`."""
+    and pass `Weighted`), and so are samples without a label (-1); the classes are counted among
+    the samples an `exclude=` leaves. A daemon holds the targets, not the trainer: there pass
+    `Weighted(class_balanced_weights(targets))`. `num_samples` and `replacement` mean what they
+    mean in `Weighted`."""
 
     num_samples: int | None = None
     replacement: bool = True
@@ -126,7 +128,8 @@ class RepeatedAugmentation(Sampler):
     `n // 256 * 256` for a source of n samples (n itself below 256), and each rank takes
     num_samples // world_size of them: an epoch sees about n / repeats distinct samples, each
     `repeats` times. Each repeat gets its own augmentation (NOTE [augmentation of repeats] in
-    `fastload._loading.order.sampling`)."""
+    `fastload._loading.order.sampling`), locally and through a daemon; a GPU decoder in the
+    trainer (backend "dali" or "nvjpeg" on CUDA) is refused."""
 
     repeats: int = 3
     num_samples: int | None = None
