@@ -15,6 +15,7 @@ sampler of your own still works as before, iterated in the trainer (it is not a 
 from __future__ import annotations
 
 import abc
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -90,10 +91,14 @@ class Weighted(Sampler):
         object.__setattr__(self, "num_samples", _count_or_none(num_samples, "num_samples"))
         object.__setattr__(self, "replacement", _flag(replacement, "replacement"))
 
+    @functools.cached_property
+    def weights_digest(self) -> str:
+        """A digest of the weights (what a state records of them), computed once."""
+        return hashlib.blake2b(self.weights.tobytes(), digest_size=8).hexdigest()
+
     def to_config(self) -> dict[str, Any]:
-        digest = hashlib.blake2b(self.weights.tobytes(), digest_size=8).hexdigest()
         return {
-            "kind": "Weighted", "weights": digest, "num_samples": self.num_samples,
+            "kind": "Weighted", "weights": self.weights_digest, "num_samples": self.num_samples,
             "replacement": self.replacement,
         }
 

@@ -425,3 +425,12 @@ def test_every_rank_its_equal_share_of_one_sequence(
             assert len(batches) == len(p)
             if batches:
                 assert np.array_equal(np.concatenate(batches), o[: sum(map(len, batches))])
+
+
+def test_weighted_draws_are_numpys_choice() -> None:
+    # The plan looks the draws up in sorted order (faster); they are numpy's choice(p=...) draws.
+    weights = np.random.default_rng(5).uniform(0.0, 1.0, 3000)
+    weights[::7] = 0.0
+    p = plan(samplers.Weighted(weights, num_samples=9000), 3000, seed=4)
+    generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence([4, 2, 0x3E])))
+    assert np.array_equal(p.order(2), generator.choice(3000, size=9000, p=weights / weights.sum()))
