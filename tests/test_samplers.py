@@ -279,6 +279,10 @@ def test_a_state_of_another_sampler_is_refused(image_folder: Path) -> None:
         next(iter(shuffled))
         plain_state = shuffled.state_dict()
     assert "sampler" not in plain_state  # states without a plan keep their keys
+    with FastLoader(image_folder, sampler=SAMPLERS["weighted"], **common) as weighted:
+        for damaged in ("Weighted", {"kind": ["Weighted"]}, {1: 2}):
+            with pytest.raises(ConfigError, match="sampler"):
+                weighted.load_state_dict({**state, "sampler": damaged})
     other = samplers.Weighted(np.linspace(3.0, 1.0, N))
     with FastLoader(image_folder, sampler=other, **common) as weighted:
         with pytest.raises(ConfigError, match="sampler"):
