@@ -9,9 +9,10 @@ Systems (each a `FastLoader` over --folder, RandomResizedCrop + flip, CPU batche
 
 A round runs every system once, in an order rotated each round (paired: a system's run is compared
 with the shuffle's of the same round); each run builds its loader, takes --warmup batches, then
-times --batches more (epoch after epoch, as training does). It prints the median rate of
---rounds rounds with its spread (min..max), and the median of the per-round ratios to the
-shuffle's.
+times --batches more (epoch after epoch, as training does). It prints, for two rates, the median
+of --rounds rounds with its spread (min..max) and the median of the per-round ratios to the
+shuffle's: images a second (wall clock), and images per CPU second of the trainer and its
+workers over the timed batches (psutil), which other processes on a shared machine move less.
 
     python tools/bench/bench_sampling.py --folder DIR [--workers 2] [--rounds 3] [--batches 60]
         [--batch-size 64] [--size 224]
@@ -26,6 +27,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,17 +54,45 @@ def epochs(loader: FastLoader) -> Iterator[Any]:
         yield from loader
 
 
-def timed_run(make: Callable[[], FastLoader], warmup: int, batches: int) -> float:
-    """Images a second over `batches` batches after `warmup` of one loader (epochs in a row)."""
+@dataclass
+class Run:
+    """One run's rates: images a second (wall clock), and images per CPU second of the trainer
+    and its workers together (what the sampling costs in work, less moved by other processes)."""
+
+    wall: float
+    cpu: float
+
+
+def worker_cpu_s(pids: list[int]) -> float:
+    """CPU seconds the workers have used since they started (psutil; 0 for one already gone)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def timed_run(make: Callable[[], FastLoader], warmup: int, batches: int) -> Run:
+    """Rates over `batches` batches after `warmup` of one loader (epochs in a row); the CPU rate
+    counts the CPU time of the trainer's process and of its workers over the timed batches (the
+    workers' batches in flight at either end about even out)."""
     with make() as loader:
         it = epochs(loader)
         for _ in range(warmup):
             next(it)
-        count, start = 0, time.perf_counter()
+        before = worker_cpu_s(loader.worker_pids)
+        count, start, cpu0 = 0, time.perf_counter(), time.process_time()
         for _ in range(batches):
             images, _ = next(it)
             count += images.shape[0]
-        return count / (time.perf_counter() - start)
+        wall = time.perf_counter() - start
+        cpu = time.process_time() - cpu0 + worker_cpu_s(loader.worker_pids) - before
+        return Run(count / wall, count / cpu)
 
 
 def main() -> None:
@@ -85,7 +115,7 @@ def main() -> None:
     names = [n for n in table if not args.only or n in args.only.split(",")]
     if "shuffle" not in names:
         names.insert(0, "shuffle")
-    rates: dict[str, list[float]] = {n: [] for n in names}
+    runs: dict[str, list[Run]] = {n: [] for n in names}
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]  # alternated within the round
         for name in order:
@@ -95,21 +125,23 @@ def main() -> None:
                     transform=chain, seed=seed, **table[name],
                 )  # fmt: skip
 
-            rates[name].append(timed_run(make, args.warmup, args.batches))
-        print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.0f}" for n in names), flush=True)
+            runs[name].append(timed_run(make, args.warmup, args.batches))
+        print(f"round {r + 1}: " + ", ".join(f"{n} {runs[n][-1].wall:.0f}" for n in names), flush=True)
     print(
         f"\n{num_samples} images in {args.folder.name}, batch {args.batch_size}, {args.size}px, "
         f"{args.workers} workers, {args.rounds} rounds x {args.batches} batches\n"
     )
-    print("| system | img/s median | spread (min..max) | ratio to shuffle (median of rounds) | ratios |")
-    print("|---|---:|---:|---:|---|")
-    for name in names:
-        ratios = [a / b for a, b in zip(rates[name], rates["shuffle"], strict=True)]
-        low, high = min(rates[name]), max(rates[name])
-        print(
-            f"| {name} | {statistics.median(rates[name]):.0f} | {low:.0f}..{high:.0f} "
-            f"| {statistics.median(ratios):.3f} | {', '.join(f'{x:.3f}' for x in ratios)} |"
-        )
+    for metric, title in (("wall", "img/s (wall)"), ("cpu", "img per CPU-s (trainer + workers)")):
+        print(f"| system | {title} median | spread (min..max) | ratio to shuffle (median) | ratios |")
+        print("|---|---:|---:|---:|---|")
+        for name in names:
+            rates = [getattr(run, metric) for run in runs[name]]
+            ratios = [a / getattr(b, metric) for a, b in zip(rates, runs["shuffle"], strict=True)]
+            print(
+                f"| {name} | {statistics.median(rates):.0f} | {min(rates):.0f}..{max(rates):.0f} "
+                f"| {statistics.median(ratios):.3f} | {', '.join(f'{x:.3f}' for x in ratios)} |"
+            )
+        print()
 
 
 if __name__ == "__main__":
