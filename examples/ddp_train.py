@@ -12,8 +12,10 @@ Without --data it trains on the demo dataset `fastload demo` makes (rank 0 write
 size from torch.distributed: each rank reads DistributedSampler's shard of the folder, with the
 same number of batches on every rank. `loader.set_epoch(epoch)` gives every epoch a new order,
 the same on all ranks, as DistributedSampler.set_epoch does. `--recipe deit` adds the
-augmentations of DeiT's recipe (RandAugment, ColorJitter, RandomErasing, MixUp/CutMix);
-`--check-shards` gathers each epoch's sample indices and checks that no sample was on two ranks.
+augmentations of DeiT's recipe (RandAugment, ColorJitter, RandomErasing, MixUp/CutMix), and
+`--repeats 3` its repeated augmentation (`samplers.RepeatedAugmentation`, DeiT's RASampler: each
+sample 3 times an epoch, on different ranks, each with its own crop); `--check-shards` gathers
+each epoch's sample indices and checks that no sample was on two ranks.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from fastload import FastLoader
+from fastload import FastLoader, samplers
 from fastload import transforms as T
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -52,7 +54,14 @@ def parse_args() -> argparse.Namespace:
         help="after each epoch, gather every rank's sample indices and check that no sample was on "
         "two ranks (but DistributedSampler's padding)",
     )
-    return parser.parse_args()
+    parser.add_argument(
+        "--repeats", type=int, default=0,
+        help="repeated augmentation (DeiT's RASampler) with this many repeats; 0: a plain shuffle",
+    )
+    args = parser.parse_args()
+    if args.repeats and args.check_shards:
+        parser.error("--check-shards checks that no sample is on two ranks; --repeats puts each on several")
+    return args
 
 
 def check_shards(indices: list[int], epoch: int, rank: int, world_size: int) -> None:
@@ -128,8 +137,9 @@ def main() -> None:
     data = args.data if args.data is not None else demo_dataset()
 
     classes = sum(1 for p in data.iterdir() if p.is_dir())  # the class folders (MixUp's num_classes)
+    order = {"sampler": samplers.RepeatedAugmentation(args.repeats)} if args.repeats else {"shuffle": True}
     loader = FastLoader(
-        data, batch_size=args.batch_size, shuffle=True, drop_last=False, seed=0,
+        data, batch_size=args.batch_size, drop_last=False, seed=0, **order,
         num_workers=args.workers, device=device, normalize=(MEAN, STD),
         transform=recipe(args.recipe, args.image_size, classes), sample_ids=args.check_shards,
     )  # rank and world size: from torch.distributed (or pass rank=, world_size=)

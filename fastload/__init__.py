@@ -43,7 +43,7 @@ def _export_loader(loader: object, address: tuple[str, int], rank: int) -> objec
 _plug_exporter(_export_loader)
 
 if _typing.TYPE_CHECKING:
-    from fastload import sources, transforms
+    from fastload import samplers, sources, transforms
     from fastload._diagnostics.scalars import ScalarLogger
     from fastload._loading.loader import FastLoader
     from fastload._loading.slots.identity import SampleIds
@@ -67,6 +67,7 @@ __all__ = [
     "WireError",
     "WorkerError",
     "__version__",
+    "samplers",
     "sources",
     "transforms",
 ]
@@ -76,6 +77,7 @@ _LAZY = {
     "FastLoader": ("fastload._loading.loader", "FastLoader"),
     "SampleIds": ("fastload._loading.slots.identity", "SampleIds"),
     "ScalarLogger": ("fastload._diagnostics.scalars", "ScalarLogger"),
+    "samplers": ("fastload.samplers", ""),
     "sources": ("fastload.sources", ""),
     "transforms": ("fastload.transforms", ""),
 }

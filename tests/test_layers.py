@@ -75,6 +75,7 @@ LAYERS: dict[str, int] = {
     "fastload.sources._formats": SOURCE_FORMATS,
     "fastload.sources._packing": SOURCE_PACKING,
     "fastload.transforms": FORMATS,
+    "fastload.samplers": FORMATS,  # the samplers' descriptions (the plans are `_loading.order`'s)
     "fastload._augment": KERNELS,
     "fastload._loading.decoding": KERNELS,
     "fastload._loading.slots": SLOTS,

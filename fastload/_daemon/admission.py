@@ -26,6 +26,7 @@ from fastload._errors import DaemonError, FastloadError
 from fastload._labels import label
 from fastload._loading.jobs.image_job import ImageJob
 from fastload._loading.order.read_ahead import task_read_ahead
+from fastload._loading.order.sampling import RepeatCopies
 from fastload._loading.running.engine import Engine
 from fastload._loading.slots.ring_plan import plan_ring
 from fastload._shm import Segment
@@ -160,6 +161,8 @@ class Admission:
         batch_size = f["batch_size"]
         on_error = f.get("on_error", "raise")  # NOTE [bad samples]
         job = ImageJob(entry.index, plan, f["backend"], f["seed"], batch_size, on_error=on_error)
+        if "repeats" in f:  # NOTE [augmentation of repeats]
+            job.copies = RepeatCopies(f["repeats"], f["rank"], f["world_size"], batch_size, len(entry.index))
         assert job.layout is not None
         # The session's ring, from the one ring plan (`slots/ring_plan.py`): a trainer that did not
         # choose gets what a local loader of this daemon's pool would.

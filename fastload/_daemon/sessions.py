@@ -27,6 +27,7 @@ from fastload._loading.slots.layout import BatchLayout
 from fastload._loading.slots.ring_plan import MAX_IN_FLIGHT
 from fastload._shm import Segment
 from fastload._sizes import format_size
+from fastload.samplers import MAX_REPEATS
 from fastload.sources import ImageFolder, Source, source_from_config
 from fastload.sources._storage.bounds import field_text_problem
 from fastload.sources._storage.remote import is_url
@@ -182,6 +183,8 @@ def check_hello(f: dict[str, Any], budget_bytes: int) -> tuple[TransformPlan, So
         raise ConfigError("pid must be a process id and seed must not be negative")
     if f.get("on_error", "raise") not in ON_ERROR:
         raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}")
+    if not 1 <= f.get("repeats", 1) <= MAX_REPEATS:
+        raise ConfigError(f"repeats must be 1..{MAX_REPEATS} (RepeatedAugmentation's)")
     if not (os.path.isabs(f["dataset"]) or is_url(f["dataset"])) or "\0" in f["dataset"]:
         raise ConfigError("dataset must be an absolute path (the daemon's working directory is not ours)")
     problem = field_text_problem(f["dataset"])  # NOTE [fields from a peer]

@@ -21,11 +21,13 @@ from fastload._loading.jobs.image_job import ImageJob
 from fastload._loading.jobs.iterable import IterableJob, IterablePlan
 from fastload._loading.link.daemon_client import DaemonSession
 from fastload._loading.order.plan import BatchSampler, SamplerPlan, ShuffledPlan
+from fastload._loading.order.sampling import RepeatCopies, RepeatedPlan, WeightedPlan, drawn_plan
 from fastload._loading.running.pipeline import Pipeline
 from fastload._loading.settings.position import Plan, recorded_settings, source_fingerprint
 from fastload._loading.settings.sanity import check_settings_sense
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.ring_plan import plan_ring
+from fastload.samplers import Sampler
 from fastload.sources._indexes.arrays import ArrayIndex
 from fastload.sources._indexes.sample_index import SampleIndex
 
@@ -43,15 +45,20 @@ class Assembly:
         self._session: DaemonSession | None = None
         self._num_samples = 0
         self._keep: np.ndarray | None = None  # the samples an `exclude=` list leaves in (None: all)
+        self._copies: RepeatCopies | None = None  # a RepeatedPlan's augmentation keys
         self._check_exclude(exclude)  # before a daemon session or an index is opened
         self._open_source()
-        self._exclude(exclude)
-        check_settings_sense(self._spec, self.classes, self._index, self._num_samples)
-        sized = hasattr(self._spec.dataset, "__len__")
-        total = self._num_samples or (len(self._spec.dataset) if sized else 0)
-        total = total if self._keep is None else len(self._keep)
-        self.skips = SkipAccount(spec.max_skipped, total) if spec.on_error == "skip" else None
-        self._plan = self._make_plan()
+        try:
+            self._exclude(exclude)
+            check_settings_sense(self._spec, self.classes, self._index, self._num_samples)
+            sized = hasattr(self._spec.dataset, "__len__")
+            total = self._num_samples or (len(self._spec.dataset) if sized else 0)
+            total = total if self._keep is None else len(self._keep)
+            self.skips = SkipAccount(spec.max_skipped, total) if spec.on_error == "skip" else None
+            self._plan = self._make_plan()
+        except BaseException:
+            self.close_session()  # the one a daemon opened above, not left to the garbage collector
+            raise
         self._fingerprint: dict[str, Any] | None = None  # the source's, for state_dict (computed once)
 
     @property
@@ -96,7 +103,9 @@ class Assembly:
         if self._spec.daemon is not None:
             session, self._session = self._session or self._connect(), None
         name_of = self._index.name if self._index is not None else None
-        return Pipeline(self._job, self._spec, session=session, name_of=name_of, skips=self.skips)
+        return Pipeline(
+            self._job, self._spec, session=session, name_of=name_of, skips=self.skips, copies=self._copies
+        )
 
     def settings(self) -> dict[str, Any]:
         """What a state's position depends on besides the seed, batch size, rank and world size
@@ -161,7 +170,10 @@ class Assembly:
 
     def _check_exclude(self, exclude: ExcludeArg) -> None:
         spec = self._spec
-        own_order = spec.sampler is None and spec.batch_sampler is None and not spec.iterable
+        own_order = (
+            (spec.sampler is None or isinstance(spec.sampler, Sampler)) and spec.batch_sampler is None
+            and not spec.iterable
+        )
         if exclude is not None and (spec.daemon is not None or not own_order):
             raise ConfigError(
                 "exclude= works on a loader's own order over a local source or a map-style Dataset: "
@@ -178,7 +190,7 @@ class Assembly:
         if self._keep is not None and isinstance(self._job, (ImageJob, DatasetJob)):
             self._job.keep = self._keep  # stand-ins for broken samples are drawn from those kept
 
-    def _make_plan(self) -> ShuffledPlan | SamplerPlan | IterablePlan:
+    def _make_plan(self) -> ShuffledPlan | WeightedPlan | RepeatedPlan | SamplerPlan | IterablePlan:
         spec = self._spec
         if spec.iterable:
             assert spec.batch_size is not None
@@ -186,6 +198,8 @@ class Assembly:
         if spec.batch_sampler is not None:
             return SamplerPlan(spec.batch_sampler)
         assert spec.batch_size is not None
+        if isinstance(spec.sampler, Sampler):
+            return self._drawn_plan(spec.sampler, spec.batch_size)
         if spec.sampler is not None:
             return SamplerPlan(BatchSampler(spec.sampler, spec.batch_size, spec.drop_last))
         return ShuffledPlan(
@@ -193,6 +207,28 @@ class Assembly:
             seed=spec.seed, rank=spec.rank, world_size=spec.world_size,
             block=spec.shuffle_block, window=spec.shuffle_window, keep=self._keep,
         )
+
+    def _drawn_plan(self, sampler: Sampler, batch_size: int) -> WeightedPlan | RepeatedPlan:
+        """The plan of a sampler of `fastload.samplers`; under repeats, their augmentation keys
+        handed to the job and to the trainer's stages (NOTE [augmentation of repeats])."""
+        spec = self._spec
+        targets = self._index.labels if self._index is not None else None
+        plan = drawn_plan(
+            sampler, num_samples=self._num_samples, targets=targets, batch_size=batch_size,
+            drop_last=spec.drop_last, seed=spec.seed, rank=spec.rank, world_size=spec.world_size,
+            keep=self._keep,
+        )
+        if isinstance(plan, RepeatedPlan):
+            if spec.decodes_in_trainer:
+                raise ConfigError(
+                    "RepeatedAugmentation gives each repeat of a sample its own augmentation, which "
+                    f"backend={spec.backend!r} on a GPU cannot yet (it keys a sample's draws by its "
+                    "index alone, NOTE [augmentation of repeats]): use backend='native' or 'pil'"
+                )
+            self._copies = plan.copies(self._num_samples)
+            if isinstance(self._job, ImageJob):
+                self._job.copies = self._copies
+        return plan
 
     def _connect(self) -> DaemonSession:
         assert self._spec.daemon is not None

@@ -27,6 +27,7 @@ from fastload._loading.settings.arguments import check_epoch
 from fastload._loading.settings.build import build_spec
 from fastload._loading.settings.position import Position, resume_point, state_of
 from fastload._metrics_seam import export_loader
+from fastload.samplers import Sampler
 from fastload.transforms import Transform
 
 
@@ -45,10 +46,9 @@ class FastLoader(ImageFolderAttributes):
     memory format unless `memory_format=torch.contiguous_format`; labels int64 (B,), or with
     MixUp/CutMix soft targets float (B, num_classes), or a multi-label source's float32 multi-hot
     rows. With `sample_ids=True` a third element, `SampleIds`, says which samples the batch holds
-    (their indices, and file names). `transform` is a list of
-    `fastload.transforms` (crops, colour, policies, RandomErasing, MixUp/CutMix: each runs where it
-    is cheapest, NOTE [transform stages]) or a torchvision pipeline of the ones fastload has
-    (`transforms.from_torchvision`), whose Normalize becomes `normalize`.
+    (their indices, and file names). `transform` is a list of `fastload.transforms` (crops, colour,
+    policies, RandomErasing, MixUp/CutMix: each runs where it is cheapest, NOTE [transform stages])
+    or a torchvision pipeline of those fastload has (`from_torchvision`): its Normalize is `normalize`.
     Dataset mode yields what `default_collate` would. Samples whose leaves are fixed-shape arrays,
     tensors or numbers are written straight into shared memory; anything else (strings, ragged
     shapes, or any `collate_fn`) is collated in the worker and pickled over the local socket,
@@ -58,12 +58,12 @@ class FastLoader(ImageFolderAttributes):
     yields its first batch, the next one runs the next epoch, unless `set_epoch` says which (an
     `iter()` never drawn from, like the one Lightning makes to check a loader, uses up none).
 
-    A `sampler` or `batch_sampler` of your own keeps its own epoch, as under DataLoader: the loader
-    never calls its `set_epoch`, so call it each epoch (DistributedSampler asks for that), or call
-    `loader.set_epoch`, which forwards to the batch_sampler, or else to its sampler, whichever has
-    `set_epoch`. `loader.sampler` and `loader.batch_sampler` are the ones you gave (else None), where
-    Lightning finds them to set their epoch. A sampler with an integer `epoch` attribute
-    (DistributedSampler's) also names the epoch whose random seeds the batches get.
+    A `sampler` of `fastload.samplers` (Weighted, ClassBalanced, RepeatedAugmentation) is a plan on a
+    source: its order from (seed, epoch, rank), resumed exactly, shared out by rank. A torch sampler
+    or `batch_sampler` of your own keeps its own epoch, as under DataLoader: the loader never calls
+    its `set_epoch` (call it, or `loader.set_epoch`, which forwards to the batch_sampler, else to its
+    sampler); `loader.sampler` and `loader.batch_sampler` are the ones you gave (else None), where
+    Lightning finds them. One with an integer `epoch` (DistributedSampler's) names the epoch.
 
     Folder-only options: `backend` picks the decoder: "native" (libjpeg-turbo, the default; Pillow
     where the extension is not built), "pil", or "dali" (NVIDIA DALI's CPU operators, in the same
@@ -117,7 +117,7 @@ class FastLoader(ImageFolderAttributes):
         dataset: str | os.PathLike[str] | torch.utils.data.Dataset[Any],
         batch_size: int | None = 1,
         shuffle: bool | None = None,
-        sampler: Iterable[int] | None = None,
+        sampler: Iterable[int] | Sampler | None = None,
         batch_sampler: Iterable[Sequence[int]] | None = None,
         num_workers: int | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,

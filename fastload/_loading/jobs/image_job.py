@@ -21,6 +21,7 @@ from fastload._loading.decoding.backend import SampleFailure, make_backend
 from fastload._loading.decoding.host_normalize import HostNormalizer
 from fastload._loading.jobs.contract import JobFailed, SourceJob, failure_of
 from fastload._loading.jobs.executor import Done, Task
+from fastload._loading.order.sampling import RepeatCopies
 from fastload._loading.slots.layout import BatchLayout
 from fastload._machine import run_delay_since, thread_run_delay_ns
 from fastload._sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
@@ -98,6 +99,7 @@ class ImageJob(SourceJob):
         self._normalizer: HostNormalizer | None = None  # made where the job runs (it holds a module)
         self._scratch: np.ndarray | None = None  # uint8 rows to decode into, before normalizing
         self._read_buffer = ReadBuffer()  # NOTE [read buffer]
+        self.copies: RepeatCopies | None = None  # a RepeatedPlan's keys (NOTE [augmentation of repeats])
         self._index_segment: Segment | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -133,6 +135,7 @@ class ImageJob(SourceJob):
             "batch_size": self.batch_size,
             "normalize": [list(v) for v in self.normalize] if self.normalize is not None else None,
             "on_error": self.on_error,
+            **({} if self.copies is None else {"copies": dataclasses.asdict(self.copies)}),
         }
 
     @classmethod
@@ -157,6 +160,8 @@ class ImageJob(SourceJob):
             on_error=str(config.get("on_error", "raise")),
         )
         job._index_segment = segment
+        copies = config.get("copies")
+        job.copies = None if copies is None else RepeatCopies(**{k: int(v) for k, v in copies.items()})
         return job
 
     def close(self) -> None:
@@ -202,17 +207,18 @@ class ImageJob(SourceJob):
         read_cpu, read_runq = time.process_time_ns() - cpu0, run_delay_since(runq0)
         net_bytes, net_wait, hits, misses = REMOTE_READS.since(remote0)
         t1 = time.perf_counter_ns()
-        rngs = sample_randoms(self.seed, task.epoch, indices)
+        keys = indices if self.copies is None else self.copies.keys(task.batch_index, task.row, indices)
+        rngs = sample_randoms(self.seed, task.epoch, keys)
         pixels = images[:n] if self.normalize is None else self._uint8_rows(n)
         try:
             self._backend.decode_batch(blobs, rngs, pixels)
         except SampleFailure as e:
             raise _Broken(e.position, e.__cause__ or e, "image", str(e)) from e
         t2 = time.perf_counter_ns()
-        self._run_stage(self._pixels, "pixel", pixels, task, indices)
+        self._run_stage(self._pixels, "pixel", pixels, task, indices, keys)
         if self.normalize is not None:
             self._normalize_into(pixels, images[:n])
-            self._run_stage(self._tensor, "tensor", images[:n], task, indices)
+            self._run_stage(self._tensor, "tensor", images[:n], task, indices, keys)
         labels[:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
         counters = BatchCounters(
@@ -250,14 +256,15 @@ class ImageJob(SourceJob):
         return indices
 
     def _run_stage(
-        self, stage: SampleProgram, name: str, rows: np.ndarray, task: Task, indices: np.ndarray
+        self, stage: SampleProgram, name: str, rows: np.ndarray, task: Task, indices: np.ndarray,
+        keys: np.ndarray,
     ) -> None:
-        """Run a stage of the chain in place on the rows of samples `indices`; a kernel's failure
-        is the task's, naming its first sample."""
+        """Run a stage of the chain in place on the rows of samples `indices`, its draws keyed by
+        `keys`; a kernel's failure is the task's, naming its first sample."""
         if not stage:
             return
         try:
-            stage.run_in_slot(rows, self.seed, task.epoch, indices)
+            stage.run_in_slot(rows, self.seed, task.epoch, keys)
         except Exception as e:
             what = f"the {name} transforms of the rows starting with image"
             first = int(indices[0])

@@ -10,7 +10,7 @@ largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
     trainer -> daemon                                daemon -> trainer
     hello  {dataset, transforms, backend, seed,      welcome {session, daemon_pid, slots,
             batch_size, prefetch, pid, rank,                 slot_bytes, layout, num_samples,
-            world_size[, source, on_error]}                  classes, workers}
+            world_size[, source, on_error, repeats]}         classes, workers}
     task   {seq, epoch, batch_index, slot, row}      done    {seq, count, read_ns, decode_ns,
            + indices                                          bytes, read_cpu_ns[, read_runq_ns,
                                                               augment_ns, net_bytes, net_wait_ns,
@@ -72,6 +72,7 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "world_size": _INT,
         "source": (str,),
         "on_error": (str,),
+        "repeats": _INT,  # RepeatedAugmentation's: NOTE [augmentation of repeats]
     },
     "task": {"seq": _INT, "epoch": _INT, "batch_index": _INT, "slot": (str,), "row": _INT},
     "grow": {},
@@ -125,7 +126,8 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
 _OPTIONAL: dict[str, frozenset[str]] = {
     "failed": frozenset({"exc_class"}),
     "done": frozenset({"skipped", *(wire_name(n, c) for n, c in declared() if not c.required)}),
-    "hello": frozenset({"source", "on_error"}),  # absent: an image folder; on_error="raise"
+    # absent: an image folder; on_error="raise"; no repeats
+    "hello": frozenset({"source", "on_error", "repeats"}),
     "status_reply": frozenset({"metrics", "totals"}),
 }
 

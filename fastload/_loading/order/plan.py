@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sized
 from numbers import Integral
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -35,7 +35,32 @@ def batch_seed(seed: int, epoch: int, batch_index: int) -> int:
     return int(state[0] >> np.uint64(1))
 
 
-class ShuffledPlan:
+@runtime_checkable
+class OwnOrder(Protocol):
+    """An epoch plan of fastload's own (`ShuffledPlan`, the samplers' plans in `sampling`): its
+    order a pure function of (seed, epoch, rank, world_size), so that it may be decoded ahead,
+    resumed at any batch without replaying the ones before, and counted in samples."""
+
+    batch_size: int
+
+    @property
+    def samples_per_rank(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def iter_batches(self, epoch: int, start: int = 0) -> Iterator[np.ndarray]: ...
+
+    def batches_under(self, batch_size: int, world_size: int, drop_last: bool) -> int:
+        """The batches an epoch of the same samples has under another batch layout."""
+        ...
+
+    def layout_bound(self) -> str | None:
+        """Why a position saved under another batch size or world size does not convert (None: it
+        does, NOTE [elastic resume] in `settings.resume`)."""
+        ...
+
+
+class ShuffledPlan(OwnOrder):
     """Every sample once per epoch, in batches; optionally shuffled from (seed, epoch).
 
     With `world_size > 1` this rank takes DistributedSampler's shard of the epoch's order: every
@@ -100,6 +125,17 @@ class ShuffledPlan:
         if self.drop_last:
             return self.samples_per_rank // self.batch_size
         return -(-self.samples_per_rank // self.batch_size)
+
+    def batches_under(self, batch_size: int, world_size: int, drop_last: bool) -> int:
+        layout = ShuffledPlan(
+            self.num_samples, batch_size, shuffle=False, drop_last=drop_last, seed=0, world_size=world_size
+        )
+        return len(layout)
+
+    def layout_bound(self) -> str | None:
+        if self.block is not None:
+            return "a block shuffle's order depends on both (windows of window x batch_size, per rank)"
+        return None
 
     def order(self, epoch: int) -> np.ndarray:
         """This rank's samples for `epoch`, in order."""

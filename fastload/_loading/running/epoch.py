@@ -184,7 +184,7 @@ class EpochIterator(Iterator[Any]):
                 self._on_empty(self._lane.epoch, samples)
         self._on_yield(self._lane.epoch, self._next_yield, samples)
         self._fill()
-        return pipe.deliver(outcome, self._lane.epoch, samples)
+        return pipe.deliver(outcome, self._lane.epoch, samples, self._next_yield - 1)
 
     def _end_stream(self, failed: np.ndarray) -> None:
         """An iterable stream's batch failed (its iterator raised, or it crashed or hung its

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from fastload._loading.jobs.iterable import IterablePlan
-from fastload._loading.order.plan import ShuffledPlan
+from fastload._loading.order.plan import OwnOrder
 from fastload._loading.order.read_ahead import ReadAhead, read_ahead
 from fastload._loading.running.epoch import EpochIterator, Lane
 from fastload._loading.running.pipeline import Pipeline
@@ -128,6 +128,6 @@ def _following(
     may not be iterated ahead of time) with workers that outlive the epoch: this process's
     pool, or a daemon session's window of slots (a draining daemon fails only the tasks it
     refuses, so the epoch under way still ends whole)."""
-    if not isinstance(plan, ShuffledPlan) or not persistent:
+    if not isinstance(plan, OwnOrder) or not persistent:
         return None
     return epoch + 1, functools.partial(plan.iter_batches, epoch + 1, 0)

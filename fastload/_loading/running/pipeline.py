@@ -38,6 +38,7 @@ from fastload._loading.jobs.executor import (
     Task,
     raise_failure,
 )
+from fastload._loading.order.sampling import RepeatCopies
 from fastload._loading.running.engine import Engine
 from fastload._loading.running.executors import RingSlots, make_executor
 from fastload._loading.running.in_flight import InFlightWindow
@@ -69,11 +70,14 @@ class Pipeline:
         session: RemoteExecutor | None = None,
         name_of: Callable[[int], str] | None = None,
         skips: SkipAccount | None = None,
+        copies: RepeatCopies | None = None,
     ) -> None:
         """Run `job` on local workers (or inline), or, given a daemon `session`, on the daemon's pool;
         `name_of` names a sample for `SampleIds` (with `spec.sample_ids`); `skips` takes the samples
-        on_error="skip" replaced (the loader's, kept across pipelines)."""
+        on_error="skip" replaced (the loader's, kept across pipelines); `copies` keys the trainer's
+        random draws of repeated samples (NOTE [augmentation of repeats] in `order.sampling`)."""
         self.spec = spec
+        self._copies = copies
         self._name_of = name_of
         self._skips = skips
         self.layout: BatchLayout | None = job.layout if job is not None else None
@@ -302,9 +306,10 @@ class Pipeline:
         if isinstance(outcome, tuple) and self.ring is not None:
             self.ring.release(outcome[0])
 
-    def deliver(self, outcome: Outcome, epoch: int, indices: np.ndarray | None) -> Any:
+    def deliver(self, outcome: Outcome, epoch: int, indices: np.ndarray | None, batch_index: int = 0) -> Any:
         """The user's batch from an outcome (`indices`: its samples, which key the random draws of
-        the transforms that run in this process), or the batch's error raised."""
+        the transforms that run in this process, with `batch_index` under repeats), or the batch's
+        error raised."""
         if isinstance(outcome, Failure):
             raise_failure(outcome)
         skipped = outcome.skipped if isinstance(outcome, Opaque) else outcome[2]
@@ -319,7 +324,10 @@ class Pipeline:
         else:
             assert self.delivery is not None
             slot, count, _ = outcome
-            batch = self.delivery.deliver(slot, count, (epoch, indices) if indices is not None else None)
+            keys = indices
+            if keys is not None and self._copies is not None:  # NOTE [augmentation of repeats]
+                keys = self._copies.keys(batch_index, 0, keys)
+            batch = self.delivery.deliver(slot, count, (epoch, keys) if keys is not None else None)
         if self.spec.sample_ids and indices is not None:
             return [*batch, SampleIds(indices, self._name_of)]
         return batch

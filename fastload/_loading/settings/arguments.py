@@ -75,7 +75,7 @@ def check_workers(
 def check_batching(
     batch_size: int | None,
     shuffle: bool | None,
-    sampler: Iterable[int] | None,
+    sampler: object,
     batch_sampler: Iterable[Sequence[int]] | None,
     drop_last: bool,
 ) -> None:
@@ -95,7 +95,7 @@ def check_batching(
 
 def check_iterable(
     shuffle: bool | None,
-    sampler: Iterable[int] | None,
+    sampler: object,
     batch_sampler: Iterable[Sequence[int]] | None,
     shuffle_block: int | None,
 ) -> None:

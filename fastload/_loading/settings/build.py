@@ -34,6 +34,7 @@ from fastload._loading.slots.delivery import ImageOutput
 from fastload._loading.slots.ring_plan import MAX_IN_FLIGHT
 from fastload._machine import usable_cores
 from fastload._metrics_seam import metrics_setting
+from fastload.samplers import Sampler
 from fastload.sources import Source, as_source
 from fastload.transforms import Transform, from_torchvision
 
@@ -43,7 +44,7 @@ def build_spec(
     *,
     batch_size: int | None,
     shuffle: bool | None,
-    sampler: Iterable[int] | None,
+    sampler: Iterable[int] | Sampler | None,
     batch_sampler: Iterable[Sequence[int]] | None,
     num_workers: int | None,
     collate_fn: Callable[[list[Any]], Any] | None,
@@ -86,9 +87,16 @@ def build_spec(
     check_mp_context(multiprocessing_context, num_workers)
     check_batching(batch_size, shuffle, sampler, batch_sampler, drop_last)
     check_seed(seed)
-    if is_source and (sampler is not None or batch_sampler is not None or collate_fn is not None):
+    if isinstance(sampler, Sampler) and not is_source:
         raise ConfigError(
-            "sampler, batch_sampler and collate_fn apply to Dataset inputs, not to folders and other sources"
+            f"samplers.{type(sampler).__name__} plans the order of a folder or another source; a Dataset "
+            "takes a torch sampler (torch.utils.data.WeightedRandomSampler, ...) as under DataLoader"
+        )
+    torch_sampler = sampler is not None and not isinstance(sampler, Sampler)
+    if is_source and (torch_sampler or batch_sampler is not None or collate_fn is not None):
+        raise ConfigError(
+            "sampler (but for fastload.samplers' plans), batch_sampler and collate_fn apply to Dataset "
+            "inputs, not to folders and other sources"
         )
     if not is_source and (daemon is not None or rank is not None or world_size is not None):
         raise ConfigError("daemon, rank and world_size apply to image folders and other sources")

@@ -15,14 +15,15 @@ import numpy as np
 
 from fastload._exclusion import digest as exclusion_digest
 from fastload._loading.jobs.iterable import IterablePlan
-from fastload._loading.order.plan import SamplerPlan, ShuffledPlan
+from fastload._loading.order.plan import OwnOrder, SamplerPlan
 from fastload._loading.settings.resume import STATE_VERSION, check_state, convert, fingerprint, plain
 from fastload._loading.settings.spec import LoaderSpec
+from fastload.samplers import Sampler
 from fastload.sources._indexes.arrays import ArrayIndex
 from fastload.sources._indexes.sample_index import SampleIndex
 from fastload.transforms import to_config
 
-Plan = ShuffledPlan | SamplerPlan | IterablePlan
+Plan = OwnOrder | SamplerPlan | IterablePlan
 
 
 class Position:
@@ -106,10 +107,11 @@ def source_fingerprint(
 def recorded_settings(spec: LoaderSpec, source: dict[str, Any], keep: np.ndarray | None) -> dict[str, Any]:
     """What a state's position depends on besides the seed, batch size, rank and world size."""
     transforms = None if spec.transform is None else plain(to_config(spec.transform))
+    sampler = {"sampler": plain(spec.sampler.to_config())} if isinstance(spec.sampler, Sampler) else {}
     return {
         "shuffle": spec.shuffle, "shuffle_block": spec.shuffle_block,
         "shuffle_window": spec.shuffle_window, "drop_last": spec.drop_last,
-        "source": source, "transforms": transforms, "excluded": exclusion_digest(keep),
+        "source": source, "transforms": transforms, "excluded": exclusion_digest(keep), **sampler,
     }
 
 
@@ -158,7 +160,7 @@ def epoch_batches(plan: Plan) -> int | None:
 def _samples_yielded(plan: Plan, batch_size: int | None, yielded: int) -> int | None:
     """This rank's samples delivered in the epoch after `yielded` batches (None when a
     user's batch_sampler makes the batches)."""
-    if isinstance(plan, ShuffledPlan):
+    if isinstance(plan, OwnOrder):
         return min(yielded * plan.batch_size, plan.samples_per_rank)
     if isinstance(plan, SamplerPlan) and batch_size is not None:
         return yielded * batch_size
@@ -168,10 +170,8 @@ def _samples_yielded(plan: Plan, batch_size: int | None, yielded: int) -> int | 
 def _not_convertible(plan: Plan, world_size: int) -> str | None:
     """Why this loader's plan cannot take a position from another batch size or world size
     (NOTE [elastic resume] in `resume`), or None."""
-    if isinstance(plan, ShuffledPlan):
-        if plan.block is not None:
-            return "a block shuffle's order depends on both (windows of window x batch_size, per rank)"
-        return None
+    if isinstance(plan, OwnOrder):
+        return plan.layout_bound()
     if isinstance(plan, SamplerPlan) and plan.user_sampler is not None:
         return None if world_size == 1 else "a sampler's order is its own"
     return "a batch_sampler's batches are not counted in samples"

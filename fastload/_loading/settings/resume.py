@@ -24,7 +24,7 @@ import numpy as np
 
 from fastload._errors import ConfigError
 from fastload._loading.jobs.iterable import IterablePlan
-from fastload._loading.order.plan import SamplerPlan, ShuffledPlan
+from fastload._loading.order.plan import OwnOrder, SamplerPlan
 from fastload._loading.settings.arguments import COUNT_LIMIT, SEED_LIMIT
 
 STATE_VERSION = 2  # 2: what the position depends on, and the position in samples
@@ -36,7 +36,10 @@ OLD_VERSIONS = (1,)  # {version, seed, epoch, batches_yielded}: still loaded, se
 # like, not which samples come next, and a run changes them between stages on purpose (progressive
 # resizing, a new augmentation strength). At an epoch's end the next epoch starts afresh under any
 # order settings, so only the source is matched there (`AT_EPOCH_END`): another dataset is a mistake.
-MATCHED = ("shuffle", "shuffle_block", "shuffle_window", "drop_last", "source", "excluded")
+# A state records `sampler` only under a sampler of `fastload.samplers` (its kind and parameters):
+# absent is no such sampler, so states saved without one keep their keys.
+MATCHED = ("shuffle", "shuffle_block", "shuffle_window", "drop_last", "source", "excluded", "sampler")
+_OPTIONAL = ("sampler",)
 AT_EPOCH_END = ("source",)
 
 
@@ -82,11 +85,11 @@ def check_settings(saved: dict[str, Any], current: dict[str, Any], *, epoch_over
     was over) that differs between the state and the loader."""
     changed = []
     for name in AT_EPOCH_END if epoch_over else MATCHED:
-        if name not in saved:
+        if name not in saved and name not in _OPTIONAL:
             continue
         if name == "shuffle_window" and saved.get("shuffle_block") is current.get("shuffle_block") is None:
             continue  # the window only orders a block shuffle
-        old, new = plain(saved[name]), plain(current[name])
+        old, new = plain(saved.get(name)), plain(current.get(name))
         if (not _same_source(old, new)) if name == "source" else old != new:
             show_old, show_new = _show(name, old), _show(name, new)
             if show_old == show_new:  # the same transform names: show their parameters
@@ -107,16 +110,17 @@ def _divisors(n: int, limit: int = 12) -> list[int]:
     return sorted({*small, *(n // d for d in small)})[:limit]
 
 
-# NOTE [elastic resume]: an unblocked plan (`ShuffledPlan` without `block`) orders the epoch
-# from (seed, epoch) alone, then deals it to the ranks interleaved (`order[rank::world]`) and each
-# rank into batches. With every rank at batch b (ranks of one run stay in step), the samples
-# delivered are exactly the first b * batch_size * world_size of the epoch's order, whichever
-# rank's state is loaded: so a state converts to any batch size B and world size W whose
-# B * W divides that count, resuming each rank at batch count / (B * W), which delivers the
-# rest of the order, each sample once, as MosaicML Streaming's elastic resumption does. A block
-# shuffle permutes windows of `window * batch_size` per rank (from the rank), so its order
-# depends on both: it does not convert. Within one (batch size, world size) a rank may load
-# another rank's state (a checkpoint saved by rank 0 alone): the count is the same on every rank.
+# NOTE [elastic resume]: an unblocked plan (`ShuffledPlan` without `block`, and the samplers'
+# plans in `order.sampling`) orders the epoch from (seed, epoch) alone, then deals it to the ranks
+# interleaved (`order[rank::world]`) and each rank into batches. With every rank at batch b (ranks
+# of one run stay in step), the samples delivered are exactly the first b * batch_size *
+# world_size of the epoch's order, whichever rank's state is loaded: so a state converts to any
+# batch size B and world size W whose B * W divides that count, resuming each rank at batch count
+# / (B * W), which delivers the rest of the order, each sample once, as MosaicML Streaming's
+# elastic resumption does. A block shuffle permutes windows of `window * batch_size` per rank
+# (from the rank), so its order depends on both: it does not convert. Within one (batch size,
+# world size) a rank may load another rank's state (a checkpoint saved by rank 0 alone): the count
+# is the same on every rank.
 def convert(
     saved: dict[str, Any],
     *,
@@ -245,6 +249,11 @@ def _check_types(state: dict[str, Any], streams: int | None) -> None:
         raise _refuse("transforms", transforms, "None or a list of transform configurations")
     if state["excluded"] is not None and not isinstance(state["excluded"], str):
         raise _refuse("excluded", state["excluded"], "None or the digest of an exclusion")
+    sampler = state.get("sampler", {})
+    if not (isinstance(sampler, dict) and all(
+        isinstance(k, str) and (v is None or type(v) in (str, int, bool)) for k, v in sampler.items()
+    )):
+        raise _refuse("sampler", sampler, "a sampler's description (state_dict()'s)")
     if streams is not None:
         counts = state["stream_batches"]
         if not (
@@ -277,7 +286,7 @@ def _keys(state: dict[str, Any], streams: int | None) -> None:
     want = set(_POSITION)
     if version == STATE_VERSION:
         want |= {*_SETTINGS, *(_STREAMED if streams is not None else _PLANNED)}
-    unknown = sorted(map(repr, set(state) - want))
+    unknown = sorted(map(repr, set(state) - want - (set(_OPTIONAL) if version == STATE_VERSION else set())))
     missing = sorted(want - set(state))
     if unknown or missing:
         kind = "an IterableDataset's" if streams is not None else "a"
@@ -293,13 +302,10 @@ def _epoch_length(state: dict[str, Any], plan: Any, excluded: str | None) -> int
     """The batches an epoch of `plan`'s samples has under the state's batch layout (batch_size,
     world_size, drop_last), or None where that is not known here."""
     batch_size, drop_last, world_size = state["batch_size"], state["drop_last"], state["world_size"]
-    if isinstance(plan, ShuffledPlan):
+    if isinstance(plan, OwnOrder):
         if batch_size is None or state["excluded"] != excluded:  # other samples: their count is not here
             return None
-        layout = ShuffledPlan(
-            plan.num_samples, batch_size, shuffle=False, drop_last=drop_last, seed=0, world_size=world_size
-        )
-        return len(layout)
+        return plan.batches_under(batch_size, world_size, drop_last)
     if isinstance(plan, SamplerPlan):
         sampler, batch_sampler = plan.user_sampler, plan.user_batch_sampler
         if isinstance(sampler, Sized) and batch_size is not None:

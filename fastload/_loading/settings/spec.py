@@ -21,6 +21,7 @@ from fastload._augment.registry import check_kernels
 from fastload._bad_samples import DEFAULT_MAX_SKIPPED
 from fastload._errors import ConfigError
 from fastload._loading.slots.delivery import ImageOutput
+from fastload.samplers import RepeatedAugmentation, Sampler
 from fastload.sources import ImageFolder, Source
 from fastload.transforms import Transform, TransformPlan, compile_transforms, to_config
 
@@ -43,7 +44,7 @@ class LoaderSpec:
     shuffle_block: int | None  # a block shuffle's run length (NOTE [block shuffle] in `plan`)
     shuffle_window: int  # batches a block shuffle mixes together
     drop_last: bool
-    sampler: Iterable[int] | None
+    sampler: Iterable[int] | Sampler | None  # a torch sampler, or a plan's description (`samplers`)
     batch_sampler: Iterable[Sequence[int]] | None
     seed: int
     rank: int
@@ -184,6 +185,7 @@ class LoaderSpec:
             # A folder is its path alone (what every daemon understands); other sources describe themselves.
             **({} if _plain_folder(self.source) else {"source": self.source.resolved().to_json()}),
             **({"on_error": self.on_error} if self.on_error != "raise" else {}),  # what older daemons know
+            **({"repeats": self.sampler.repeats} if isinstance(self.sampler, RepeatedAugmentation) else {}),
         }
 
 
