@@ -20,6 +20,7 @@ from fastload._loading.jobs.dataset_job import DatasetJob
 from fastload._loading.jobs.image_job import ImageJob
 from fastload._loading.jobs.iterable import IterableJob, IterablePlan
 from fastload._loading.link.daemon_client import DaemonSession
+from fastload._loading.order.mixture import MixturePlan
 from fastload._loading.order.plan import BatchSampler, SamplerPlan, ShuffledPlan
 from fastload._loading.running.pipeline import Pipeline
 from fastload._loading.settings.position import Plan, recorded_settings, source_fingerprint
@@ -27,6 +28,7 @@ from fastload._loading.settings.sanity import check_settings_sense
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.ring_plan import plan_ring
 from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.mixed import MixIndex
 from fastload.sources._indexes.sample_index import SampleIndex
 
 
@@ -96,13 +98,18 @@ class Assembly:
         if self._spec.daemon is not None:
             session, self._session = self._session or self._connect(), None
         name_of = self._index.name if self._index is not None else None
-        return Pipeline(self._job, self._spec, session=session, name_of=name_of, skips=self.skips)
+        source_of = self._index.source_of if isinstance(self._index, MixIndex) else None
+        return Pipeline(
+            self._job, self._spec, session=session, name_of=name_of, source_of=source_of, skips=self.skips
+        )
 
     def settings(self) -> dict[str, Any]:
         """What a state's position depends on besides the seed, batch size, rank and world size
         (`position.recorded_settings`), with the source's fingerprint computed once."""
         if self._fingerprint is None:
             self._fingerprint = source_fingerprint(self._spec, self._index, self._num_samples, self.classes)
+            if isinstance(self._plan, MixturePlan):  # its shares order the epoch too
+                self._fingerprint["mixture"] = self._plan.recipe()
         return recorded_settings(self._spec, self._fingerprint, self._keep)
 
     def close_session(self) -> None:
@@ -186,12 +193,34 @@ class Assembly:
         if spec.batch_sampler is not None:
             return SamplerPlan(spec.batch_sampler)
         assert spec.batch_size is not None
+        if isinstance(self._index, MixIndex):
+            return self._mixture_plan(self._index)
         if spec.sampler is not None:
             return SamplerPlan(BatchSampler(spec.sampler, spec.batch_size, spec.drop_last))
         return ShuffledPlan(
             self._num_samples, spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last,
             seed=spec.seed, rank=spec.rank, world_size=spec.world_size,
             block=spec.shuffle_block, window=spec.shuffle_window, keep=self._keep,
+        )
+
+    def _mixture_plan(self, index: MixIndex) -> MixturePlan:
+        """A Mix's own order (NOTE [a mixture's epoch]); what would replace or reorder it is refused."""
+        spec = self._spec
+        assert spec.batch_size is not None
+        # (A source takes no sampler: `build_spec` refuses one.)
+        other = [
+            name
+            for name, given in (("shuffle_block", spec.shuffle_block), ("exclude", self._keep))
+            if given is not None
+        ]
+        if other:
+            raise ConfigError(
+                f"a Mix orders its own epoch from its weights and epoch_size, so {', '.join(other)} "
+                "cannot apply to it: leave it out (leave excluded samples out of the Mix's sources)"
+            )
+        return MixturePlan(
+            index.sizes, index.counts, spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last,
+            seed=spec.seed, rank=spec.rank, world_size=spec.world_size,
         )
 
     def _connect(self) -> DaemonSession:

@@ -69,12 +69,15 @@ class Pipeline:
         session: RemoteExecutor | None = None,
         name_of: Callable[[int], str] | None = None,
         skips: SkipAccount | None = None,
+        source_of: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         """Run `job` on local workers (or inline), or, given a daemon `session`, on the daemon's pool;
-        `name_of` names a sample for `SampleIds` (with `spec.sample_ids`); `skips` takes the samples
-        on_error="skip" replaced (the loader's, kept across pipelines)."""
+        `name_of` names a sample and `source_of` says a Mix's child of each, for `SampleIds` (with
+        `spec.sample_ids`); `skips` takes the samples on_error="skip" replaced (the loader's, kept
+        across pipelines)."""
         self.spec = spec
         self._name_of = name_of
+        self._source_of = source_of
         self._skips = skips
         self.layout: BatchLayout | None = job.layout if job is not None else None
         self.ring: Ring | None = None
@@ -321,7 +324,7 @@ class Pipeline:
             slot, count, _ = outcome
             batch = self.delivery.deliver(slot, count, (epoch, indices) if indices is not None else None)
         if self.spec.sample_ids and indices is not None:
-            return [*batch, SampleIds(indices, self._name_of)]
+            return [*batch, SampleIds(indices, self._name_of, self._source_of)]
         return batch
 
     def grow_if_starved(self, ready_count: int) -> bool:
