@@ -26,6 +26,7 @@ from fastload._errors import ConfigError, DatasetError
 from fastload._loading.order.mixture import MixturePlan
 from fastload.sources import HDF5, FileList, ImageFolder, Mix, Source, TarShards, pack
 from fastload.sources._formats.mix import shares
+from fastload.sources._indexes.sample_index import ReadFailure
 
 # chi-square critical values at p = 0.001: a deterministic seed either passes or fails for good,
 # and a correct mixture fails one check in a thousand seeds.
@@ -303,3 +304,24 @@ def test_a_daemon_and_other_orders_are_refused(children: list[Source]) -> None:
     ):
         with pytest.raises(ConfigError, match=f"a Mix orders its own epoch .* so {name} cannot apply"):
             _loader(_mix(children), 0, **kw)
+
+
+def test_reads_are_routed_to_each_child_and_a_failure_names_its_place(
+    children: list[Source], tmp_path: Path
+) -> None:
+    copy = ImageFolder(str(build_folder(tmp_path / "copy", 2, 3, seed=6)))
+    index = Mix([children[1], copy]).open()
+    batch = np.array([12 + 4, 3, 12 + 0, 11])
+    blobs = index.read(batch)
+    packed, folder = children[1].open(), copy.open()
+    assert [bytes(b) for b in blobs] == [
+        folder.read_sample(4), packed.read_sample(3), folder.read_sample(0), packed.read_sample(11)
+    ]
+    assert index.source_of(batch).tolist() == [1, 0, 1, 0]
+    files = {f.path: f.what for f in index.files_read()}
+    assert files[folder.path(2)] == "source 1: sample 2's file" and len(files) == 6 + 1  # a pack: 1 data file
+    assert next(f.what for f in Mix([copy]).files_before_open()) == "source 0: its root"
+    Path(folder.path(0)).unlink()
+    with pytest.raises(ReadFailure) as failure:
+        index.read(batch)
+    assert failure.value.position == 2  # the batch's, not the child's group's

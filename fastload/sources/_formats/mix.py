@@ -85,7 +85,7 @@ class Mix(Source, kind="mix"):
     def files_before_open(self) -> Iterator[FileToOpen]:
         for k, child in enumerate(self.sources):
             for f in child.files_before_open():
-                yield dataclasses.replace(f, what=f"source {k}'s {f.what}")
+                yield dataclasses.replace(f, what=f"source {k}: {f.what}")
 
     def check_served_by_daemon(self) -> None:
         raise ConfigError(

@@ -103,11 +103,11 @@ class MixIndex:
         return files
 
     def files_read(self) -> Iterator[FileRead]:
-        """The union of the children's (each child's own description, prefixed by its position)."""
+        """The union of the children's (each child's own description after its position, `source K: ...`)."""
         for k, child in enumerate(self.children):
             if isinstance(child, _ReadsFiles):
                 for read in child.files_read():
-                    yield FileRead(read.path, f"source {k}'s {read.what}")
+                    yield FileRead(read.path, f"source {k}: {read.what}")
 
     def close(self) -> None:
         """Let go of what each child opened in this process (an HDF5 file's handle, shard fds)."""
