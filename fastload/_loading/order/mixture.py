@@ -4,16 +4,20 @@ from (seed, epoch) alone.
 NOTE [a mixture's epoch]: an epoch holds `counts[k]` samples of child k (the mix's exact shares,
 `sources._formats.mix.shares`: the same every epoch, adding up to the epoch size). Child k's
 samples are read from its own endless stream: its permutation for cycle 0, then for cycle 1, ...
-(each a permutation of its `sizes[k]` samples from (seed, k, cycle); storage order without
-shuffle). Epoch e takes positions [e * counts[k], (e + 1) * counts[k]) of that stream, so within
-a cycle no sample repeats, a small child goes round again on a fresh permutation, and a large
-one is not re-read until every sample has been drawn once. The epoch's draws of all children
-are then interleaved: a uniform permutation from (seed, epoch) with shuffle (any stretch of
-the epoch holds each child in its proportion, within sampling error), or evenly spaced without.
-Every piece is a pure function of (seed, epoch), so a resumed or re-run epoch is the same; the
-epoch's order is dealt to the ranks exactly as `ShuffledPlan`'s is (DistributedSampler's rule:
-every rank the same samples and batches; `order[rank::world]`), which is why `MixturePlan` is a
-`ShuffledPlan` (its counts, resume checks and elastic conversion hold as they are).
+(each a permutation of its `sizes[k]` samples from (seed, k, cycle), a small child's cycles
+drawn ~64 Ki samples at a time; storage order without shuffle). Epoch e takes positions
+[e * counts[k], (e + 1) * counts[k]) of that stream, so within a cycle no sample repeats, a
+small child goes round again on a fresh permutation, and a large one is not re-read until every
+sample has been drawn once (an epoch that spans the end of a cycle may hold a sample twice: once
+from each cycle). The epoch's draws of all children are then interleaved: a uniform permutation
+from (seed, epoch) with shuffle (any stretch of the epoch holds each child in its proportion,
+within sampling error), or evenly spaced without. Every piece is a pure function of (seed,
+epoch), so a resumed or re-run epoch is the same; the epoch's order is dealt to the ranks
+exactly as `ShuffledPlan`'s is (DistributedSampler's rule: every rank the same samples and
+batches; `order[rank::world]`), which is why `MixturePlan` is a `ShuffledPlan` (its counts,
+resume checks, elastic conversion and the next epoch decoded ahead hold as they are). A state
+records the mix's sizes and shares (`recipe`) in its source's fingerprint: it is not resumed
+under other weights or another epoch size.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from fastload._loading.order.plan import ShuffledPlan
 
 _CHILD_STREAM = 0x31C  # a child's permutation for one cycle through it
 _INTERLEAVE_STREAM = 0x31D  # the epoch's interleaving of its children's draws
+_GROUP_SAMPLES = 1 << 16  # a small child's cycles are drawn this many samples at a time
 
 
 class MixturePlan(ShuffledPlan):
@@ -87,11 +92,16 @@ class MixturePlan(ShuffledPlan):
         first, end = epoch * c, (epoch + 1) * c
         if not self.shuffle:
             return np.arange(first, end, dtype=np.int64) % n
-        cycles = range(first // n, (end - 1) // n + 1)
-        stream = np.concatenate([self._permutation(k, cycle) for cycle in cycles])
-        skip = first - cycles[0] * n
+        per_group = max(1, _GROUP_SAMPLES // n)  # cycles whose permutations are drawn together
+        groups = range(first // n // per_group, (end - 1) // n // per_group + 1)
+        stream = np.concatenate([self._permutations(k, group, per_group) for group in groups])
+        skip = first - groups[0] * per_group * n
         return stream[skip : skip + c]
 
-    def _permutation(self, k: int, cycle: int) -> np.ndarray:
-        seq = np.random.SeedSequence([self.seed, k, cycle, _CHILD_STREAM])
-        return np.random.Generator(np.random.PCG64(seq)).permutation(self.sizes[k]).astype(np.int64)
+    def _permutations(self, k: int, group: int, per_group: int) -> np.ndarray:
+        """Child k's permutations for cycles [group * per_group, (group + 1) * per_group), end to
+        end: one draw for many cycles of a small child (a 10-sample child with a million-sample
+        share is 100,000 cycles an epoch), the same whichever epoch asks."""
+        seq = np.random.SeedSequence([self.seed, k, group, _CHILD_STREAM])
+        rows = np.broadcast_to(np.arange(self.sizes[k], dtype=np.int64), (per_group, self.sizes[k]))
+        return np.random.Generator(np.random.PCG64(seq)).permuted(rows, axis=1).reshape(-1)
