@@ -5,8 +5,8 @@ in proportion within sampling error (chi-square), each child drawn without repla
 its own permutations across epochs, a pure function of (seed, epoch), ranks dealt equal counts
 and disjoint samples. Then end to end through `FastLoader` over a folder, a pack and tar shards:
 the same batches for 0 and 2 workers, exact and elastic resume, `sample_ids` naming each
-sample's source, classes, and every refusal (targets of another kind, bad weights, a daemon, a
-sampler, ...).
+sample's source, classes, reads routed to each child (and read ahead from a remote one), and
+every refusal (targets of another kind, bad weights, a daemon, a block shuffle, ...).
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 import torch
 from helpers import build_folder, write_tar_shards
+from remote_helpers import range_http_server
 
 from fastload import FastLoader
 from fastload import transforms as T
 from fastload._errors import ConfigError, DatasetError
 from fastload._loading.order.mixture import MixturePlan
-from fastload.sources import HDF5, FileList, ImageFolder, Mix, Source, TarShards, pack
+from fastload.sources import HDF5, FileList, ImageFolder, Mix, Packed, Source, TarShards, pack
 from fastload.sources._formats.mix import shares
-from fastload.sources._indexes.sample_index import ReadFailure
+from fastload.sources._indexes.sample_index import ReadFailure, remote_reads
 
 # chi-square critical values at p = 0.001: a deterministic seed either passes or fails for good,
 # and a correct mixture fails one check in a thousand seeds.
@@ -325,3 +326,23 @@ def test_reads_are_routed_to_each_child_and_a_failure_names_its_place(
     with pytest.raises(ReadFailure) as failure:
         index.read(batch)
     assert failure.value.position == 2  # the batch's, not the child's group's
+
+
+def test_a_mix_reads_ahead_through_its_remote_children(
+    children: list[Source], image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "cache"))  # the default cache, this test's
+    pack(image_folder, tmp_path / "served" / "pack", progress=False)
+    assert remote_reads(Mix(children).open()) is None  # all local
+    with range_http_server(tmp_path / "served") as base:
+        remote = Packed(f"{base}/pack")
+        index = Mix([children[0], remote]).open()
+        alone = remote.open()
+        assert remote_reads(index) is index and index.node_cache() is alone.node_cache()
+        assert index.remote_bytes == alone.remote_bytes
+        assert index.remote_chunk_count == alone.remote_chunk_count
+        assert index.remote_chunks(np.arange(24)) == []  # the folder's samples
+        assert index.remote_chunks(np.arange(24, 48)) == alone.remote_chunks(np.arange(24))
+        with _loader(Mix([children[0], remote], weights=[1, 1], epoch_size=16), 0) as loader:
+            sources_seen = torch.cat([ids.sources for _, _, ids in loader])
+        assert torch.bincount(sources_seen).tolist() == [8, 8]

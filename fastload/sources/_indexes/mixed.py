@@ -6,19 +6,31 @@ samples by child, reads each group through the child's own index (so a pack is s
 ranges, a folder by files), and puts the bytes back in the batch's order. Targets are each
 child's own (class indices are not merged: NOTE [a mix's labels] in `_formats/mix.py`).
 The order of an epoch (which child's samples, how many) is the loader's `MixturePlan`
-(`_loading/order/mixture.py`), from `sizes` and `counts` here.
+(`_loading/order/mixture.py`), from `sizes` and `counts` here. It is `RemoteCapable` through
+its remote children (NOTE [a mix's remote reads]).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from fastload._shm import Segment
-from fastload.sources._indexes.sample_index import FileRead, ReadBuffer, ReadFailure, SampleIndex
+from fastload.sources._indexes.sample_index import (
+    FileRead,
+    ReadBuffer,
+    ReadFailure,
+    RemoteCapable,
+    SampleIndex,
+    remote_reads,
+)
+
+if TYPE_CHECKING:
+    from fastload.sources._storage.node_cache import NodeCache
+    from fastload.sources._storage.remote_file import RemoteFile
 
 
 @runtime_checkable
@@ -108,6 +120,45 @@ class MixIndex:
             if isinstance(child, _ReadsFiles):
                 for read in child.files_read():
                     yield FileRead(read.path, f"source {k}: {read.what}")
+
+    # NOTE [a mix's remote reads]: the loader reads ahead through one node cache (`ReadAhead`) and
+    # checks a full shuffle against one cache's limit. A mix is remote when any child is; its
+    # remote bytes and chunks are those of the children read through the first remote child's
+    # cache (a child with its own cache_dir or cache_limit is read on demand by its workers, not
+    # read ahead, and left out of the check).
+    def _remote_children(self) -> list[tuple[int, RemoteCapable]]:
+        """(position, child) of each remote child read through the first one's node cache."""
+        remote = [(k, r) for k, child in enumerate(self.children) if (r := remote_reads(child)) is not None]
+        return [(k, r) for k, r in remote if r.node_cache() is remote[0][1].node_cache()]
+
+    @property
+    def remote(self) -> bool:
+        return bool(self._remote_children())
+
+    @property
+    def remote_bytes(self) -> int:
+        return sum(r.remote_bytes for _, r in self._remote_children())
+
+    @property
+    def remote_chunk_count(self) -> int:
+        return sum(r.remote_chunk_count for _, r in self._remote_children())
+
+    def remote_chunks(self, indices: np.ndarray) -> list[tuple[RemoteFile, int]]:
+        indices = np.asarray(indices, dtype=np.int64)
+        which = self.source_of(indices)
+        chunks: list[tuple[RemoteFile, int]] = []
+        for k, child in self._remote_children():
+            mine = indices[which == k] - self.offsets[k]
+            if len(mine):
+                chunks += child.remote_chunks(mine)
+        return chunks
+
+    def node_cache(self) -> NodeCache:
+        """The first remote child's node cache (ValueError when no child is remote)."""
+        remote = self._remote_children()
+        if not remote:
+            raise ValueError("no source of this mix is remote: it reads through no node cache")
+        return remote[0][1].node_cache()
 
     def close(self) -> None:
         """Let go of what each child opened in this process (an HDF5 file's handle, shard fds)."""
