@@ -142,7 +142,11 @@ def _mix(children: list[Source], **kw: Any) -> Mix:
 
 def _loader(source: Source, workers: int, **kw: Any) -> FastLoader:
     options: dict[str, Any] = {
-        "batch_size": 8, "shuffle": True, "seed": 5, "device": "cpu", "sample_ids": True,
+        "batch_size": 8,
+        "shuffle": True,
+        "seed": 5,
+        "device": "cpu",
+        "sample_ids": True,
         "transform": [T.RandomResizedCrop(16), T.RandomHorizontalFlip()],
     }
     options.update(kw)
@@ -316,7 +320,10 @@ def test_reads_are_routed_to_each_child_and_a_failure_names_its_place(
     blobs = index.read(batch)
     packed, folder = children[1].open(), copy.open()
     assert [bytes(b) for b in blobs] == [
-        folder.read_sample(4), packed.read_sample(3), folder.read_sample(0), packed.read_sample(11)
+        folder.read_sample(4),
+        packed.read_sample(3),
+        folder.read_sample(0),
+        packed.read_sample(11),
     ]
     assert index.source_of(batch).tolist() == [1, 0, 1, 0]
     files = {f.path: f.what for f in index.files_read()}

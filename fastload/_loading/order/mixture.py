@@ -52,8 +52,13 @@ class MixturePlan(ShuffledPlan):
         world_size: int = 1,
     ) -> None:
         super().__init__(
-            int(sum(counts)), batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
-            rank=rank, world_size=world_size,
+            int(sum(counts)),
+            batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
         )
         self.sizes = tuple(int(n) for n in sizes)
         self.counts = tuple(int(c) for c in counts)
