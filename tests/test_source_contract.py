@@ -37,6 +37,7 @@ from fastload.sources import (
     HDF5,
     FileList,
     ImageFolder,
+    Mix,
     Naming,
     Source,
     TarShards,
@@ -51,6 +52,8 @@ from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._indexes.sample_index import PathIndex
 
 KINDS = ["folder", "file_list", "tar", "packed", "hdf5"]  # with the images below: every kind of the package
+# Kinds made of other sources, named by no plain path: their behaviour has its own tests (tests/test_mix.py).
+COMPOSED = {"mix": lambda tmp: Mix([str(tmp / "a.tar"), str(tmp / "b.csv")], weights=[2, 1], epoch_size=9)}
 DECLARED = sorted(source_kinds())  # at collection: the package's kinds and any a test module declares
 TF = [T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.ColorJitter(0.3, 0.3)]
 
@@ -190,7 +193,14 @@ def test_imagefolders_attributes_mean_the_same_for_every_kind(
 
 def test_the_behaviour_above_covers_every_kind_of_the_package() -> None:
     package = {k for k, cls in source_kinds().items() if cls.__module__.startswith("fastload.")}
-    assert package == set(KINDS), "give the contract above an instance of every kind of the package"
+    assert package == set(KINDS) | set(COMPOSED), "give the contract above an instance of every package kind"
+
+
+def _example(kind: str, tmp_path: Path) -> Source:
+    """A source of `kind`: by a plain path that means it, or, for a composed kind, its example."""
+    if kind in COMPOSED:
+        return COMPOSED[kind](tmp_path)
+    return as_source(_named_path(source_kinds()[kind], tmp_path))
 
 
 def _named_path(cls: type[Source], tmp_path: Path) -> str:
@@ -212,7 +222,8 @@ def _named_path(cls: type[Source], tmp_path: Path) -> str:
 def test_a_kind_is_declared_completely(kind: str) -> None:
     cls = source_kinds()[kind]
     assert issubclass(cls, Source) and cls.kind == kind
-    assert isinstance(cls.named_by, Naming) and not cls.named_by.empty, f"{kind}: no plain path means it"
+    assert isinstance(cls.named_by, Naming)
+    assert (kind in COMPOSED) == cls.named_by.empty, f"{kind}: no plain path means it"
     fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for declared in (cls.path_fields, cls.quiet_defaults, cls.size_fields, cls.machine_fields):
         assert set(declared) <= fields, f"{kind}: {set(declared) - fields} are not fields"
@@ -245,7 +256,7 @@ def test_each_form_it_declares_resolves_back_to_it(kind: str, tmp_path: Path) ->
 
 @pytest.mark.parametrize("kind", DECLARED)
 def test_its_config_round_trips(kind: str, tmp_path: Path) -> None:
-    source = as_source(_named_path(source_kinds()[kind], tmp_path))
+    source = _example(kind, tmp_path)
     assert source.kind == kind
     assert source_from_config(json.loads(source.to_json())) == source
     assert source.resolved() == source  # a plain path is made absolute by `as_source`
@@ -253,8 +264,8 @@ def test_its_config_round_trips(kind: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", DECLARED)
 def test_a_kind_a_daemon_serves_names_the_files_it_opens(kind: str, tmp_path: Path) -> None:
-    path = _named_path(source_kinds()[kind], tmp_path)
-    source = as_source(path)
+    path = "" if kind in COMPOSED else _named_path(source_kinds()[kind], tmp_path)
+    source = as_source(path) if path else _example(kind, tmp_path)
     if not source.served_by_daemon:
         with pytest.raises(ConfigError, match="a daemon does not serve"):
             source.check_served_by_daemon()

@@ -20,6 +20,7 @@ from fastload._loading.jobs.dataset_job import DatasetJob
 from fastload._loading.jobs.image_job import ImageJob
 from fastload._loading.jobs.iterable import IterableJob, IterablePlan
 from fastload._loading.link.daemon_client import DaemonSession
+from fastload._loading.order.mixture import MixturePlan
 from fastload._loading.order.plan import BatchSampler, SamplerPlan, ShuffledPlan
 from fastload._loading.order.sampling import RepeatCopies, RepeatedPlan, WeightedPlan, drawn_plan
 from fastload._loading.running.pipeline import Pipeline
@@ -29,6 +30,7 @@ from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.ring_plan import plan_ring
 from fastload.samplers import Sampler
 from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.mixed import MixIndex
 from fastload.sources._indexes.sample_index import SampleIndex
 
 
@@ -103,8 +105,10 @@ class Assembly:
         if self._spec.daemon is not None:
             session, self._session = self._session or self._connect(), None
         name_of = self._index.name if self._index is not None else None
+        source_of = self._index.source_of if isinstance(self._index, MixIndex) else None
         return Pipeline(
-            self._job, self._spec, session=session, name_of=name_of, skips=self.skips, copies=self._copies
+            self._job, self._spec, session=session, name_of=name_of, source_of=source_of, skips=self.skips,
+            copies=self._copies,
         )
 
     def settings(self) -> dict[str, Any]:
@@ -112,6 +116,8 @@ class Assembly:
         (`position.recorded_settings`), with the source's fingerprint computed once."""
         if self._fingerprint is None:
             self._fingerprint = source_fingerprint(self._spec, self._index, self._num_samples, self.classes)
+            if isinstance(self._plan, MixturePlan):  # its shares order the epoch too
+                self._fingerprint["mixture"] = self._plan.recipe()
         return recorded_settings(self._spec, self._fingerprint, self._keep)
 
     def close_session(self) -> None:
@@ -198,6 +204,8 @@ class Assembly:
         if spec.batch_sampler is not None:
             return SamplerPlan(spec.batch_sampler)
         assert spec.batch_size is not None
+        if isinstance(self._index, MixIndex):
+            return self._mixture_plan(self._index)
         if isinstance(spec.sampler, Sampler):
             return self._drawn_plan(spec.sampler, spec.batch_size)
         if spec.sampler is not None:
@@ -229,6 +237,27 @@ class Assembly:
             if isinstance(self._job, ImageJob):
                 self._job.copies = self._copies
         return plan
+
+    def _mixture_plan(self, index: MixIndex) -> MixturePlan:
+        """A Mix's own order (NOTE [a mixture's epoch]); what would replace or reorder it is refused."""
+        spec = self._spec
+        assert spec.batch_size is not None
+        other = [
+            name
+            for name, given in (
+                ("shuffle_block", spec.shuffle_block), ("exclude", self._keep), ("sampler", spec.sampler)
+            )
+            if given is not None
+        ]
+        if other:
+            raise ConfigError(
+                f"a Mix orders its own epoch from its weights and epoch_size, so {', '.join(other)} "
+                "cannot apply to it: leave it out (leave excluded samples out of the Mix's sources)"
+            )
+        return MixturePlan(
+            index.sizes, index.counts, spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last,
+            seed=spec.seed, rank=spec.rank, world_size=spec.world_size,
+        )
 
     def _connect(self) -> DaemonSession:
         assert self._spec.daemon is not None

@@ -6,6 +6,7 @@
     FastLoader(sources.FileList("tags.tsv", multi_label=True))  # multi-hot targets
     FastLoader(sources.HDF5("train.h5", data="x", labels="y"))  # encoded images, or arrays as stored
     FastLoader(sources.TarShards("shards/train-{000000..000099}.tar"))  # WebDataset shards
+    FastLoader(sources.Mix(["data/a", "packed/b"], weights=[0.7, 0.3]))  # sampled in set proportions
     sources.pack("data/train", "packed/train")                  # or `fastload pack SRC DST`
     FastLoader("packed/train")                                  # large files, sequential reads
 
@@ -29,6 +30,7 @@ from fastload.sources._base import (
 from fastload.sources._formats.file_list import FileList
 from fastload.sources._formats.folder import ImageFolder
 from fastload.sources._formats.hdf5 import HDF5
+from fastload.sources._formats.mix import Mix
 from fastload.sources._formats.packed import Packed
 from fastload.sources._formats.tar import TarShards
 from fastload.sources._packing.writer import pack
@@ -39,6 +41,7 @@ __all__ = [
     "FileList",
     "FileToOpen",
     "ImageFolder",
+    "Mix",
     "Naming",
     "Packed",
     "Source",

@@ -71,14 +71,17 @@ class Pipeline:
         name_of: Callable[[int], str] | None = None,
         skips: SkipAccount | None = None,
         copies: RepeatCopies | None = None,
+        source_of: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         """Run `job` on local workers (or inline), or, given a daemon `session`, on the daemon's pool;
-        `name_of` names a sample for `SampleIds` (with `spec.sample_ids`); `skips` takes the samples
-        on_error="skip" replaced (the loader's, kept across pipelines); `copies` keys the trainer's
-        random draws of repeated samples (NOTE [augmentation of repeats] in `order.sampling`)."""
+        `name_of` names a sample and `source_of` says a Mix's child of each, for `SampleIds` (with
+        `spec.sample_ids`); `skips` takes the samples on_error="skip" replaced (the loader's, kept
+        across pipelines); `copies` keys the trainer's random draws of repeated samples (NOTE
+        [augmentation of repeats] in `order.sampling`)."""
         self.spec = spec
         self._copies = copies
         self._name_of = name_of
+        self._source_of = source_of
         self._skips = skips
         self.layout: BatchLayout | None = job.layout if job is not None else None
         self.ring: Ring | None = None
@@ -329,7 +332,7 @@ class Pipeline:
                 keys = self._copies.keys(batch_index, 0, keys)
             batch = self.delivery.deliver(slot, count, (epoch, keys) if keys is not None else None)
         if self.spec.sample_ids and indices is not None:
-            return [*batch, SampleIds(indices, self._name_of)]
+            return [*batch, SampleIds(indices, self._name_of, self._source_of)]
         return batch
 
     def grow_if_starved(self, ready_count: int) -> bool:

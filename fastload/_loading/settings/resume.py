@@ -74,7 +74,8 @@ def plain(value: Any) -> Any:
 
 def _show(name: str, value: Any) -> str:
     if name == "source" and isinstance(value, dict):
-        return f"{value.get('num_samples')} samples, targets {value.get('targets')}"
+        mixture = f", mixture {value['mixture']}" if "mixture" in value else ""
+        return f"{value.get('num_samples')} samples, targets {value.get('targets')}{mixture}"
     if name == "transforms" and isinstance(value, list):
         return "[" + ", ".join(str(t.get("type")) if isinstance(t, dict) else str(t) for t in value) + "]"
     return repr(value)
@@ -183,7 +184,7 @@ _SETTINGS = (
 )
 _PLANNED = ("epoch_batches", "samples_yielded")  # a plan of indices
 _STREAMED = ("stream_batches",)  # an IterableDataset's streams
-_SOURCE_KEYS = {"num_samples", "classes", "targets"}
+_SOURCE_KEYS = {"num_samples", "classes", "targets"}  # and "mixture" for a Mix (`MixturePlan.recipe`)
 
 
 def _refuse(field: str, value: Any, allowed: str) -> ConfigError:
@@ -234,14 +235,17 @@ def _check_types(state: dict[str, Any], streams: int | None) -> None:
     shaped = isinstance(source, dict) and (
         (source == {} and streams is not None)
         or (
-            set(source) == _SOURCE_KEYS
+            set(source) - {"mixture"} == _SOURCE_KEYS
+            and isinstance(source.get("mixture", ""), str)
             and _is_int(source["num_samples"]) and 0 <= source["num_samples"] <= _COUNT_LIMIT
             and isinstance(source["classes"], str)
             and (source["targets"] is None or isinstance(source["targets"], str))
         )
     )
     if not shaped:
-        raise _refuse("source", source, "a fingerprint {num_samples, classes, targets} (state_dict()'s)")
+        raise _refuse(
+            "source", source, "a fingerprint {num_samples, classes, targets[, mixture]} (state_dict()'s)"
+        )
     transforms = state["transforms"]
     if transforms is not None and not (
         isinstance(transforms, list) and all(isinstance(t, dict) for t in transforms)

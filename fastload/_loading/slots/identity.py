@@ -16,15 +16,23 @@ class SampleIds:
     `indices`: an int64 CPU tensor of the samples' numbers in the source (a folder's or a file
     list's order, the order `fastload pack` keeps); `names`: each sample's file path (or where it
     lives in a container, `SHARD.tar:KEY`), looked up when first read, or None for a loader
-    attached to a daemon (the trainer holds no index then).
+    attached to a daemon (the trainer holds no index then). For a `sources.Mix`, `sources` is an
+    int64 CPU tensor of each sample's child (its position in the mix's list) and each name reads
+    `K:NAME` (child K's name of the sample); None for any other source.
     """
 
-    __slots__ = ("_name_of", "_names", "indices")
+    __slots__ = ("_name_of", "_names", "indices", "sources")
 
-    def __init__(self, indices: np.ndarray, name_of: Callable[[int], str] | None) -> None:
+    def __init__(
+        self,
+        indices: np.ndarray,
+        name_of: Callable[[int], str] | None,
+        source_of: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> None:
         self.indices = torch.from_numpy(np.array(indices, dtype=np.int64))  # a copy: plan arrays are shared
         self._name_of = name_of
         self._names: tuple[str, ...] | None = None
+        self.sources = None if source_of is None else torch.from_numpy(source_of(np.asarray(indices)))
 
     @property
     def names(self) -> tuple[str, ...] | None:

@@ -12,6 +12,8 @@ format and so sits above it). The public names are re-exported by `fastload.sour
   `pack_format.py`, which the writer in `_packing/` shares).
 - `hdf5.py`: `HDF5` (its indexes in `hdf5_indexes.py`; opening files and datasets in
   `hdf5_files.py`; every file the HDF5 library may open in `hdf5_reach.py`).
+- `mix.py`: `Mix`, other sources sampled in set proportions (not a format: the one kind made of
+  kinds; it opens its children into a `MixIndex`, `_indexes/mixed.py`).
 
 A private room (its name starts with `_`): users import `fastload.sources`, whose `__all__`
 is the public face.

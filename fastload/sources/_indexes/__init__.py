@@ -13,6 +13,7 @@ reads beneath roots and through the node cache) and the foundations; never the f
   packs, remote objects); `extent_files.py`: a process's descriptors and positioned reads of
   them; `extent_layout.py`: its shared-memory layout.
 - `arrays.py`: `ArrayIndex`, fixed-shape rows delivered as stored (no decoding).
+- `mixed.py`: `MixIndex`, the children of a `sources.Mix` as one index, reads routed to each.
 - `targets.py`: torchvision ImageFolder's `class_to_idx` and `targets` of any index, one meaning
   for every format.
 
