@@ -45,7 +45,7 @@ class FastLoader(ImageFolderAttributes):
     memory format unless `memory_format=torch.contiguous_format`; labels int64 (B,), or with
     MixUp/CutMix soft targets float (B, num_classes), or a multi-label source's float32 multi-hot
     rows. With `sample_ids=True` a third element, `SampleIds`, says which samples the batch holds
-    (their indices, and file names). `transform` is a list of
+    (their indices, and file names). `transform` is a list of (or one: `Views`, several crops)
     `fastload.transforms` (crops, colour, policies, RandomErasing, MixUp/CutMix: each runs where it
     is cheapest, NOTE [transform stages]) or a torchvision pipeline of the ones fastload has
     (`transforms.from_torchvision`), whose Normalize becomes `normalize`.
@@ -134,7 +134,7 @@ class FastLoader(ImageFolderAttributes):
         in_order: bool = True,
         seed: int | None = None,
         prefetch: int | None = None,
-        transform: Sequence[Transform] | Callable[..., Any] | None = None,
+        transform: Sequence[Transform] | Transform | Callable[..., Any] | None = None,
         device: str | torch.device | None = None,
         normalize: tuple[Sequence[float], Sequence[float]] | None = None,
         dtype: torch.dtype = torch.float32,

@@ -1,5 +1,6 @@
 """`ImageJob`: what a worker does with a task of a source of encoded images — read the task's
-samples' bytes, decode + augment them with a backend into the slot's rows, labels beside them;
+samples' bytes, decode + augment them with a backend into the slot's rows (each view's into its
+own leaf, for a `Views`: NOTE [views] in `fastload.transforms._views`), labels beside them;
 a broken sample raises, or with on_error="skip" gets a stand-in (NOTE [bad samples]). The job
 contract it keeps, and `run_task` that runs it, are in `contract`.
 """
@@ -58,6 +59,28 @@ class _Broken(Exception):
 # Slots are 4x larger; `ring_plan.plan_ring` sizes the ring from their bytes.
 
 
+class _View:
+    """One view's part of a job: its plan, the seed its draws come from, its backend (the
+    decoder's geometry is the view's), its pixel and tensor stages, and (for float slots) its
+    uint8 scratch rows. A plain chain is one view (NOTE [views] in `fastload.transforms._views`)."""
+
+    def __init__(self, plan: TransformPlan, seed: int, backend: str, normalized: bool) -> None:
+        self.plan, self.seed = plan, seed
+        self.backend = make_backend(backend, plan)
+        self.pixels = SampleProgram(plan.pixels, PIXELS_STREAM)
+        # The tensor stage needs normalized images: it runs here only on the images normalized here.
+        self.tensor = SampleProgram(plan.tensor if normalized else (), TENSOR_STREAM)
+        self._scratch: np.ndarray | None = None  # uint8 rows to decode into, before normalizing
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_scratch": None}  # made anew where the job runs
+
+    def uint8_rows(self, batch_size: int, n: int) -> np.ndarray:
+        if self._scratch is None:
+            self._scratch = np.empty((batch_size, self.plan.out_height, self.plan.out_width, 3), np.uint8)
+        return self._scratch[:n]
+
+
 class ImageJob(SourceJob):
     """Loads batches of encoded images from a source (`SampleIndex`: a folder, a file list, tar
     shards, a packed file): read a batch's bytes, decode + crop + flip into NHWC uint8, then the
@@ -89,20 +112,19 @@ class ImageJob(SourceJob):
             else None
         )
         dtype = np.float32 if self.normalize is not None else np.uint8
-        image = np.zeros((plan.out_height, plan.out_width, 3), dtype)
-        self.layout = BatchLayout.infer([image, target_row(index.labels)], batch_size)
-        self._backend = make_backend(backend, plan)
-        self._pixels = SampleProgram(plan.pixels, PIXELS_STREAM)
-        # The tensor stage needs normalized images: it runs here only on the images normalized here.
-        self._tensor = SampleProgram(plan.tensor if self.normalize is not None else (), TENSOR_STREAM)
+        # One `_View` per view (a plain chain is one, drawing from `seed`: NOTE [views] in transforms).
+        normalized = self.normalize is not None
+        self._views = [_View(view, seed_, backend, normalized) for view, seed_ in plan.view_plans(seed)]
+        images = [np.zeros((v.plan.out_height, v.plan.out_width, 3), dtype) for v in self._views]
+        sample = [images if plan.views else images[0], target_row(index.labels)]  # DINO's [[views], label]
+        self.layout = BatchLayout.infer(sample, batch_size)
         self._normalizer: HostNormalizer | None = None  # made where the job runs (it holds a module)
-        self._scratch: np.ndarray | None = None  # uint8 rows to decode into, before normalizing
         self._read_buffer = ReadBuffer()  # NOTE [read buffer]
         self._index_segment: Segment | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_normalizer"], state["_scratch"] = None, None  # made anew where the job runs
+        state["_normalizer"] = None  # made anew where the job runs
         return state
 
     def _normalize_into(self, pixels: np.ndarray, images: np.ndarray) -> None:
@@ -112,12 +134,6 @@ class ImageJob(SourceJob):
             std = torch.tensor(self.normalize[1], dtype=torch.float32).view(1, -1, 1, 1)
             self._normalizer = HostNormalizer(1.0 / (255.0 * std), -mean / std)  # as ImageOutput.affine
         self._normalizer.into(pixels, images)
-
-    def _uint8_rows(self, n: int) -> np.ndarray:
-        if self._scratch is None:
-            shape = (self.batch_size, self.plan.out_height, self.plan.out_width, 3)
-            self._scratch = np.empty(shape, np.uint8)
-        return self._scratch[:n]
 
     def to_config(self, index_segment: str, roots: tuple[str, ...] | None = None) -> dict[str, Any]:
         """This job as JSON-able data, its index living in the named shared segment; `roots`:
@@ -189,7 +205,6 @@ class ImageJob(SourceJob):
     def _load(self, task: Task, indices: np.ndarray, arrays: Sequence[np.ndarray]) -> Done:
         """Load samples `indices` (the task's, or with stand-ins for broken ones) into the rows."""
         n = len(indices)
-        images, labels = arrays
         t0 = time.perf_counter_ns()
         buffer = self._read_buffer
         buffer.start()  # the previous task's (or attempt's) views died with it
@@ -202,22 +217,26 @@ class ImageJob(SourceJob):
         read_cpu, read_runq = time.process_time_ns() - cpu0, run_delay_since(runq0)
         net_bytes, net_wait, hits, misses = REMOTE_READS.since(remote0)
         t1 = time.perf_counter_ns()
-        rngs = sample_randoms(self.seed, task.epoch, indices)
-        pixels = images[:n] if self.normalize is None else self._uint8_rows(n)
-        try:
-            self._backend.decode_batch(blobs, rngs, pixels)
-        except SampleFailure as e:
-            raise _Broken(e.position, e.__cause__ or e, "image", str(e)) from e
-        t2 = time.perf_counter_ns()
-        self._run_stage(self._pixels, "pixel", pixels, task, indices)
-        if self.normalize is not None:
-            self._normalize_into(pixels, images[:n])
-            self._run_stage(self._tensor, "tensor", images[:n], task, indices)
+        decode_ns = 0
+        for view, images in zip(self._views, arrays[:-1], strict=True):
+            t_view = time.perf_counter_ns()
+            rngs = sample_randoms(view.seed, task.epoch, indices)
+            pixels = images[:n] if self.normalize is None else view.uint8_rows(self.batch_size, n)
+            try:
+                view.backend.decode_batch(blobs, rngs, pixels)
+            except SampleFailure as e:
+                raise _Broken(e.position, e.__cause__ or e, "image", str(e)) from e
+            decode_ns += time.perf_counter_ns() - t_view
+            self._run_stage(view.pixels, view.seed, "pixel", pixels, task, indices)
+            if self.normalize is not None:
+                self._normalize_into(pixels, images[:n])
+                self._run_stage(view.tensor, view.seed, "tensor", images[:n], task, indices)
+        labels = arrays[-1]
         labels[:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
         counters = BatchCounters(
-            samples=n, read_ns=t1 - t0, decode_ns=t2 - t1, bytes_read=sum(len(b) for b in blobs),
-            read_cpu_ns=read_cpu, read_runq_ns=read_runq, augment_ns=t3 - t2,
+            samples=n, read_ns=t1 - t0, decode_ns=decode_ns, bytes_read=sum(len(b) for b in blobs),
+            read_cpu_ns=read_cpu, read_runq_ns=read_runq, augment_ns=t3 - t1 - decode_ns,
             net_bytes=net_bytes, net_wait_ns=net_wait, cache_hits=hits, cache_misses=misses,
         )
         return Done(task.seq, counters)
@@ -250,14 +269,14 @@ class ImageJob(SourceJob):
         return indices
 
     def _run_stage(
-        self, stage: SampleProgram, name: str, rows: np.ndarray, task: Task, indices: np.ndarray
+        self, stage: SampleProgram, seed: int, name: str, rows: np.ndarray, task: Task, indices: np.ndarray
     ) -> None:
         """Run a stage of the chain in place on the rows of samples `indices`; a kernel's failure
         is the task's, naming its first sample."""
         if not stage:
             return
         try:
-            stage.run_in_slot(rows, self.seed, task.epoch, indices)
+            stage.run_in_slot(rows, seed, task.epoch, indices)
         except Exception as e:
             what = f"the {name} transforms of the rows starting with image"
             first = int(indices[0])

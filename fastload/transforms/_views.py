@@ -1,0 +1,92 @@
+"""`Views`: several views of one image, each its own transform chain (DINO's, iBOT's, SimCLR's
+multi-crop) — the declaration and its checks. `compile_transforms` (`_plan`) compiles each chain
+into its own plan; the image job reads a sample's bytes once and decodes each view into its own
+leaf of the slot (NOTE [views]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fastload.transforms._base import Transform, reject
+from fastload.transforms._declare import DECODE, declare_transform
+from fastload.transforms._geometric import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
+
+MAX_VIEWS = 32
+"""The most views one `Views` takes (DINO uses 2 + 10; each view is a leaf of every batch)."""
+
+# NOTE [views]: `Views(chains)` is a whole transform: each chain is compiled alone (it needs its own
+# fixed size) and view v draws every random choice from its own seed, `view_seed(seed, v)`
+# (`fastload._sample_random`), keyed by (epoch, index) as any chain is: deterministic for any worker
+# count, and view v is pixel for pixel what the same chain alone gives a loader seeded with
+# `view_seed(seed, v)`. A batch is [[view_0, ..., view_{n-1}], labels], each view a (B, H, W, 3)
+# leaf of the slot (DINO's collate shape). A sample's bytes are read once per batch; each view is
+# then decoded on its own, with its crop fused into the decode (libjpeg-turbo's DCT scaling and
+# cropped scanlines: a 96x96 view of 5-40% of the image decodes at 1/2..1/8 scale and only the rows
+# it covers), not decoded once at full size and cropped eight times: the full-size decode alone
+# costs more than the six local views together (tools/bench/bench_multicrop.py --decode-once).
+# Geometry, pixel and tensor stages run per view where a plain chain's would (the workers, or the
+# trainer's process for GPU batches); a batch stage (MixUp/CutMix) mixes labels the views share and
+# is refused inside a view, as is a Views inside a view.
+
+
+def _view_chains(chains: object) -> tuple[tuple[Transform, ...], ...] | None:
+    """The chains as tuples, or None when they are not a non-empty sequence of non-empty
+    sequences of transforms."""
+    if not isinstance(chains, Sequence) or isinstance(chains, (str, bytes)) or not chains:
+        return None
+    views = []
+    for chain in chains:
+        if isinstance(chain, Transform):
+            chain = (chain,)
+        if not isinstance(chain, Sequence) or isinstance(chain, (str, bytes)) or not chain:
+            return None
+        if not all(isinstance(t, Transform) for t in chain):
+            return None
+        views.append(tuple(chain))
+    return tuple(views)
+
+
+@declare_transform(
+    stage="geometry",
+    kernel=DECODE,
+    example={"views": ((RandomResizedCrop(8), RandomHorizontalFlip()), (CenterCrop(4),))},
+)
+@dataclass(frozen=True)
+class Views(Transform):
+    """Several views of each image, each its own chain: a batch is ([view_0, ..., view_n-1], labels).
+
+        global_ = [T.RandomResizedCrop(224, scale=(0.4, 1)), T.RandomHorizontalFlip(), ...]
+        local_ = [T.RandomResizedCrop(96, scale=(0.05, 0.4)), T.RandomHorizontalFlip(), ...]
+        FastLoader("data/train", transform=T.Views([global_] * 2 + [local_] * 6), ...)
+
+    Each view draws from its own seed (`view_seed(seed, view)`, NOTE [views]): view v is what its
+    chain alone gives under that seed. `normalize=` applies to every view.
+
+    Args:
+        views: one transform chain per view (1..32), each ending its geometry in a fixed size, none
+            holding a Views or a batch transform (MixUp/CutMix).
+    """
+
+    views: tuple[tuple[Transform, ...], ...]
+
+    def __post_init__(self) -> None:
+        accepted = f"1..{MAX_VIEWS} non-empty lists of fastload transforms, one per view"
+        chains = _view_chains(self.views)
+        if chains is None or len(chains) > MAX_VIEWS:
+            raise reject("Views", "views", self.views, accepted)
+        for v, chain in enumerate(chains):
+            for t in chain:
+                if isinstance(t, Views):
+                    raise reject(
+                        "Views", f"views[{v}]", chain,
+                        "a chain without Views (one Views holds every view: list them all in it)",
+                    )
+                if t.stage == "batch":
+                    raise reject(
+                        "Views", f"views[{v}]", chain,
+                        f"a chain without batch transforms ({type(t).__name__} mixes the samples of a "
+                        "batch, whose labels the views share): mix the views in your training step",
+                    )
+        object.__setattr__(self, "views", chains)
