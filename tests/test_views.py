@@ -13,12 +13,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from daemon_helpers import DaemonProcess
+from test_cuda_protocol import FakeCuda
 
 from fastload import ConfigError, FastLoader
 from fastload import transforms as T
+from fastload._augment.program import TrainerStages
+from fastload._loading.slots.delivery import CudaDelivery, ImageOutput
+from fastload._loading.slots.layout import BatchLayout
+from fastload._loading.slots.ring import Ring
 from fastload._sample_random import view_seed
 
 NORMALIZE = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -117,6 +123,38 @@ def test_each_view_is_its_chain_alone_under_the_view_seed(image_folder: Path, no
             for (views, labels), (images, alone_labels) in zip(epoch_views, epoch_alone, strict=True):
                 _assert_same(views[v], images)
                 _assert_same(labels, alone_labels)
+
+
+def test_the_trainers_colour_stage_per_view_gives_the_workers_pixels(image_folder: Path) -> None:
+    # Batches going to a GPU get each view's pixel stage in the trainer's process after the copy
+    # (`CudaDelivery`, one TrainerStages per view); here the same code runs on the CPU behind a
+    # stand-in for torch.cuda, over views decoded without their colour, and must give the workers'.
+    options: dict[str, Any] = {"shuffle": False, "epochs": 1}
+    in_workers = _epochs(image_folder, VIEWS, **options)[0][0]
+    geometry_only = T.Views([GLOBAL[:2]] * 2 + [LOCAL[:2]] * 3)
+    decoded, labels = _epochs(image_folder, geometry_only, **options)[0][0]
+    plan = T.compile_transforms([VIEWS])
+    stages = [TrainerStages(view, seed, pixels_here=True) for view, seed in plan.view_plans(11)]
+    n = labels.shape[0]
+    layout = BatchLayout.infer([[v[0].permute(1, 2, 0).numpy() for v in decoded], 0], n)
+    assert layout is not None
+    ring = Ring(layout.slot_bytes, 1)
+    delivery = CudaDelivery(ring, layout, ImageOutput(), torch.device("cpu"), cuda=FakeCuda(), stages=stages)
+    try:
+        slot = ring.acquire()
+        assert slot is not None
+        arrays = layout.arrays(ring.segments[slot].buf)
+        for array, view in zip(arrays, [*decoded, labels], strict=True):
+            array[:] = view.permute(0, 2, 3, 1).numpy() if view.dim() == 4 else view.numpy()
+        del arrays
+        views, delivered_labels = delivery.deliver(slot, n, (0, np.arange(n)))
+        for v, (ours, theirs) in enumerate(zip(views, in_workers[0], strict=True)):
+            assert not torch.equal(ours, decoded[v])  # the colour stage did run
+            _assert_same(ours, theirs)
+        _assert_same(delivered_labels, in_workers[1])
+    finally:
+        delivery.close()
+        ring.close()
 
 
 # Resume, and a daemon
