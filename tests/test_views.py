@@ -178,6 +178,13 @@ def test_the_same_batches_through_a_daemon(
     _assert_same(runs[0], _epochs(image_folder, VIEWS, num_workers=1, daemon=shared_daemon.address))
 
 
+def test_the_probe_times_every_view(image_folder: Path) -> None:
+    from fastload._diagnostics.probe import probe
+
+    result = probe(image_folder, transform=[VIEWS], sample=6, seconds=0.2)
+    assert result.decode_images_per_s > 0 and result.chain == "Views"
+
+
 # The chain as data, and its plan
 
 

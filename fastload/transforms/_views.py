@@ -21,14 +21,20 @@ MAX_VIEWS = 32
 # (`fastload._sample_random`), keyed by (epoch, index) as any chain is: deterministic for any worker
 # count, and view v is pixel for pixel what the same chain alone gives a loader seeded with
 # `view_seed(seed, v)`. A batch is [[view_0, ..., view_{n-1}], labels], each view a (B, H, W, 3)
-# leaf of the slot (DINO's collate shape). A sample's bytes are read once per batch; each view is
-# then decoded on its own, with its crop fused into the decode (libjpeg-turbo's DCT scaling and
-# cropped scanlines: a 96x96 view of 5-40% of the image decodes at 1/2..1/8 scale and only the rows
-# it covers), not decoded once at full size and cropped eight times: the full-size decode alone
-# costs more than the six local views together (tools/bench/bench_multicrop.py --decode-once).
-# Geometry, pixel and tensor stages run per view where a plain chain's would (the workers, or the
-# trainer's process for GPU batches); a batch stage (MixUp/CutMix) mixes labels the views share and
-# is refused inside a view, as is a Views inside a view.
+# leaf of the slot (DINO's collate shape). Geometry, pixel and tensor stages run per view where a
+# plain chain's would (the workers; the trainer's process for GPU batches); a batch stage
+# (MixUp/CutMix) would mix labels the views share and is refused inside a view, as is a Views.
+# A sample's bytes are read once per batch; each view is then decoded on its own, its crop fused
+# into the decode (the backend's crop + resize, libjpeg-turbo's DCT scaling and cropped scanlines),
+# because that is what keeps a view equal to its chain alone. It is not the cheapest decode for
+# every recipe: on DINO's 2x224 + 6x96 over ImageNet-sized JPEGs (`tools/bench/bench_multicrop.py
+# --decode-cost`, one thread, a shared machine) the 8 fused decodes took 10-14 ms an image, one
+# full-size decode ~4.5 ms, and one full decode followed by 8 torch crops + resizes 7-9 ms: each
+# view repeats the entropy decoding of the rows it spans, and a 224 view of 40-100% of the image
+# gets no DCT scaling. Decoding once and resampling every view from the decoded image would be
+# ~1.5x cheaper there, but its pixels differ from a fused decode's (full resolution vs DCT-scaled),
+# so a view would no longer be its chain alone; it needs a native resampler over decoded pixels,
+# which the native module does not have (it resamples inside its decode only). Left for later.
 
 
 def _view_chains(chains: object) -> tuple[tuple[Transform, ...], ...] | None:
