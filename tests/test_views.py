@@ -157,6 +157,26 @@ def test_the_trainers_colour_stage_per_view_gives_the_workers_pixels(image_folde
         ring.close()
 
 
+def test_a_broken_sample_gets_one_stand_in_for_every_view(make_folder: Any) -> None:
+    root = make_folder(classes=2, per_class=5)
+    broken = sorted(root.glob("n01/*"))[2]  # sample 7: batch 1, row 2
+    broken.write_bytes(broken.read_bytes()[:200])  # a JPEG cut short in its header
+    options: dict[str, Any] = {"batch_size": 5, "shuffle": False, "seed": 3, "num_workers": 1}
+    options["device"] = "cpu"
+    with (
+        pytest.warns(UserWarning, match=broken.name),
+        FastLoader(root, transform=VIEWS, on_error="skip", sample_ids=True, **options) as loader,
+    ):
+        batches = [(_cloned(views), labels.clone(), ids.indices.clone()) for views, labels, ids in loader]
+    rows = {int(i): (b, r) for b, (_, _, ids) in enumerate(batches) for r, i in enumerate(ids)}
+    stand_in = int(batches[1][2][2])
+    assert stand_in != 7 and 7 not in rows and all(len(v) == 5 for batch in batches for v in batch[0])
+    # Every view of the stand-in is that sample's own (its draws keyed by its index), where it also sits.
+    b, r = rows[stand_in]
+    for view, its_own in zip(batches[1][0], batches[b][0], strict=True):
+        _assert_same(view[2], its_own[r])
+
+
 # Resume, and a daemon
 
 
