@@ -10,6 +10,7 @@ transforms beside a Views, a backend that decodes one crop) refused at construct
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,21 @@ def test_the_probe_times_every_view(image_folder: Path) -> None:
 
     result = probe(image_folder, transform=[VIEWS], sample=6, seconds=0.2)
     assert result.decode_images_per_s > 0 and result.chain == "Views"
+
+
+def test_a_daemon_counts_every_views_bytes_against_its_budget(image_folder: Path) -> None:
+    from fastload._daemon.sessions import check_hello
+    from fastload._errors import DaemonError
+
+    hello = {
+        "dataset": str(image_folder), "transforms": T.to_config([VIEWS]), "batch_size": 5, "prefetch": 0,
+        "seed": 1, "pid": os.getpid(), "rank": 0, "world_size": 1,
+    }
+    one_batch = 5 * 3 * (2 * 24 * 24 + 3 * 12 * 12)
+    plan, _ = check_hello(hello, budget_bytes=one_batch)
+    assert len(plan.views) == 5
+    with pytest.raises(DaemonError, match=r"5 images of 24x24 \+ 24x24 \+ 12x12 \+ 12x12 \+ 12x12 is larger"):
+        check_hello(hello, budget_bytes=one_batch - 1)
 
 
 # The chain as data, and its plan
