@@ -31,10 +31,11 @@ MAX_VIEWS = 32
 # --decode-cost`, one thread, a shared machine) the 8 fused decodes took 10-14 ms an image, one
 # full-size decode ~4.5 ms, and one full decode followed by 8 torch crops + resizes 7-9 ms: each
 # view repeats the entropy decoding of the rows it spans, and a 224 view of 40-100% of the image
-# gets no DCT scaling. Decoding once and resampling every view from the decoded image would be
-# ~1.5x cheaper there, but its pixels differ from a fused decode's (full resolution vs DCT-scaled),
-# so a view would no longer be its chain alone; it needs a native resampler over decoded pixels,
-# which the native module does not have (it resamples inside its decode only). Left for later.
+# gets little or no DCT scaling. Decoding once and resampling every view from the decoded image
+# would be ~1.5x cheaper there, but its pixels differ from a fused decode's (full resolution vs
+# DCT-scaled), so a view would no longer be its chain alone; and it needs a native resampler over
+# decoded pixels, which the native module lacks (it resamples inside its decode only). Left for
+# later: a "decode once" option of Views, documented as not equal to the chains alone.
 
 
 def _view_chains(chains: object) -> tuple[tuple[Transform, ...], ...] | None:
