@@ -9,7 +9,8 @@ normalized with ImageNet's mean and std: DINO's `DataAugmentationDINO`. torchvis
 p on GaussianBlur: RandomApply([GaussianBlur], p) on both sides.
 
 Each system runs in its own process (fastload with this repository's python, torchvision with
---peer-python, a venv outside the repository), `--workers` workers each, batches of
+--peer-python, a venv outside the repository; its images decoded by `torchvision.io.decode_image`
+into tensors, or with --peer-decode pil by Pillow, v2 running on either), `--workers` workers each, batches of
 `--batch-size`, timing `--batches` batches after the first. Rounds alternate the systems (the
 order rotates each round); the table gives each system's median images/s over the rounds, its
 spread (min..max), and the median of the per-round ratios (paired).
@@ -73,6 +74,7 @@ def _torchvision_views() -> Any:
             v2.RandomGrayscale(0.2),
             v2.RandomApply([v2.GaussianBlur(23, (0.1, 2.0))], p=blur),
             v2.RandomSolarize(128, p=solarize),
+            v2.ToImage(),  # a PIL image (--peer-decode pil) to a tensor; a tensor as it is
             v2.ToDtype(torch.float32, scale=True),
             v2.Normalize(MEAN, STD),
         ])
@@ -111,6 +113,11 @@ def run_torchvision(args: argparse.Namespace) -> dict[str, float]:
     from torchvision.io import ImageReadMode, decode_image, read_file
 
     def load(path: str) -> Any:
+        if args.peer_decode == "pil":
+            from PIL import Image
+
+            with Image.open(path) as image:
+                return image.convert("RGB")
         return decode_image(read_file(path), mode=ImageReadMode.RGB)
 
     exts = (".jpg", ".jpeg", ".png")
@@ -189,7 +196,7 @@ def _one_run(system: str, args: argparse.Namespace) -> dict[str, float]:
     python = sys.executable if system == "fastload" else args.peer_python
     argv = [python, str(Path(__file__).resolve()), "--run", system, "--data", args.data]
     argv += ["--workers", str(args.workers), "--batch-size", str(args.batch_size)]
-    argv += ["--batches", str(args.batches)]
+    argv += ["--batches", str(args.batches), "--peer-decode", args.peer_decode]
     env = {**os.environ, "PYTHONPATH": str(REPO)} if system == "fastload" else dict(os.environ)
     out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env, timeout=args.timeout_s)
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -220,6 +227,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="an ImageNet-layout folder of JPEGs")
     parser.add_argument("--peer-python", help="the python of a venv with torchvision (not this repo's)")
+    parser.add_argument(
+        "--peer-decode", choices=["tensor", "pil"], default="tensor",
+        help="torchvision's input: decode_image tensors (default) or PIL images (v2 runs on both)",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=15, help="batches timed after the first")
