@@ -11,9 +11,11 @@ p on GaussianBlur: RandomApply([GaussianBlur], p) on both sides.
 Each system runs in its own process (fastload with this repository's python, torchvision with
 --peer-python, a venv outside the repository; its images decoded by `torchvision.io.decode_image`
 into tensors, or with --peer-decode pil by Pillow, v2 running on either), `--workers` workers each, batches of
-`--batch-size`, timing `--batches` batches after the first. Rounds alternate the systems (the
-order rotates each round); the table gives each system's median images/s over the rounds, its
-spread (min..max), and the median of the per-round ratios (paired).
+`--batch-size`, timing `--batches` batches after the first: images/s, and CPU ms per image over
+the process tree (workers included; /proc, as tools/bench/bench_loaders.py reads it), which moves
+less than the rate when other work shares the cores. Rounds alternate the systems (the order
+rotates each round); the table gives each system's medians over the rounds with their spread
+(min..max), and the medians of the per-round ratios (paired).
 
 `--decode-cost` instead measures, on the native decoder alone (one process, one thread), what the
 NOTE [views] in fastload/transforms/_views.py weighs: decoding each view's region fused with its
@@ -84,17 +86,27 @@ def _torchvision_views() -> Any:
     return lambda image: [c(image) for c in chains]
 
 
+def _tree_cpu_seconds() -> float:
+    """User + system CPU of this process and every live process below it (its workers)."""
+    from bench_loaders import cpu_seconds, descendants  # beside this script; standard library only
+
+    return sum(cpu_seconds(pid) for pid in [os.getpid(), *descendants(os.getpid())])
+
+
 def _timed(batches: Any, count: int, batch_size: int) -> dict[str, float]:
-    """Images/s over `count` batches after the first (start-up and the first batch left out)."""
+    """Images/s, and CPU ms per image over the process tree, over `count` batches after the first
+    (start-up and the first batch left out): the CPU figure moves less with what else runs."""
     iterator = iter(batches)
     views, _ = next(iterator)
     assert len(views) == 2 + LOCAL_VIEWS
-    start, images = time.perf_counter(), 0
+    start, cpu, images = time.perf_counter(), _tree_cpu_seconds(), 0
     for _ in range(count):
         views, labels = next(iterator)
         images += int(labels.shape[0])
-    seconds = time.perf_counter() - start
-    return {"images": images, "seconds": seconds, "images_per_s": images / seconds}
+    seconds, cpu = time.perf_counter() - start, _tree_cpu_seconds() - cpu
+    return {
+        "images": images, "seconds": seconds, "images_per_s": images / seconds, "cpu_ms": cpu * 1e3 / images,
+    }
 
 
 def run_fastload(args: argparse.Namespace) -> dict[str, float]:
@@ -203,24 +215,35 @@ def _one_run(system: str, args: argparse.Namespace) -> dict[str, float]:
     return result
 
 
+def _figures(run: dict[str, float]) -> str:
+    return f"{run['images_per_s']:.1f} img/s, {run['cpu_ms']:.0f} CPU ms/img"
+
+
 def compare(args: argparse.Namespace) -> None:
     systems = ["fastload", "torchvision"]
-    rates: dict[str, list[float]] = {s: [] for s in systems}
-    ratios = []
+    runs: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
     for r in range(args.rounds):
         order = systems[r % 2 :] + systems[: r % 2]
-        this_round = {s: _one_run(s, args)["images_per_s"] for s in order}
+        this_round = {s: _one_run(s, args) for s in order}
         for s in systems:
-            rates[s].append(this_round[s])
-        ratios.append(this_round["fastload"] / this_round["torchvision"])
-        print(f"round {r + 1}: " + ", ".join(f"{s} {this_round[s]:.1f} img/s" for s in order), flush=True)
+            runs[s].append(this_round[s])
+        shown = ", ".join(f"{s} {_figures(this_round[s])}" for s in order)
+        print(f"round {r + 1}: {shown}", flush=True)
     timed = f"{args.batches} batches timed after the first"
     print(f"\n{args.workers} workers each, batch {args.batch_size}, {timed}, {args.rounds} rounds")
-    print("| system | images/s (median) | spread (min..max) |\n|---|---|---|")
+    print("| system | images/s median (min..max) | CPU ms per image median (min..max) |\n|---|---|---|")
     for s in systems:
-        print(f"| {s} | {statistics.median(rates[s]):.1f} | {min(rates[s]):.1f}..{max(rates[s]):.1f} |")
-    print(f"\nfastload / torchvision, paired per round: median {statistics.median(ratios):.2f}x "
-          f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
+        rates, cpus = [run["images_per_s"] for run in runs[s]], [run["cpu_ms"] for run in runs[s]]
+        print(
+            f"| {s} | {statistics.median(rates):.1f} ({min(rates):.1f}..{max(rates):.1f}) "
+            f"| {statistics.median(cpus):.0f} ({min(cpus):.0f}..{max(cpus):.0f}) |"
+        )
+    pairs = list(zip(runs["fastload"], runs["torchvision"], strict=True))
+    for what, key in (("images/s", "images_per_s"), ("CPU per image", "cpu_ms")):
+        # fastload's advantage either way: its rate over theirs; their CPU per image over its.
+        ratios = [f[key] / t[key] if key == "images_per_s" else t[key] / f[key] for f, t in pairs]
+        print(f"fastload vs torchvision, {what}, paired per round: median {statistics.median(ratios):.2f}x "
+              f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
 
 
 def main(argv: list[str] | None = None) -> None:
