@@ -178,6 +178,46 @@ def test_a_broken_sample_gets_one_stand_in_for_every_view(make_folder: Any) -> N
         _assert_same(view[2], its_own[r])
 
 
+# decode="once": every view cropped from one full-size decode
+
+
+def test_decode_once_gives_the_same_crops_from_one_decode(image_folder: Path) -> None:
+    geometry = [[T.RandomResizedCrop(24, scale=(0.4, 1.0)), T.RandomHorizontalFlip()]] * 2
+    geometry += [[T.RandomResizedCrop(12, scale=(0.05, 0.4), interpolation="bicubic")]] * 3
+    each = _epochs(image_folder, T.Views(geometry), epochs=1)[0]
+    once_views = T.Views(geometry, decode="once")
+    once = {n: _epochs(image_folder, once_views, epochs=1, num_workers=n)[0] for n in (0, 2)}
+    _assert_same(once[0], once[2])  # deterministic for any worker count
+    for (views_once, labels_once), (views_each, labels_each) in zip(once[0], each, strict=True):
+        _assert_same(labels_once, labels_each)
+        for a, b in zip(views_once, views_each, strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            # The same boxes and flips; only the resampling differs (torch's from full resolution,
+            # the decoder's from its DCT-scaled decode): ~1 level on average; another crop is ~50.
+            assert float((a.float() - b.float()).abs().mean()) < 3.0
+
+
+def test_decode_once_crosses_as_json_and_to_the_workers() -> None:
+    once = T.Views([LOCAL, GLOBAL], decode="once")
+    assert T.from_config(json.loads(json.dumps(T.to_config([once])))) == (once,)
+    plan = T.compile_transforms([once])
+    assert plan.decode_once and not T.compile_transforms([VIEWS]).decode_once
+    assert plan.for_workers(with_pixels=False).decode_once
+
+
+@pytest.mark.parametrize(
+    ("views", "message"),
+    [
+        ([LOCAL], "decode must be 'each' or 'once', got 'twice'"),
+        ([[T.Resize(16), T.CenterCrop(12)]], r"views\[0\] must be a chain whose geometry is one Random"),
+        ([[T.RandomResizedCrop(12, interpolation="lanczos")]], "interpolation bilinear, bicubic, nearest"),
+    ],
+)
+def test_decode_once_refuses_what_it_cannot_crop(views: list[Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        T.Views(views, decode="twice" if "twice" in message else "once")
+
+
 # Resume, and a daemon
 
 

@@ -42,6 +42,12 @@ class TransformPlan:
         return tuple(t for t in self.transforms if t.stage == stage)
 
     @property
+    def decode_once(self) -> bool:
+        """Whether this is a `Views(..., decode="once")` plan: each image decoded once, every view
+        cropped from it (NOTE [views] in `_views`)."""
+        return bool(self.views) and getattr(self.transforms[0], "decode", "each") == "once"
+
+    @property
     def each_view(self) -> tuple[TransformPlan, ...]:
         """Each view's plan: a Views plan's `views`, or this plan alone (a plain chain is one view)."""
         return self.views or (self,)
@@ -85,7 +91,9 @@ class TransformPlan:
         normalize); the rest runs in the trainer's process. A Views plan: each view's part."""
         if self.views:
             views = tuple(plan.for_workers(with_pixels, with_tensor) for plan in self.views)
-            whole = Views(tuple(plan.transforms for plan in views))
+            (given,) = self.transforms
+            assert isinstance(given, Views)
+            whole = Views(tuple(plan.transforms for plan in views), decode=given.decode)
             return TransformPlan((whole,), self.out_height, self.out_width, self.interpolation, views)
         chain = self.geometry + (self.pixels if with_pixels else ()) + (self.tensor if with_tensor else ())
         return TransformPlan(chain, self.out_height, self.out_width, self.interpolation)

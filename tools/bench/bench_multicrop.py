@@ -46,7 +46,7 @@ GLOBAL_SCALE, LOCAL_SCALE = (0.4, 1.0), (0.05, 0.4)
 BICUBIC = 3  # the native decoder's filter number (`_loading.decoding.native`)
 
 
-def _fastload_views() -> Any:
+def _fastload_views(decode: str = "each") -> Any:
     from fastload import transforms as T
 
     def colour() -> list[Any]:
@@ -61,7 +61,7 @@ def _fastload_views() -> Any:
     first = [*crop(GLOBAL, GLOBAL_SCALE), *colour(), *blur(1.0)]
     second = [*crop(GLOBAL, GLOBAL_SCALE), *colour(), *blur(0.1), T.RandomSolarize(128.0, p=0.2)]
     local = [*crop(LOCAL, LOCAL_SCALE), *colour(), *blur(0.5)]
-    return T.Views([first, second] + [local] * LOCAL_VIEWS)
+    return T.Views([first, second] + [local] * LOCAL_VIEWS, decode=decode)
 
 
 def _torchvision_views() -> Any:
@@ -113,7 +113,7 @@ def run_fastload(args: argparse.Namespace) -> dict[str, float]:
     from fastload import FastLoader
 
     with FastLoader(
-        args.data, transform=_fastload_views(), batch_size=args.batch_size, shuffle=True, seed=0,
+        args.data, transform=_fastload_views(args.decode), batch_size=args.batch_size, shuffle=True, seed=0,
         num_workers=args.workers, device="cpu", normalize=(MEAN, STD), drop_last=True,
     ) as loader:
         return _timed(_epochs(loader), args.batches, args.batch_size)
@@ -208,7 +208,7 @@ def _one_run(system: str, args: argparse.Namespace) -> dict[str, float]:
     python = sys.executable if system == "fastload" else args.peer_python
     argv = [python, str(Path(__file__).resolve()), "--run", system, "--data", args.data]
     argv += ["--workers", str(args.workers), "--batch-size", str(args.batch_size)]
-    argv += ["--batches", str(args.batches), "--peer-decode", args.peer_decode]
+    argv += ["--batches", str(args.batches), "--peer-decode", args.peer_decode, "--decode", args.decode]
     env = {**os.environ, "PYTHONPATH": str(REPO)} if system == "fastload" else dict(os.environ)
     out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env, timeout=args.timeout_s)
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -253,6 +253,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--peer-decode", choices=["tensor", "pil"], default="tensor",
         help="torchvision's input: decode_image tensors (default) or PIL images (v2 runs on both)",
+    )
+    parser.add_argument(
+        "--decode", choices=["each", "once"], default="each",
+        help="fastload's Views(decode=...): each view's region fused (default), or one decode per image",
     )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)

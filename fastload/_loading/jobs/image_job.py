@@ -19,6 +19,7 @@ from fastload._augment.program import SampleProgram
 from fastload._bad_samples import MAX_ATTEMPTS, SkippedSample, reason_of, replacement
 from fastload._batch_counters import BatchCounters
 from fastload._loading.decoding.backend import SampleFailure, make_backend
+from fastload._loading.decoding.decode_once import DecodeOnce
 from fastload._loading.decoding.host_normalize import HostNormalizer
 from fastload._loading.jobs.contract import JobFailed, SourceJob, failure_of
 from fastload._loading.jobs.executor import Done, Task
@@ -118,6 +119,7 @@ class ImageJob(SourceJob):
         images = [np.zeros((v.plan.out_height, v.plan.out_width, 3), dtype) for v in self._views]
         sample = [images if plan.views else images[0], target_row(index.labels)]  # DINO's [[views], label]
         self.layout = BatchLayout.infer(sample, batch_size)
+        self._decode_once = DecodeOnce(plan.views, backend == "native") if plan.decode_once else None
         self._normalizer: HostNormalizer | None = None  # made where the job runs (it holds a module)
         self._read_buffer = ReadBuffer()  # NOTE [read buffer]
         self._index_segment: Segment | None = None
@@ -217,26 +219,32 @@ class ImageJob(SourceJob):
         read_cpu, read_runq = time.process_time_ns() - cpu0, run_delay_since(runq0)
         net_bytes, net_wait, hits, misses = REMOTE_READS.since(remote0)
         t1 = time.perf_counter_ns()
-        decode_ns = 0
-        for view, images in zip(self._views, arrays[:-1], strict=True):
-            t_view = time.perf_counter_ns()
-            rngs = sample_randoms(view.seed, task.epoch, indices)
-            pixels = images[:n] if self.normalize is None else view.uint8_rows(self.batch_size, n)
-            try:
-                view.backend.decode_batch(blobs, rngs, pixels)
-            except SampleFailure as e:
-                raise _Broken(e.position, e.__cause__ or e, "image", str(e)) from e
-            decode_ns += time.perf_counter_ns() - t_view
+        images = arrays[:-1]  # one leaf per view (a plain chain: one), then the labels
+        decoded = [  # where each view is decoded: its rows, or uint8 scratch to normalize from
+            rows[:n] if self.normalize is None else view.uint8_rows(self.batch_size, n)
+            for view, rows in zip(self._views, images, strict=True)
+        ]
+        rngs = [sample_randoms(view.seed, task.epoch, indices) for view in self._views]
+        try:
+            if self._decode_once is not None:  # every view cropped from one decode (NOTE [views])
+                self._decode_once.decode_views(blobs, rngs, decoded)
+            else:
+                for view, view_rngs, pixels in zip(self._views, rngs, decoded, strict=True):
+                    view.backend.decode_batch(blobs, view_rngs, pixels)
+        except SampleFailure as e:
+            raise _Broken(e.position, e.__cause__ or e, "image", str(e)) from e
+        t2 = time.perf_counter_ns()
+        for view, pixels, rows in zip(self._views, decoded, images, strict=True):
             self._run_stage(view.pixels, view.seed, "pixel", pixels, task, indices)
             if self.normalize is not None:
-                self._normalize_into(pixels, images[:n])
-                self._run_stage(view.tensor, view.seed, "tensor", images[:n], task, indices)
+                self._normalize_into(pixels, rows[:n])
+                self._run_stage(view.tensor, view.seed, "tensor", rows[:n], task, indices)
         labels = arrays[-1]
         labels[:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
         counters = BatchCounters(
-            samples=n, read_ns=t1 - t0, decode_ns=decode_ns, bytes_read=sum(len(b) for b in blobs),
-            read_cpu_ns=read_cpu, read_runq_ns=read_runq, augment_ns=t3 - t1 - decode_ns,
+            samples=n, read_ns=t1 - t0, decode_ns=t2 - t1, bytes_read=sum(len(b) for b in blobs),
+            read_cpu_ns=read_cpu, read_runq_ns=read_runq, augment_ns=t3 - t2,
             net_bytes=net_bytes, net_wait_ns=net_wait, cache_hits=hits, cache_misses=misses,
         )
         return Done(task.seq, counters)
