@@ -31,6 +31,7 @@ __all__ = [
     "sample_uniforms",
     "splitmix64",
     "uniform_integers",
+    "view_seed",
 ]
 
 DRAWS = 48  # per sample: RandomResizedCrop's 10 tries x 2 draws + 2 for its place, a flip, and room
@@ -136,3 +137,18 @@ class SampleDraws(Sequence[SampleRandom]):
 def sample_randoms(seed: int, epoch: int, indices: np.ndarray) -> SampleDraws:
     """The geometry draws of each sample of a task, in one vectorized pass."""
     return SampleDraws(seed, epoch, indices)
+
+
+_VIEW_STREAM = np.uint64(0x5649_4557_5345_4544)  # "VIEWSEED": view seeds apart from every draw stream
+
+
+def view_seed(seed: int, view: int) -> int:
+    """The seed view `view` of a `transforms.Views` draws from, for a loader of base `seed`: all its
+    random choices (crop, flip, colour, erasing) are its chain's, run alone under this seed, so a
+    view equals `FastLoader(transform=chain, seed=view_seed(seed, view))`'s image (NOTE [views] in
+    `transforms._views`). A 63-bit non-negative integer, a pure function of (seed, view)."""
+    words = np.array([seed & (2**64 - 1), seed >> 64 & (2**64 - 1), view & (2**64 - 1)], np.uint64)
+    key = np.array([_VIEW_STREAM], np.uint64)
+    for k in range(len(words)):
+        key = splitmix64(key ^ (words[k : k + 1] + SPLITMIX_GAMMA))
+    return int(key[0] >> np.uint64(1))

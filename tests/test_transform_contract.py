@@ -143,11 +143,15 @@ def test_deterministic_examples_are_compared_with_torchvision() -> None:
 def test_it_runs_through_its_kernel_on_a_tiny_batch(declared: Declaration) -> None:
     t = declared.make_example()
     if declared.stage == "geometry":  # its kernel is the decode's geometry (TransformPlan.sample)
-        plan = T.compile_transforms([t, T.CenterCrop(2)])
-        geometry = plan.sample(SIDE, SIDE + 4, np.random.default_rng(0))
-        left, top, right, bottom = geometry.box
-        assert (geometry.out_height, geometry.out_width) == (2, 2)
-        assert 0 <= left < right <= SIDE + 4 and 0 <= top < bottom <= SIDE
+        # A Views is a whole transform: each of its views is a chain's plan (NOTE [views]).
+        whole = isinstance(t, T.Views)
+        plans = T.compile_transforms([t]).views if whole else (T.compile_transforms([t, T.CenterCrop(2)]),)
+        for plan in plans:
+            geometry = plan.sample(SIDE, SIDE + 4, np.random.default_rng(0))
+            left, top, right, bottom = geometry.box
+            assert (geometry.out_height, geometry.out_width) == (plan.out_height, plan.out_width)
+            assert whole or (plan.out_height, plan.out_width) == (2, 2)
+            assert 0 <= left < right <= SIDE + 4 and 0 <= top < bottom <= SIDE
         return
     x = _images(4)
     if declared.stage == "pixels":

@@ -17,7 +17,7 @@ from typing import Any
 from fastload._augment import color_ops, mixing, policies, timm_ops, timm_policies, warp_ops
 from fastload._augment.ops import BatchKernel, BatchOp, SampleKernel, SampleOp
 from fastload._errors import ConfigError
-from fastload.transforms import DECODE, Transform, declaration_of
+from fastload.transforms import DECODE, Transform, Views, declaration_of
 from fastload.transforms._plan import DECODED_GEOMETRY
 
 
@@ -68,7 +68,7 @@ class KernelRegistry:
         if declared is None:
             return False
         if declared.kernel == DECODE:
-            return cls in DECODED_GEOMETRY
+            return cls in DECODED_GEOMETRY or cls is Views  # a Views' kernels are its views' (`check`)
         return declared.kernel in (self._batch if declared.stage == "batch" else self._sample)
 
     def check(self, transforms: Iterable[Transform]) -> None:
@@ -90,13 +90,14 @@ class KernelRegistry:
 
 
 def _members(t: Transform) -> list[Transform]:
-    """The transforms a transform holds (RandomApply's, RandomChoice's)."""
+    """The transforms a transform holds (RandomApply's, RandomChoice's, every view's of a Views)."""
     held: list[Transform] = []
     for field in dataclasses.fields(t):  # type: ignore[arg-type]
         value = getattr(t, field.name)
         if isinstance(value, tuple):
-            held.extend(v for v in value if isinstance(v, Transform))
-    return held
+            for v in value:
+                held.extend(v if isinstance(v, tuple) else (v,))
+    return [v for v in held if isinstance(v, Transform)]
 
 
 def _qualified(make: object) -> tuple[str, str]:

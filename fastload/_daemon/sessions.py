@@ -192,9 +192,10 @@ def check_hello(f: dict[str, Any], budget_bytes: int) -> tuple[TransformPlan, So
         raise ConfigError(f"dataset {problem}")
     source = _hello_source(f)
     plan = compile_transforms(from_config(f["transforms"]))
-    if plan.out_height * plan.out_width * 3 * batch_size > budget_bytes:
+    if plan.image_bytes * batch_size > budget_bytes:
+        sizes = " + ".join(f"{v.out_height}x{v.out_width}" for v in plan.each_view)
         raise DaemonError(
-            f"one batch of {batch_size} images of {plan.out_height}x{plan.out_width} is larger than "
+            f"one batch of {batch_size} images of {sizes} is larger than "
             f"the daemon's {format_size(budget_bytes)} budget"
         )
     return plan, source

@@ -245,22 +245,30 @@ def decode_rate(
     blobs: Sequence[bytes], paths: Sequence[str], seconds: float, plan: Any
 ) -> tuple[str, float, tuple[str, ...]]:
     """(backend name, images/s on this core, failures) decoding `blobs` round-robin for `seconds`
-    through `plan` (a compiled chain: its decode-time crops, then its pixel stage)."""
+    through `plan` (a compiled chain: its decode-time crops, then its pixel stage; every view's,
+    for a Views)."""
     from fastload._augment.program import SampleProgram
     from fastload._loading.decoding.backend import SampleFailure, make_backend
     from fastload._sample_random import PIXELS_STREAM, sample_randoms
 
-    backend = make_backend("native", plan)
-    pixels = SampleProgram(plan.pixels, PIXELS_STREAM)
-    out = np.empty((1, plan.out_height, plan.out_width, 3), dtype=np.uint8)
+    views = [  # each view of a Views (NOTE [views] in transforms), else the chain alone
+        (
+            make_backend("native", v),
+            SampleProgram(v.pixels, PIXELS_STREAM),
+            np.empty((1, v.out_height, v.out_width, 3), np.uint8),
+            seed,
+        )
+        for v, seed in plan.view_plans(0)
+    ]
     good = list(range(len(blobs)))
     failures: list[str] = []
 
     def decode(i: int) -> bool:
         try:
-            backend.decode_batch([blobs[i]], sample_randoms(0, 0, np.array([i])), out)
-            if pixels:
-                pixels.run_in_slot(out, 0, 0, np.array([i], np.int64))
+            for backend, pixels, out, seed in views:
+                backend.decode_batch([blobs[i]], sample_randoms(seed, 0, np.array([i])), out)
+                if pixels:
+                    pixels.run_in_slot(out, seed, 0, np.array([i], np.int64))
         except SampleFailure as e:
             failures.append(f"{paths[i]}: {e}")
             good.remove(i)
@@ -280,7 +288,7 @@ def decode_rate(
             f"none of the {len(blobs)} sampled files could be decoded (first: {failures[0]}); "
             "is this an image dataset?"
         )
-    return backend.name, done / elapsed, tuple(failures[:_MAX_FAILURES_KEPT])
+    return views[0][0].name, done / elapsed, tuple(failures[:_MAX_FAILURES_KEPT])
 
 
 # Conclusions

@@ -47,8 +47,8 @@ class FastLoader(ImageFolderAttributes):
     MixUp/CutMix soft targets float (B, num_classes), or a multi-label source's float32 multi-hot
     rows. With `sample_ids=True` a third element, `SampleIds`, says which samples the batch holds
     (their indices, and file names). `transform` is a list of `fastload.transforms` (crops, colour,
-    policies, RandomErasing, MixUp/CutMix: each runs where it is cheapest, NOTE [transform stages])
-    or a torchvision pipeline of those fastload has (`from_torchvision`): its Normalize is `normalize`.
+    policies, RandomErasing, MixUp/CutMix: each runs where it is cheapest, NOTE [transform stages];
+    or one `Views`: several crops) or a torchvision pipeline (`from_torchvision`; Normalize: `normalize`).
     Dataset mode yields what `default_collate` would. Samples whose leaves are fixed-shape arrays,
     tensors or numbers are written straight into shared memory; anything else (strings, ragged
     shapes, or any `collate_fn`) is collated in the worker and pickled over the local socket,
@@ -134,7 +134,7 @@ class FastLoader(ImageFolderAttributes):
         in_order: bool = True,
         seed: int | None = None,
         prefetch: int | None = None,
-        transform: Sequence[Transform] | Callable[..., Any] | None = None,
+        transform: Sequence[Transform] | Transform | Callable[..., Any] | None = None,
         device: str | torch.device | None = None,
         normalize: tuple[Sequence[float], Sequence[float]] | None = None,
         dtype: torch.dtype = torch.float32,

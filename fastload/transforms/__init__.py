@@ -6,7 +6,8 @@ and cuts the chain into stages that each run where they are cheapest (NOTE [tran
 in `_plan`): crops, resizes and horizontal flips folded into the decode; colour operations,
 policies and the warps (vertical flips, rotations, affine and perspective: `_warps`) batched on
 the uint8 samples (in the workers, or on the GPU after the copy); RandomErasing after
-normalization; MixUp/CutMix across the batch, labels becoming soft targets. `from_torchvision`
+normalization; MixUp/CutMix across the batch, labels becoming soft targets. `Views` holds several
+chains, one per view of each image (DINO's multi-crop: NOTE [views] in `_views`). `from_torchvision`
 converts a torchvision pipeline (v1 or v2) of the transforms fastload has into these, and timm's
 `create_transform` recipes and `Mixup` (`TimmRandAugment`, `TimmAutoAugment`, `TimmAugMix`,
 `TimmMixup` in its three modes, `three_augment`: DeiT III's, with timm's semantics).
@@ -56,6 +57,7 @@ from fastload.transforms._policies import AugMix, AutoAugment, RandAugment, Triv
 from fastload.transforms._timm_policies import TimmAugMix, TimmAutoAugment, three_augment
 from fastload.transforms._timm_transforms import RandomApply, TimmMixup, TimmRandAugment
 from fastload.transforms._torchvision import from_torchvision
+from fastload.transforms._views import Views
 from fastload.transforms._warps import RandomAffine, RandomPerspective, RandomRotation, RandomVerticalFlip
 
 # The transforms, and `from_torchvision` (a torchvision pipeline as fastload's). The loader's
@@ -97,6 +99,7 @@ __all__ = [
     "TimmRandAugment",
     "Transform",
     "TrivialAugmentWide",
+    "Views",
     "from_torchvision",
     "three_augment",
 ]

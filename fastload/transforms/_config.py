@@ -13,11 +13,11 @@ from fastload.transforms._base import Transform
 from fastload.transforms._declare import declaration_of, declared_transforms
 
 _MAX_ENTRIES = 32
-_MAX_DEPTH = 2  # a RandomChoice holds transforms, which hold none
+_MAX_DEPTH = 2  # a RandomChoice holds transforms, which hold none; a Views' chains may hold one
 
 
 def _entry_value(value: object) -> object:
-    if isinstance(value, tuple):
+    if isinstance(value, tuple):  # numbers, transforms, or (Views) chains of transforms
         return [_entry_value(v) for v in value]
     if isinstance(value, Transform):
         return _entry(value)
@@ -38,8 +38,8 @@ def to_config(transforms: Sequence[Transform]) -> list[dict[str, object]]:
 
 
 def _field_value(kind: str, name: str, value: object, depth: int) -> object:
-    """Check one field read from configuration: numbers, short strings, up to 4 numbers, None, or
-    (for RandomChoice) a list of transforms."""
+    """Check one field read from configuration: numbers, short strings, up to 4 numbers, None,
+    (for RandomChoice) a list of transforms, or (for Views) a list of such lists."""
     if value is None or isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, str) and len(value) <= 32:
@@ -50,6 +50,10 @@ def _field_value(kind: str, name: str, value: object, depth: int) -> object:
         return tuple(value)
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
         return _chain(value, depth + 1)
+    if isinstance(value, list) and 1 <= len(value) <= _MAX_ENTRIES and all(
+        isinstance(chain, list) and chain and all(isinstance(v, dict) for v in chain) for chain in value
+    ):
+        return tuple(_chain(chain, depth + 1) for chain in value)
     raise ConfigError(f"{kind}.{name}: {value!r} is not a valid value")
 
 

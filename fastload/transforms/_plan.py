@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fastload._errors import ConfigError
+from fastload._sample_random import view_seed
 from fastload.transforms._base import STAGES, RandomSource, Stage, Transform, pair
 from fastload.transforms._declare import declaration_of
 from fastload.transforms._geometric import (
@@ -21,20 +22,48 @@ from fastload.transforms._geometric import (
     SampleGeometry,
     shorter_edge,
 )
+from fastload.transforms._views import Views
 
 
 @dataclass(frozen=True)
 class TransformPlan:
     """A compiled transform chain: a fixed output size, a per-sample geometry sampler, and the
-    chain cut into its stages (NOTE [transform stages])."""
+    chain cut into its stages (NOTE [transform stages]). A `Views` compiles to one plan per view
+    (`views`; NOTE [views] in `_views`): its own stages are then empty, its size the first view's."""
 
     transforms: tuple[Transform, ...]
     out_height: int
     out_width: int
     interpolation: str
+    views: tuple[TransformPlan, ...] = ()
 
     def _stage(self, stage: Stage) -> tuple[Transform, ...]:
+        if self.views:
+            return ()  # each view's plan holds its stages
         return tuple(t for t in self.transforms if t.stage == stage)
+
+    @property
+    def decode_once(self) -> bool:
+        """Whether this is a `Views(..., decode="once")` plan: each image decoded once, every view
+        cropped from it (NOTE [views] in `_views`)."""
+        return bool(self.views) and getattr(self.transforms[0], "decode", "each") == "once"
+
+    @property
+    def each_view(self) -> tuple[TransformPlan, ...]:
+        """Each view's plan: a Views plan's `views`, or this plan alone (a plain chain is one view)."""
+        return self.views or (self,)
+
+    def view_plans(self, seed: int) -> tuple[tuple[TransformPlan, int], ...]:
+        """Each view's plan with the seed its draws come from: a plain chain is one view drawing
+        from `seed` itself; a Views plan's view v draws from `view_seed(seed, v)` (NOTE [views])."""
+        if not self.views:
+            return ((self, seed),)
+        return tuple((plan, view_seed(seed, v)) for v, plan in enumerate(self.views))
+
+    @property
+    def image_bytes(self) -> int:
+        """The uint8 bytes of one sample's image(s): every view's, for a Views plan."""
+        return sum(plan.out_height * plan.out_width * 3 for plan in self.each_view)
 
     @functools.cached_property
     def geometry(self) -> tuple[Transform, ...]:
@@ -66,7 +95,13 @@ class TransformPlan:
     def for_workers(self, with_pixels: bool, with_tensor: bool = False) -> TransformPlan:
         """The part of the chain a worker runs: the geometry, the pixel stage `with_pixels`
         (batches that stay on the CPU), and the tensor stage `with_tensor` (CPU batches the workers
-        normalize); the rest runs in the trainer's process."""
+        normalize); the rest runs in the trainer's process. A Views plan: each view's part."""
+        if self.views:
+            views = tuple(plan.for_workers(with_pixels, with_tensor) for plan in self.views)
+            (given,) = self.transforms
+            assert isinstance(given, Views)
+            whole = Views(tuple(plan.transforms for plan in views), decode=given.decode)
+            return TransformPlan((whole,), self.out_height, self.out_width, self.interpolation, views)
         chain = self.geometry + (self.pixels if with_pixels else ()) + (self.tensor if with_tensor else ())
         return TransformPlan(chain, self.out_height, self.out_width, self.interpolation)
 
@@ -172,6 +207,8 @@ def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
             need one size: end the geometry with a crop or a fixed-size Resize).
     """
     chain = tuple(transforms or ())
+    if any(isinstance(t, Views) for t in chain):
+        return _compile_views(chain)
     out: tuple[int, int] | None = None
     interpolation = "bilinear"
     latest: Transform | None = None
@@ -225,3 +262,23 @@ def compile_transforms(transforms: Sequence[Transform] | None) -> TransformPlan:
             "Resize((height, width))"
         )
     return TransformPlan(chain, out[0], out[1], interpolation)
+
+
+def _compile_views(chain: tuple[Transform, ...]) -> TransformPlan:
+    """A chain holding a Views: the Views alone, each view compiled on its own (NOTE [views])."""
+    if len(chain) != 1:
+        others = ", ".join(type(t).__name__ for t in chain if not isinstance(t, Views))
+        raise ConfigError(
+            f"Views is the whole transform, but the chain also holds {others or 'another Views'}: "
+            "put each view's transforms inside its own chain, Views([chain_0, chain_1, ...])"
+        )
+    (whole,) = chain
+    assert isinstance(whole, Views)
+    views = []
+    for v, view_chain in enumerate(whole.views):
+        try:
+            views.append(compile_transforms(view_chain))
+        except ConfigError as e:
+            raise ConfigError(f"Views, view {v}: {e}") from None
+    first = views[0]
+    return TransformPlan(chain, first.out_height, first.out_width, first.interpolation, tuple(views))

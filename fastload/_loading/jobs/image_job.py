@@ -1,5 +1,6 @@
 """`ImageJob`: what a worker does with a task of a source of encoded images — read the task's
-samples' bytes, decode + augment them with a backend into the slot's rows, labels beside them;
+samples' bytes, decode + augment them with a backend into the slot's rows (each view's into its
+own leaf, for a `Views`: NOTE [views] in `fastload.transforms._views`), labels beside them;
 a broken sample raises, or with on_error="skip" gets a stand-in (NOTE [bad samples]). The job
 contract it keeps, and `run_task` that runs it, are in `contract`.
 """
@@ -18,6 +19,7 @@ from fastload._augment.program import SampleProgram
 from fastload._bad_samples import MAX_ATTEMPTS, SkippedSample, reason_of, replacement
 from fastload._batch_counters import BatchCounters
 from fastload._loading.decoding.backend import SampleFailure, make_backend
+from fastload._loading.decoding.decode_once import DecodeOnce
 from fastload._loading.decoding.host_normalize import HostNormalizer
 from fastload._loading.jobs.contract import JobFailed, SourceJob, failure_of
 from fastload._loading.jobs.executor import Done, Task
@@ -59,6 +61,28 @@ class _Broken(Exception):
 # Slots are 4x larger; `ring_plan.plan_ring` sizes the ring from their bytes.
 
 
+class _View:
+    """One view's part of a job: its plan, the seed its draws come from, its backend (the
+    decoder's geometry is the view's), its pixel and tensor stages, and (for float slots) its
+    uint8 scratch rows. A plain chain is one view (NOTE [views] in `fastload.transforms._views`)."""
+
+    def __init__(self, plan: TransformPlan, seed: int, backend: str, normalized: bool) -> None:
+        self.plan, self.seed = plan, seed
+        self.backend = make_backend(backend, plan)
+        self.pixels = SampleProgram(plan.pixels, PIXELS_STREAM)
+        # The tensor stage needs normalized images: it runs here only on the images normalized here.
+        self.tensor = SampleProgram(plan.tensor if normalized else (), TENSOR_STREAM)
+        self._scratch: np.ndarray | None = None  # uint8 rows to decode into, before normalizing
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_scratch": None}  # made anew where the job runs
+
+    def uint8_rows(self, batch_size: int, n: int) -> np.ndarray:
+        if self._scratch is None:
+            self._scratch = np.empty((batch_size, self.plan.out_height, self.plan.out_width, 3), np.uint8)
+        return self._scratch[:n]
+
+
 class ImageJob(SourceJob):
     """Loads batches of encoded images from a source (`SampleIndex`: a folder, a file list, tar
     shards, a packed file): read a batch's bytes, decode + crop + flip into NHWC uint8, then the
@@ -90,21 +114,21 @@ class ImageJob(SourceJob):
             else None
         )
         dtype = np.float32 if self.normalize is not None else np.uint8
-        image = np.zeros((plan.out_height, plan.out_width, 3), dtype)
-        self.layout = BatchLayout.infer([image, target_row(index.labels)], batch_size)
-        self._backend = make_backend(backend, plan)
-        self._pixels = SampleProgram(plan.pixels, PIXELS_STREAM)
-        # The tensor stage needs normalized images: it runs here only on the images normalized here.
-        self._tensor = SampleProgram(plan.tensor if self.normalize is not None else (), TENSOR_STREAM)
+        # One `_View` per view (a plain chain is one, drawing from `seed`: NOTE [views] in transforms).
+        normalized = self.normalize is not None
+        self._views = [_View(view, seed_, backend, normalized) for view, seed_ in plan.view_plans(seed)]
+        images = [np.zeros((v.plan.out_height, v.plan.out_width, 3), dtype) for v in self._views]
+        sample = [images if plan.views else images[0], target_row(index.labels)]  # DINO's [[views], label]
+        self.layout = BatchLayout.infer(sample, batch_size)
+        self._decode_once = DecodeOnce(plan.views, backend == "native") if plan.decode_once else None
         self._normalizer: HostNormalizer | None = None  # made where the job runs (it holds a module)
-        self._scratch: np.ndarray | None = None  # uint8 rows to decode into, before normalizing
         self._read_buffer = ReadBuffer()  # NOTE [read buffer]
         self.copies: RepeatCopies | None = None  # a RepeatedPlan's keys (NOTE [augmentation of repeats])
         self._index_segment: Segment | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_normalizer"], state["_scratch"] = None, None  # made anew where the job runs
+        state["_normalizer"] = None  # made anew where the job runs
         return state
 
     def _normalize_into(self, pixels: np.ndarray, images: np.ndarray) -> None:
@@ -114,12 +138,6 @@ class ImageJob(SourceJob):
             std = torch.tensor(self.normalize[1], dtype=torch.float32).view(1, -1, 1, 1)
             self._normalizer = HostNormalizer(1.0 / (255.0 * std), -mean / std)  # as ImageOutput.affine
         self._normalizer.into(pixels, images)
-
-    def _uint8_rows(self, n: int) -> np.ndarray:
-        if self._scratch is None:
-            shape = (self.batch_size, self.plan.out_height, self.plan.out_width, 3)
-            self._scratch = np.empty(shape, np.uint8)
-        return self._scratch[:n]
 
     def to_config(self, index_segment: str, roots: tuple[str, ...] | None = None) -> dict[str, Any]:
         """This job as JSON-able data, its index living in the named shared segment; `roots`:
@@ -194,7 +212,6 @@ class ImageJob(SourceJob):
     def _load(self, task: Task, indices: np.ndarray, arrays: Sequence[np.ndarray]) -> Done:
         """Load samples `indices` (the task's, or with stand-ins for broken ones) into the rows."""
         n = len(indices)
-        images, labels = arrays
         t0 = time.perf_counter_ns()
         buffer = self._read_buffer
         buffer.start()  # the previous task's (or attempt's) views died with it
@@ -207,18 +224,28 @@ class ImageJob(SourceJob):
         read_cpu, read_runq = time.process_time_ns() - cpu0, run_delay_since(runq0)
         net_bytes, net_wait, hits, misses = REMOTE_READS.since(remote0)
         t1 = time.perf_counter_ns()
+        images = arrays[:-1]  # one leaf per view (a plain chain: one), then the labels
+        decoded = [  # where each view is decoded: its rows, or uint8 scratch to normalize from
+            rows[:n] if self.normalize is None else view.uint8_rows(self.batch_size, n)
+            for view, rows in zip(self._views, images, strict=True)
+        ]
         keys = indices if self.copies is None else self.copies.keys(task.batch_index, task.row, indices)
-        rngs = sample_randoms(self.seed, task.epoch, keys)
-        pixels = images[:n] if self.normalize is None else self._uint8_rows(n)
+        rngs = [sample_randoms(view.seed, task.epoch, keys) for view in self._views]
         try:
-            self._backend.decode_batch(blobs, rngs, pixels)
+            if self._decode_once is not None:  # every view cropped from one decode (NOTE [views])
+                self._decode_once.decode_views(blobs, rngs, decoded)
+            else:
+                for view, view_rngs, pixels in zip(self._views, rngs, decoded, strict=True):
+                    view.backend.decode_batch(blobs, view_rngs, pixels)
         except SampleFailure as e:
             raise _Broken(e.position, e.__cause__ or e, "image", str(e)) from e
         t2 = time.perf_counter_ns()
-        self._run_stage(self._pixels, "pixel", pixels, task, indices, keys)
-        if self.normalize is not None:
-            self._normalize_into(pixels, images[:n])
-            self._run_stage(self._tensor, "tensor", images[:n], task, indices, keys)
+        for view, pixels, rows in zip(self._views, decoded, images, strict=True):
+            self._run_stage(view.pixels, view.seed, "pixel", pixels, task, indices, keys)
+            if self.normalize is not None:
+                self._normalize_into(pixels, rows[:n])
+                self._run_stage(view.tensor, view.seed, "tensor", rows[:n], task, indices, keys)
+        labels = arrays[-1]
         labels[:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
         counters = BatchCounters(
@@ -256,7 +283,7 @@ class ImageJob(SourceJob):
         return indices
 
     def _run_stage(
-        self, stage: SampleProgram, name: str, rows: np.ndarray, task: Task, indices: np.ndarray,
+        self, stage: SampleProgram, seed: int, name: str, rows: np.ndarray, task: Task, indices: np.ndarray,
         keys: np.ndarray,
     ) -> None:
         """Run a stage of the chain in place on the rows of samples `indices`, its draws keyed by
@@ -264,7 +291,7 @@ class ImageJob(SourceJob):
         if not stage:
             return
         try:
-            stage.run_in_slot(rows, self.seed, task.epoch, keys)
+            stage.run_in_slot(rows, seed, task.epoch, keys)
         except Exception as e:
             what = f"the {name} transforms of the rows starting with image"
             first = int(indices[0])

@@ -193,8 +193,11 @@ class Pipeline:
         self.window.fit_ring(len(ring))
         self._slots.ring = ring
         plan, spec = self.spec.transforms, self.spec
-        stages = (
-            TrainerStages(plan, spec.seed, not spec.pixels_in_workers, not spec.normalize_in_workers)
+        stages = (  # one per view (NOTE [views] in transforms), each drawing from its seed
+            [
+                TrainerStages(view, seed, not spec.pixels_in_workers, not spec.normalize_in_workers)
+                for view, seed in plan.view_plans(spec.seed)
+            ]
             if plan is not None
             else None
         )

@@ -58,7 +58,7 @@ def build_spec(
     persistent_workers: bool,
     seed: int | None,
     prefetch: int | None,
-    transform: Sequence[Transform] | Callable[..., Any] | None,
+    transform: Sequence[Transform] | Transform | Callable[..., Any] | None,
     device: str | torch.device | None,
     normalize: tuple[Sequence[float], Sequence[float]] | None,
     dtype: torch.dtype,
@@ -224,7 +224,10 @@ def _fastload_transforms(
     transform: Any, normalize: tuple[Sequence[float], Sequence[float]] | None
 ) -> tuple[tuple[Transform, ...], tuple[Sequence[float], Sequence[float]] | None]:
     """`transform` as fastload transforms: as given, or converted from a torchvision pipeline
-    (`transforms.from_torchvision`), whose Normalize becomes `normalize`."""
+    (`transforms.from_torchvision`), whose Normalize becomes `normalize`; one transform (a `Views`)
+    as a chain of one."""
+    if isinstance(transform, Transform):
+        return (transform,), normalize
     if isinstance(transform, Sequence) and all(isinstance(t, Transform) for t in transform):
         return tuple(transform), normalize
     converted, found = from_torchvision(transform)

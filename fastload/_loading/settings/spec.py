@@ -91,8 +91,14 @@ class LoaderSpec:
             return None
         plan = compile_transforms(self.transform)
         check_kernels(plan.transforms)  # here, in the trainer's process, not later in a worker
-        if (plan.tensor or plan.batch is not None) and (self.images is None or self.images.mean is None):
-            late = ", ".join(type(t).__name__ for t in (*plan.tensor, plan.batch) if t is not None)
+        if plan.views and self.backend in ("dali", "nvjpeg"):
+            raise ConfigError(
+                f"Views decodes each view on the CPU (backend 'native' or 'pil'); backend={self.backend!r} "
+                "decodes one crop per image: use backend='native'"
+            )
+        needs_floats = [t for v in plan.each_view for t in (*v.tensor, v.batch) if t is not None]
+        late = ", ".join(dict.fromkeys(type(t).__name__ for t in needs_floats))  # every view's
+        if late and (self.images is None or self.images.mean is None):
             raise ConfigError(
                 f"{late} run on normalized float images, as in torchvision's recipes (after ToTensor "
                 "and Normalize): pass normalize=(mean, std) (normalize=((0, 0, 0), (1, 1, 1)) for "

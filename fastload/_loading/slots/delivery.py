@@ -10,7 +10,8 @@ Images travel NHWC uint8 (or float32, normalized by CPU batches' workers: NOTE [
 `jobs`); `present_batch` turns them into NCHW by a permute, which *is* the
 channels_last memory format, so no transpose runs unless contiguous NCHW is asked for. The chain's
 stages that the trainer's process owns (`TrainerStages`: the pixel stage when batches go to a GPU,
-RandomErasing and MixUp/CutMix after normalization) run there too, on the batch's device.
+RandomErasing and MixUp/CutMix after normalization) run there too, on the batch's device, each
+view's own for a `Views` (one image leaf per view, the labels after them).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,17 @@ def present_batch(
     return x, labels
 
 
+ViewStages = Sequence[TrainerStages | None] | TrainerStages | None
+"""What of the chain runs in the trainer's process: one `TrainerStages` (or None) per image leaf
+of a batch, in order (a `Views`' views; a plain chain's one), the labels' leaf after them."""
+
+
+def _per_view(stages: ViewStages) -> tuple[TrainerStages | None, ...]:
+    """`stages` as one entry per image leaf, None where nothing runs in the trainer's process."""
+    each = (stages,) if stages is None or isinstance(stages, TrainerStages) else tuple(stages)
+    return tuple(s if s else None for s in each)
+
+
 def _slot_arrays(
     ring: Ring, slot: int, layout: BatchLayout, count: int
 ) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -109,7 +121,7 @@ class CpuDelivery:
         layout: BatchLayout,
         images: ImageOutput | None,
         pin_memory: bool,
-        stages: TrainerStages | None = None,
+        stages: ViewStages = None,
     ) -> None:
         self._ring = ring
         self._layout = layout
@@ -117,7 +129,7 @@ class CpuDelivery:
         self._affine = images.affine(torch.device("cpu")) if images else None
         self._normalize = HostNormalizer(*self._affine) if self._affine is not None else None
         self._pin = pin_memory
-        self._stages = stages if stages else None
+        self._stages = _per_view(stages)
 
     def on_new_slot(self, segment: Segment) -> None:
         """CPU batches need nothing per slot."""
@@ -129,21 +141,23 @@ class CpuDelivery:
         tensors = [torch.from_numpy(a) for a in arrays]
         del base, arrays
         in_slot = tensors[0].data_ptr()
+        n = len(self._stages)  # the image leaves (a Views' views), labels after them
         if self._images is not None:
-            labels = tensors[1] if self._stages is not None else None
             images, affine = self._images, self._affine
-            # Float slots (NOTE [float slots] in `jobs`): MixUp/CutMix mix the slot's images in
-            # place; safe, since the slot is this batch's alone until its last view dies.
-            tensors[0], labels = present_batch(
-                tensors[0], labels, images, affine, self._stages, ids, self._normalize
-            )
-            if labels is not None:
-                tensors[1] = labels
+            for v, stages in enumerate(self._stages):
+                labels = tensors[n] if stages is not None else None
+                # Float slots (NOTE [float slots] in `jobs`): MixUp/CutMix mix the slot's images in
+                # place; safe, since the slot is this batch's alone until its last view dies.
+                tensors[v], labels = present_batch(
+                    tensors[v], labels, images, affine, stages, ids, self._normalize
+                )
+                if labels is not None:
+                    tensors[n] = labels
         if self._pin:
             tensors = [t.pin_memory() for t in tensors]
         elif self._affine is not None and tensors[0].data_ptr() != in_slot:
             # Normalizing (or a dtype) copied the images; copy the (small) rest so the slot is free at once.
-            tensors = [tensors[0], *(t.clone() for t in tensors[1:])]
+            tensors = [*tensors[:n], *(t.clone() for t in tensors[n:])]
         return self._layout.build(tensors)
 
     def poll(self) -> None:
@@ -168,10 +182,10 @@ class CudaDelivery:
         device: torch.device,
         cuda: Any = torch.cuda,
         on_copied: Callable[[float], None] | None = None,
-        stages: TrainerStages | None = None,
+        stages: ViewStages = None,
     ) -> None:
         self._ring = ring
-        self._stages = stages if stages else None
+        self._stages = _per_view(stages)
         self._layout = layout
         self._images = images
         self._device = device
@@ -207,13 +221,15 @@ class CudaDelivery:
             started = self._cuda.Event(enable_timing=True)
             started.record(self._stream)
             on_device = [t.to(self._device, non_blocking=True) for t in host]
+            n = len(self._stages)  # the image leaves (a Views' views), labels after them
             if self._images is not None:
-                labels = on_device[1] if self._stages is not None else None
-                on_device[0], labels = present_batch(
-                    on_device[0], labels, self._images, self._affine, self._stages, ids
-                )
-                if labels is not None:
-                    on_device[1] = labels
+                for v, stages in enumerate(self._stages):
+                    labels = on_device[n] if stages is not None else None
+                    on_device[v], labels = present_batch(
+                        on_device[v], labels, self._images, self._affine, stages, ids
+                    )
+                    if labels is not None:
+                        on_device[n] = labels
             copied = self._cuda.Event(enable_timing=True)
             copied.record(self._stream)
         user_stream.wait_event(copied)
@@ -247,12 +263,12 @@ def make_delivery(
     device: torch.device,
     pin_memory: bool,
     on_copied: Callable[[float], None] | None = None,
-    stages: TrainerStages | None = None,
+    stages: ViewStages = None,
 ) -> CpuDelivery | CudaDelivery:
     """The delivery for `device`: CUDA when it is a CUDA device, CPU otherwise.
 
     `on_copied(seconds)` hears each completed host-to-device copy's duration (CUDA only);
-    `stages` is what of the transform chain runs in the trainer's process.
+    `stages` is what of the transform chain runs in the trainer's process, one per image leaf.
     """
     if device.type == "cuda":
         return CudaDelivery(ring, layout, images, device, on_copied=on_copied, stages=stages)
