@@ -74,12 +74,13 @@ class TrainerStages:
         return self.pixels.run(images, self.seed, epoch, indices)
 
     def after_normalize(
-        self, images: torch.Tensor, labels: torch.Tensor, epoch: int, indices: np.ndarray
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """RandomErasing per sample, then the batch's MixUp/CutMix (labels become soft targets)."""
+        self, images: torch.Tensor, labels: torch.Tensor | None, epoch: int, indices: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """RandomErasing per sample, then the batch's MixUp/CutMix (labels become soft targets;
+        a batch without labels, of declared fields without one, is refused it when the loader is made)."""
         if self.tensor:
             images = self.tensor.run(images, self.seed, epoch, indices)
-        if self.mix is not None:
+        if self.mix is not None and labels is not None:
             key = np.asarray(indices[:1])  # a batch's draws are keyed by its first sample
             u = sample_uniforms(self.seed, epoch, key, max(1, self.mix.draws), BATCH_STREAM)[0]
             images, labels = self.mix.apply(images, labels, u)

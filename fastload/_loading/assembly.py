@@ -27,6 +27,7 @@ from fastload._loading.settings.sanity import check_settings_sense
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.ring_plan import plan_ring
 from fastload.sources._indexes.arrays import ArrayIndex
+from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._indexes.sample_index import SampleIndex
 
 
@@ -148,6 +149,7 @@ class Assembly:
                 f"{type(spec.transforms.batch).__name__} mixes class-index labels; this source's targets "
                 "are multi-hot rows (multi_label): mix them in your training step instead"
             )
+        _check_fields(self._index, spec)
         # backend="nvjpeg" decodes only in this process (`decodes_in_trainer`): its job just lays out batches.
         backend = "native" if spec.backend == "nvjpeg" else spec.backend
         job = ImageJob(
@@ -197,3 +199,22 @@ class Assembly:
     def _connect(self) -> DaemonSession:
         assert self._spec.daemon is not None
         return DaemonSession(self._spec.daemon, self._spec.hello())
+
+
+def _check_fields(index: SampleIndex, spec: LoaderSpec) -> None:
+    """A source of declared fields (`TarShards(fields=...)`) decodes in its workers (native or PIL)
+    and mixes batches (MixUp/CutMix) only with a label field; ConfigError otherwise."""
+    fields = index.fields if isinstance(index, ExtentIndex) else None
+    if fields is None:
+        return
+    if spec.decodes_in_trainer or spec.backend == "dali":
+        raise ConfigError(
+            f"backend={spec.backend!r} does not load declared fields yet: use backend='native' or 'pil' "
+            "with fields="
+        )
+    assert spec.transforms is not None
+    if spec.transforms.batch is not None and not fields.has_label:
+        raise ConfigError(
+            f"{type(spec.transforms.batch).__name__} mixes labels, and fields= declares none: add a label "
+            'field ({"label": "cls"}) or mix in your training step'
+        )

@@ -21,10 +21,12 @@ from fastload._loading.decoding.backend import SampleFailure, make_backend
 from fastload._loading.decoding.host_normalize import HostNormalizer
 from fastload._loading.jobs.contract import JobFailed, SourceJob, failure_of
 from fastload._loading.jobs.executor import Done, Task
+from fastload._loading.jobs.field_rows import MemberFailure, fields_layout, write_fields
 from fastload._loading.slots.layout import BatchLayout
 from fastload._machine import run_delay_since, thread_run_delay_ns
 from fastload._sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
 from fastload._shm import Segment
+from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._indexes.sample_index import (
     PathIndex,
     ReadBuffer,
@@ -90,7 +92,13 @@ class ImageJob(SourceJob):
         )
         dtype = np.float32 if self.normalize is not None else np.uint8
         image = np.zeros((plan.out_height, plan.out_width, 3), dtype)
-        self.layout = BatchLayout.infer([image, target_row(index.labels)], batch_size)
+        # Declared fields (`TarShards(fields=...)`): their rows beside the images (`field_rows`).
+        self._fields = index if isinstance(index, ExtentIndex) and index.fields is not None else None
+        if self._fields is not None:
+            assert self._fields.fields is not None
+            self.layout: BatchLayout | None = fields_layout(self._fields.fields, image, batch_size)
+        else:
+            self.layout = BatchLayout.infer([image, target_row(index.labels)], batch_size)
         self._backend = make_backend(backend, plan)
         self._pixels = SampleProgram(plan.pixels, PIXELS_STREAM)
         # The tensor stage needs normalized images: it runs here only on the images normalized here.
@@ -189,7 +197,7 @@ class ImageJob(SourceJob):
     def _load(self, task: Task, indices: np.ndarray, arrays: Sequence[np.ndarray]) -> Done:
         """Load samples `indices` (the task's, or with stand-ins for broken ones) into the rows."""
         n = len(indices)
-        images, labels = arrays
+        images = arrays[0]
         t0 = time.perf_counter_ns()
         buffer = self._read_buffer
         buffer.start()  # the previous task's (or attempt's) views died with it
@@ -199,6 +207,12 @@ class ImageJob(SourceJob):
             blobs = self.index.read(indices, buffer)
         except ReadFailure as e:
             raise _Broken(e.position, e.cause, "image") from e.cause
+        member_bytes = 0
+        if self._fields is not None:
+            try:
+                member_bytes = write_fields(self._fields, indices, arrays, buffer)
+            except MemberFailure as e:
+                raise _Broken(e.position, e.cause, f"field {e.name!r} of") from e.cause
         read_cpu, read_runq = time.process_time_ns() - cpu0, run_delay_since(runq0)
         net_bytes, net_wait, hits, misses = REMOTE_READS.since(remote0)
         t1 = time.perf_counter_ns()
@@ -213,10 +227,12 @@ class ImageJob(SourceJob):
         if self.normalize is not None:
             self._normalize_into(pixels, images[:n])
             self._run_stage(self._tensor, "tensor", images[:n], task, indices)
-        labels[:n] = self.index.labels[indices]
+        if self._fields is None:
+            arrays[1][:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
         counters = BatchCounters(
-            samples=n, read_ns=t1 - t0, decode_ns=t2 - t1, bytes_read=sum(len(b) for b in blobs),
+            samples=n, read_ns=t1 - t0, decode_ns=t2 - t1,
+            bytes_read=sum(len(b) for b in blobs) + member_bytes,
             read_cpu_ns=read_cpu, read_runq_ns=read_runq, augment_ns=t3 - t2,
             net_bytes=net_bytes, net_wait_ns=net_wait, cache_hits=hits, cache_misses=misses,
         )

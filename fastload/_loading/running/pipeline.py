@@ -321,6 +321,8 @@ class Pipeline:
             slot, count, _ = outcome
             batch = self.delivery.deliver(slot, count, (epoch, indices) if indices is not None else None)
         if self.spec.sample_ids and indices is not None:
+            if isinstance(batch, dict):  # declared fields by name: beside them, under "sample_ids"
+                return {**batch, "sample_ids": SampleIds(indices, self._name_of)}
             return [*batch, SampleIds(indices, self._name_of)]
         return batch
 

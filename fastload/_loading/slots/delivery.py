@@ -79,7 +79,7 @@ def present_batch(
         else:
             scale, bias = affine
             x = x.to(torch.float32).mul_(scale).add_(bias)
-        if stages is not None and ids is not None and labels is not None:
+        if stages is not None and ids is not None:  # labels: None when a batch carries none
             x, labels = stages.after_normalize(x, labels, *ids)
         if output.dtype != torch.float32:
             x = x.to(output.dtype)
@@ -126,25 +126,28 @@ class CpuDelivery:
         """The batch in `slot` (its first `count` rows); `ids` key the trainer-side random draws."""
         base, arrays = _slot_arrays(self._ring, slot, self._layout, count)
         weakref.finalize(base, self._ring.release, slot)
+        lists = self._layout.decode_ragged(arrays)  # NOTE [ragged leaves]: copied out of the slot
+        host = self._layout.host_leaves
         tensors = [torch.from_numpy(a) for a in arrays]
         del base, arrays
         in_slot = tensors[0].data_ptr()
+        label_leaf = self._layout.label_leaf
         if self._images is not None:
-            labels = tensors[1] if self._stages is not None else None
+            labels = tensors[label_leaf] if self._stages is not None and label_leaf is not None else None
             images, affine = self._images, self._affine
             # Float slots (NOTE [float slots] in `jobs`): MixUp/CutMix mix the slot's images in
             # place; safe, since the slot is this batch's alone until its last view dies.
             tensors[0], labels = present_batch(
                 tensors[0], labels, images, affine, self._stages, ids, self._normalize
             )
-            if labels is not None:
-                tensors[1] = labels
+            if labels is not None and label_leaf is not None:
+                tensors[label_leaf] = labels
         if self._pin:
-            tensors = [t.pin_memory() for t in tensors]
+            tensors = [t if i in host else t.pin_memory() for i, t in enumerate(tensors)]
         elif self._affine is not None and tensors[0].data_ptr() != in_slot:
             # Normalizing (or a dtype) copied the images; copy the (small) rest so the slot is free at once.
-            tensors = [tensors[0], *(t.clone() for t in tensors[1:])]
-        return self._layout.build(tensors)
+            tensors = [tensors[0], *(t if i in host else t.clone() for i, t in enumerate(tensors) if i)]
+        return self._layout.build(tensors, lists)
 
     def poll(self) -> None:
         """Nothing to poll: CPU slots come back through finalizers."""
@@ -201,19 +204,24 @@ class CudaDelivery:
     def deliver(self, slot: int, count: int, ids: SampleIds | None = None) -> Any:
         """The batch in `slot` copied to the device; `ids` key the trainer-side random draws."""
         _, arrays = _slot_arrays(self._ring, slot, self._layout, count)
+        lists = self._layout.decode_ragged(arrays)  # NOTE [ragged leaves]: they stay on the host
+        stay, label_leaf = self._layout.host_leaves, self._layout.label_leaf
         host = [torch.from_numpy(a) for a in arrays]
         user_stream = self._cuda.current_stream(self._device)
         with self._cuda.stream(self._stream):
             started = self._cuda.Event(enable_timing=True)
             started.record(self._stream)
-            on_device = [t.to(self._device, non_blocking=True) for t in host]
+            on_device = [
+                t if i in stay else t.to(self._device, non_blocking=True) for i, t in enumerate(host)
+            ]
             if self._images is not None:
-                labels = on_device[1] if self._stages is not None else None
+                with_labels = self._stages is not None and label_leaf is not None
+                labels = on_device[label_leaf] if with_labels and label_leaf is not None else None
                 on_device[0], labels = present_batch(
                     on_device[0], labels, self._images, self._affine, self._stages, ids
                 )
-                if labels is not None:
-                    on_device[1] = labels
+                if labels is not None and label_leaf is not None:
+                    on_device[label_leaf] = labels
             copied = self._cuda.Event(enable_timing=True)
             copied.record(self._stream)
         user_stream.wait_event(copied)
@@ -221,7 +229,7 @@ class CudaDelivery:
             if t.is_cuda:  # tell the caching allocator the user's stream uses it too
                 t.record_stream(user_stream)
         self._pending.append((started, copied, slot))
-        return self._layout.build(on_device)
+        return self._layout.build(on_device, lists)
 
     def poll(self) -> None:
         """Release the slots whose copies have completed (event queries, no host sync)."""

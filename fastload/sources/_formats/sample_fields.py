@@ -1,0 +1,113 @@
+"""The `fields=` declaration of a source's samples: each field a name and the member extension(s)
+of a sample key it is read from (";"-separated alternatives, the first a sample has wins, as
+WebDataset's `to_tuple("jpg;png", "txt")`), its kind following from the extension in one table:
+
+| extension                                   | kind    | in a batch                                  |
+|---------------------------------------------|---------|---------------------------------------------|
+| an image's (jpg jpeg png ppm bmp pgm tif tiff webp) | image | decoded + augmented, as today's images |
+| cls                                         | label   | an int64 tensor (B,)                        |
+| txt, text                                   | str     | `list[str]` (utf-8)                         |
+| json                                        | json    | a list of parsed JSON values                |
+| anything else                               | bytes   | `list[bytes]`                               |
+
+A declaration holds exactly one image field (batches are built around the decoded images; a
+source without one takes the Dataset path) and at most one label. A dict gives batches as dicts
+by name (with `sample_ids=True`, its `SampleIds` under "sample_ids"); a sequence of extension
+specs gives lists in that order (the `SampleIds` last). Its one responsibility is
+reading a declaration into `DeclaredField`s; the scan that follows them is `tar_scan.py`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastload._errors import ConfigError
+from fastload._sizes import shown
+from fastload.sources._formats.folder import IMG_EXTENSIONS
+from fastload.sources._indexes.field_extents import BYTES, IMAGE, JSON, LABEL, TEXT
+
+KIND_OF_EXTENSION: dict[str, str] = {
+    **{ext.lstrip("."): IMAGE for ext in IMG_EXTENSIONS},
+    "cls": LABEL,
+    "txt": TEXT,
+    "text": TEXT,
+    "json": JSON,
+}  # any other extension: BYTES
+_MAX_FIELDS = 64
+_BAD_EXTENSION_CHARS = frozenset("/=\0")
+
+
+@dataclass(frozen=True)
+class DeclaredField:
+    """One field: its name, the extensions it is read from (in order of preference), its kind."""
+
+    name: str
+    extensions: tuple[str, ...]
+    kind: str
+
+
+def normalized_fields(fields: Any) -> tuple[str, ...] | None:
+    """A `fields=` argument as a source keeps it (hashable, JSON-able): a dict's entries as
+    "name=ext;ext", a sequence's as "ext;ext"; None as None. ConfigError for anything else."""
+    if fields is None:
+        return None
+    if isinstance(fields, Mapping):
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
+            raise ConfigError(f"fields= maps names to member extensions (str to str), got {shown(fields)}")
+        entries = tuple(f"{name}={spec}" for name, spec in fields.items())
+    elif isinstance(fields, Sequence) and not isinstance(fields, (str, bytes)):
+        if not all(isinstance(v, str) for v in fields):
+            raise ConfigError(f"fields= is a dict or a sequence of extension strings, got {shown(fields)}")
+        entries = tuple(fields)
+    else:
+        raise ConfigError(
+            f'fields= is a dict ({{"image": "jpg;png", "text": "txt"}}) or a sequence of member '
+            f'extensions (("jpg;png", "txt")), got {shown(fields)}'
+        )
+    parse_fields(entries)  # checked when the source is made, not when it is opened
+    return entries
+
+
+def parse_fields(entries: Sequence[str]) -> tuple[tuple[DeclaredField, ...], bool]:
+    """The fields of a normalized declaration and whether batches are dicts by name."""
+    if not entries or len(entries) > _MAX_FIELDS:
+        raise ConfigError(f"fields= names 1 to {_MAX_FIELDS} fields, got {len(entries)}")
+    named = all("=" in e for e in entries)
+    if not named and any("=" in e for e in entries):
+        raise ConfigError(
+            f"fields= entries are all 'name=extensions' or all 'extensions', got {shown(entries)}"
+        )
+    declared: list[DeclaredField] = []
+    for entry in entries:
+        name, _, spec = entry.partition("=") if named else (entry, "", entry)
+        extensions = tuple(ext.strip().lower().lstrip(".") for ext in spec.split(";"))
+        if not name or any(not ext or _BAD_EXTENSION_CHARS & set(ext) for ext in extensions):
+            raise ConfigError(
+                f"field {shown(name)}: {shown(spec)} is not a list of member extensions ('jpg;png', 'txt')"
+            )
+        kinds = {KIND_OF_EXTENSION.get(ext, BYTES) for ext in extensions}
+        if len(kinds) > 1:
+            raise ConfigError(
+                f"field {shown(name)} mixes kinds ({', '.join(sorted(kinds))}) in {shown(spec)}: "
+                "its alternatives must all be images, or all text, ..."
+            )
+        if name == "sample_ids":
+            raise ConfigError(
+                '"sample_ids" is where a dict batch holds its SampleIds (sample_ids=True): name the field '
+                "otherwise"
+            )
+        if any(d.name == name for d in declared):
+            raise ConfigError(f"field {shown(name)} is declared twice")
+        declared.append(DeclaredField(name, extensions, kinds.pop()))
+    images = [d.name for d in declared if d.kind == IMAGE]
+    if len(images) != 1:
+        raise ConfigError(
+            f"fields= needs exactly one image field (jpg, png, ...), got {len(images)} "
+            f"({', '.join(images)}): "
+            "batches are built around one decoded image per sample; for several, or none, use a Dataset"
+        )
+    if sum(d.kind == LABEL for d in declared) > 1:
+        raise ConfigError("fields= takes at most one label field (.cls)")
+    return tuple(declared), named

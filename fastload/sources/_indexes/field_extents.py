@@ -1,0 +1,76 @@
+"""A sample's declared fields as an opened index holds them: `FieldExtents`, what each field is
+(its name and kind, in the order declared) and, for the fields that are byte strings of any
+length (text, JSON, raw bytes), each sample's member as an (offset, size) extent in the same
+container file as its image.
+
+Its one responsibility is that record; what an extension means (the declaration's table) is
+`_formats/sample_fields.py`'s, and how a batch carries the fields is `_loading/jobs/field_rows.py`'s.
+
+Kinds: "image" (exactly one; its extents are the index's own), "label" (int64, in the index's
+`labels`, -1 where a sample has none), and the ragged kinds "str" (utf-8 text), "json" (parsed)
+and "bytes" (as stored), whose extents are here; a size of -1 marks a sample without that member
+(its load is a bad sample: raised, or skipped with on_error="skip").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+IMAGE, LABEL, TEXT, JSON, BYTES = "image", "label", "str", "json", "bytes"
+RAGGED_KINDS = (TEXT, JSON, BYTES)
+KINDS = (IMAGE, LABEL, *RAGGED_KINDS)
+MISSING = -1  # the size of a member a sample does not have
+
+
+@dataclass(frozen=True, eq=False)
+class FieldExtents:
+    """The fields of every sample: `names` and `kinds` in the order declared (`named`: batches are
+    dicts by name, else lists in that order), and for the ragged fields, in their order among the
+    names, int64 (fields, N) `offsets` and `sizes` of each sample's member (size -1: missing)."""
+
+    names: tuple[str, ...]
+    kinds: tuple[str, ...]
+    named: bool
+    offsets: np.ndarray = field(repr=False)
+    sizes: np.ndarray = field(repr=False)
+
+    def __post_init__(self) -> None:
+        ragged = len(self.ragged)
+        if len(self.names) != len(self.kinds) or any(k not in KINDS for k in self.kinds):
+            raise ValueError(f"fields {self.names} have kinds {self.kinds}; kinds are {KINDS}")
+        if self.kinds.count(IMAGE) != 1 or self.kinds.count(LABEL) > 1:
+            raise ValueError("fields hold one image and at most one label")
+        n = self.sizes.shape[1] if self.sizes.ndim == 2 else -1
+        for what, array in (("offsets", self.offsets), ("sizes", self.sizes)):
+            if array.dtype != np.int64 or array.ndim != 2 or array.shape != (ragged, n):
+                raise ValueError(f"{what} must be int64 ({ragged}, N), got {array.dtype} {array.shape}")
+
+    @property
+    def ragged(self) -> tuple[int, ...]:
+        """The positions (among `names`) of the ragged fields, in order: row r of the extents is
+        field `ragged[r]`'s."""
+        return tuple(i for i, kind in enumerate(self.kinds) if kind in RAGGED_KINDS)
+
+    @property
+    def has_label(self) -> bool:
+        return LABEL in self.kinds
+
+    def capacity(self, row: int) -> int:
+        """The largest member of ragged field `row` (at least 1 byte): what one sample's share
+        of a slot holds, so that no batch of any samples (repeats and stand-ins too) overflows."""
+        sizes = self.sizes[row]
+        return max(1, int(sizes.max())) if sizes.size else 1
+
+    def declaration(self) -> dict[str, Any]:
+        """Names, kinds and form as JSON-able data (what a shared segment carries beside the arrays)."""
+        return {"names": list(self.names), "kinds": list(self.kinds), "named": self.named}
+
+    @classmethod
+    def from_declaration(cls, text: str | bytes, offsets: np.ndarray, sizes: np.ndarray) -> FieldExtents:
+        raw = json.loads(text)
+        names = tuple(str(n) for n in raw["names"])
+        return cls(names, tuple(str(k) for k in raw["kinds"]), bool(raw["named"]), offsets, sizes)
