@@ -16,35 +16,20 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import epoch_with_ids, resumed_tail, write_tar_shards
+from fields_helpers import (
+    AUGMENT,
+    FIELDS,
+    assert_same_batches,
+    caption,
+    copied,
+    epoch,
+    meta,
+    write_field_shards,
+)
+from helpers import epoch_with_ids, resumed_tail
 
 from fastload import ConfigError, DatasetError, FastLoader, SampleError, sources
 from fastload import transforms as T
-
-AUGMENT = [T.RandomResizedCrop(32), T.RandomHorizontalFlip()]
-FIELDS = {"image": "jpg;jpeg;png", "text": "txt", "meta": "json", "label": "cls", "raw": "bin"}
-
-
-def caption(i: int) -> str:
-    return f"sample {i} " + "é" * (i % 7) + "x" * (i * 13 % 50)  # varying lengths, non-ASCII
-
-
-def meta(i: int) -> Any:
-    return {"i": i, "tags": ["a"] * (i % 4), "w": i / 4}
-
-
-def members(i: int) -> list[tuple[str, bytes]]:
-    """Sample i's caption, metadata and raw bytes, as shard members."""
-    return [
-        (".txt", caption(i).encode()),
-        (".json", json.dumps(meta(i)).encode()),
-        (".bin", bytes(range(i % 256)) * 3),
-    ]
-
-
-def write_field_shards(directory: Path, folder: Path, **kwargs: Any) -> list[Path]:
-    """Shards of 10 of the folder (sample i is key s{i:05d}) with `members(i)` and .cls labels."""
-    return write_tar_shards(folder, directory, 10, extra=members, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -52,21 +37,6 @@ def field_shards(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -
     directory = tmp_path_factory.mktemp("fields")
     write_field_shards(directory, image_folder)
     return str(directory / "train-{000000..000002}.tar")
-
-
-def epoch(source: sources.TarShards, workers: int, **kwargs: Any) -> list[Any]:
-    options: dict[str, Any] = {"batch_size": 5, "shuffle": True, "transform": AUGMENT, "seed": 7}
-    options.update(device="cpu", **kwargs)
-    with FastLoader(source, num_workers=workers, **options) as loader:
-        return [_copied(batch) for batch in loader]
-
-
-def _copied(batch: Any) -> Any:
-    if isinstance(batch, dict):
-        return {k: _copied(v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)) and not isinstance(batch, str):
-        return type(batch)(_copied(v) for v in batch)
-    return batch.clone() if isinstance(batch, torch.Tensor) else batch
 
 
 def test_every_kind_of_field_end_to_end(image_folder: Path, field_shards: str) -> None:
@@ -118,20 +88,9 @@ def test_workers_and_resume_give_the_same_batches(field_shards: str) -> None:
     source = sources.TarShards(field_shards, fields=FIELDS)
     alone = epoch(source, 0)
     with_workers = epoch(source, 2)
-    _assert_same(alone, with_workers)
+    assert_same_batches(alone, with_workers)
     options: dict[str, Any] = {"batch_size": 5, "shuffle": True, "transform": AUGMENT, "device": "cpu"}
-    _assert_same(alone[2:], resumed_tail(source, options, _copied))
-
-
-def _assert_same(a: list[Any], b: list[Any]) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert list(x) == list(y)
-        for key in x:
-            if isinstance(x[key], torch.Tensor):
-                assert torch.equal(x[key], y[key]), key
-            else:
-                assert x[key] == y[key], key
+    assert_same_batches(alone[2:], resumed_tail(source, options, copied))
 
 
 def test_the_slot_holds_the_largest_member_per_row(field_shards: str) -> None:
