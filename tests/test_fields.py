@@ -134,3 +134,9 @@ def test_mixup_needs_a_label_field(field_shards: str) -> None:
             source, batch_size=4, transform=[T.RandomResizedCrop(32), T.MixUp(num_classes=3)], device="cpu",
             normalize=((0.5, 0.5, 0.5), (0.2, 0.2, 0.2)),
         )  # fmt: skip
+
+
+def test_pack_refuses_fields_it_would_drop(field_shards: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="a pack keeps each sample's image and label only"):
+        sources.pack(sources.TarShards(field_shards, fields=FIELDS), tmp_path / "pack")
+    assert not (tmp_path / "pack").exists()
