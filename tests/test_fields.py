@@ -140,3 +140,14 @@ def test_pack_refuses_fields_it_would_drop(field_shards: str, tmp_path: Path) ->
     with pytest.raises(ConfigError, match="a pack keeps each sample's image and label only"):
         sources.pack(sources.TarShards(field_shards, fields=FIELDS), tmp_path / "pack")
     assert not (tmp_path / "pack").exists()
+
+
+def test_normalized_batches_without_a_label(field_shards: str) -> None:
+    # Float slots (the workers normalize and erase) and the trainer's stages with no label leaf.
+    source = sources.TarShards(field_shards, fields={"image": "jpg;jpeg;png", "text": "txt"})
+    chain = [*AUGMENT, T.RandomErasing(p=1.0)]
+    normalize = ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    batches = epoch(source, 2, normalize=normalize, transform=chain, sample_ids=True)
+    for batch in batches:
+        assert batch["image"].dtype == torch.float32 and batch["image"].shape[1:] == (3, 32, 32)
+        assert batch["text"] == [caption(i) for i in batch["sample_ids"].indices.tolist()]
