@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from fields_helpers import (
@@ -30,6 +31,7 @@ from helpers import epoch_with_ids, resumed_tail
 
 from fastload import ConfigError, DatasetError, FastLoader, SampleError, sources
 from fastload import transforms as T
+from fastload.sources._formats import tar_scan
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +153,29 @@ def test_normalized_batches_without_a_label(field_shards: str) -> None:
     for batch in batches:
         assert batch["image"].dtype == torch.float32 and batch["image"].shape[1:] == (3, 32, 32)
         assert batch["text"] == [caption(i) for i in batch["sample_ids"].indices.tolist()]
+
+
+def test_fields_scans_are_cached_apart_from_plain_ones(
+    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    write_field_shards(tmp_path / "shards", image_folder, drop=((3, ".json"),))
+    pattern = str(tmp_path / "shards" / "train-{000000..000002}.tar")
+    scans: list[str] = []
+    real = tar_scan._scan_shard
+
+    def counted(shard: str, *args: Any) -> int:
+        scans.append(shard)
+        return real(shard, *args)
+
+    monkeypatch.setattr(tar_scan, "_scan_shard", counted)
+    unlabelled = {"image": "jpg;jpeg;png", "meta": "json"}
+    first = sources.TarShards(pattern, fields=unlabelled).open()
+    plain = sources.TarShards(pattern, fields=("jpg;jpeg;png", "cls", "txt")).open()
+    assert len(scans) == 6  # each declaration scanned once
+    again = sources.TarShards(pattern, fields=unlabelled).open()
+    assert len(scans) == 6  # from the cache: labels -1 and a missing member's -1 kept
+    assert first.fields is not None and again.fields is not None and plain.fields is not None
+    assert np.array_equal(first.fields.sizes, again.fields.sizes) and again.fields.sizes[0, 3] == -1
+    assert np.array_equal(first.labels, again.labels) and (again.labels == -1).all()
+    assert (plain.labels >= 0).all() and plain.fields.names == ("jpg;jpeg;png", "cls", "txt")

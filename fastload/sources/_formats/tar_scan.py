@@ -83,8 +83,8 @@ def cached_scan(
     """One shard's samples (image extents, labels, keys), from the cache when it has this shard
     as it is now, else scanned (and kept); the identity of the file scanned goes to `identities`;
     errors name it `shown` (by default its path). With `fields` (NOTE [declared fields' scans]),
-    the declared members' extents too, never cached."""
-    cache = None if fields is not None else cache
+    the declared members' extents too, kept as an entry of their own."""
+    variant = fields_variant(fields)
     try:
         fd, info = open_regular(shard, _MAX_SHARD_BYTES, "tar shard")
     except OSError as e:
@@ -94,12 +94,12 @@ def cached_scan(
         identities.append(ident)
         real = os.path.realpath(shard)
         if cache is not None:
-            kept = cache.get(real, ident)
+            kept = cache.get(real, ident, variant)
             if kept is not None:
                 return kept
         scanned = _scan_file(shown or shard, f, fields)
     if cache is not None and scanned["labels"].size:
-        cache.put(real, ident, scanned)
+        cache.put(real, ident, scanned, variant)
     return scanned
 
 
@@ -125,15 +125,14 @@ def remote_scan(
     """A remote shard's samples: from the scan cache, which keeps them by URL, version and size,
     else scanned from its copy in the node cache (verified whole before it is read: NOTE [chunk
     verification])."""
-    key, ident = f"{url}\0{version}", (-1, -1, size, -1, -1)
-    cache = None if fields is not None else cache
-    kept = cache.get(key, ident) if cache is not None else None
+    key, ident, variant = f"{url}\0{version}", (-1, -1, size, -1, -1), fields_variant(fields)
+    kept = cache.get(key, ident, variant) if cache is not None else None
     if kept is not None:
         return kept
     with node.open_whole(url, version, size) as f:
         scanned = _scan_file(url, f, fields)
     if cache is not None and scanned["labels"].size:
-        cache.put(key, ident, scanned)
+        cache.put(key, ident, scanned, variant)
     return scanned
 
 
@@ -285,8 +284,15 @@ def _scan_shard(
 # member (-1 without a label field, or when the sample lacks it: the job then fails or skips it,
 # as a missing ragged member, size -1), and its ragged members are recorded as extents in the
 # declared order; no member but a label's is read here. A key without the image is a
-# DatasetError naming shard and key, as without fields. These scans are not cached (the cache's
-# entries hold one image and label per sample): a shard is scanned each time a loader opens it.
+# DatasetError naming shard and key, as without fields. Such a scan is cached as an entry of its
+# own, named with the declaration too (`fields_variant`; NOTE [scan cache trust]).
+
+
+def fields_variant(fields: Fields | None) -> str:
+    """What names a declaration's scans in the scan cache ("" without fields)."""
+    if fields is None:
+        return ""
+    return json.dumps([[d.name, list(d.extensions), d.kind] for d in fields])
 
 
 def _declared_sample(
