@@ -346,10 +346,14 @@ def _data_bytes() -> int:
 
 
 def _index_bytes(index: Any) -> int:
-    """What the index's arrays take (its segment is about this size)."""
+    """What the index's arrays take, its declared fields' extents too (its segment is about this size)."""
     import numpy as np
 
-    return sum(int(v.nbytes) for v in vars(index).values() if isinstance(v, np.ndarray))
+    from fastload.sources._indexes.extents import ExtentIndex
+
+    fields = index.fields if isinstance(index, ExtentIndex) and index.fields is not None else None
+    members = int(fields.offsets.nbytes + fields.sizes.nbytes) if fields is not None else 0
+    return members + sum(int(v.nbytes) for v in vars(index).values() if isinstance(v, np.ndarray))
 
 
 def _open(request: dict[str, Any]) -> dict[str, Any]:

@@ -36,6 +36,7 @@ KIND_OF_EXTENSION: dict[str, str] = {
     "json": JSON,
 }  # any other extension: BYTES
 _MAX_FIELDS = 64
+_MAX_SPEC_CHARS = 256  # a field's name, or its extensions, at most (a daemon's peer sends them)
 _BAD_EXTENSION_CHARS = frozenset("/=\0")
 
 
@@ -83,7 +84,8 @@ def parse_fields(entries: Sequence[str]) -> tuple[tuple[DeclaredField, ...], boo
     for entry in entries:
         name, _, spec = entry.partition("=") if named else (entry, "", entry)
         extensions = tuple(ext.strip().lower().lstrip(".") for ext in spec.split(";"))
-        if not name or any(not ext or _BAD_EXTENSION_CHARS & set(ext) for ext in extensions):
+        too_long = max(len(name), len(spec)) > _MAX_SPEC_CHARS
+        if not name or too_long or any(not ext or _BAD_EXTENSION_CHARS & set(ext) for ext in extensions):
             raise ConfigError(
                 f"field {shown(name)}: {shown(spec)} is not a list of member extensions ('jpg;png', 'txt')"
             )
