@@ -9,6 +9,8 @@ RandomResizedCrop(224) + RandomHorizontalFlip, uint8 (B, 3, 224, 224) images, th
 
   fastload    FastLoader(TarShards(..., fields={"image": "jpg", "text": "txt", "meta": "json"}),
               shuffle=True) (its default shuffle: blocks of a shard, a window of them);
+  fastload-image  the same with fields={"image": "jpg"}: images alone, what the captions and
+              metadata cost (--systems to choose; all three by default);
   webdataset  wds.WebDataset(shards, shardshuffle=True).shuffle(1000).decode("pil")
               .to_tuple("jpg", "txt", "json") + torchvision.transforms.v2 (RandomResizedCrop(224,
               antialias=True), RandomHorizontalFlip, PILToTensor), .batched(B) in a
@@ -71,15 +73,17 @@ def write_shards(data: Path, work: Path, per_shard: int, samples: int) -> str:
     return pattern
 
 
-def run_fastload(pattern: str, workers: int, batch_size: int) -> dict[str, Any]:
+def run_fastload(pattern: str, workers: int, batch_size: int, images_only: bool = False) -> dict[str, Any]:
     from fastload import FastLoader, sources
     from fastload import transforms as T
 
     started = time.perf_counter()
-    source = sources.TarShards(pattern, fields=FIELDS)
+    source = sources.TarShards(pattern, fields={"image": "jpg"} if images_only else FIELDS)
     chain = [T.RandomResizedCrop(224), T.RandomHorizontalFlip()]
     with FastLoader(source, batch_size=batch_size, shuffle=True, transform=chain, num_workers=workers,
                     device="cpu", seed=0) as loader:  # fmt: skip
+        if images_only:
+            return _consume(loader, started, lambda b: (b["image"], b["image"], b["image"]))
         return _consume(loader, started, lambda b: (b["image"], b["text"], b["meta"]))
 
 
@@ -124,7 +128,7 @@ def _run_system(name: str, python: str, args: argparse.Namespace, pattern: str) 
     command = [python, __file__, "--run", name, "--pattern", pattern, "--workers", str(args.workers),
                "--batch-size", str(args.batch_size)]  # fmt: skip
     env = dict(os.environ)
-    if name == "fastload":
+    if name.startswith("fastload"):
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if out.returncode != 0:
@@ -148,17 +152,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--per-shard", type=int, default=250)
-    parser.add_argument("--run", choices=("fastload", "webdataset"), help=argparse.SUPPRESS)
+    parser.add_argument("--systems", default="fastload,fastload-image,webdataset")
+    parser.add_argument("--run", choices=("fastload", "fastload-image", "webdataset"), help=argparse.SUPPRESS)
     parser.add_argument("--pattern", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:  # one system's epoch, in its own process: one JSON line
-        run = run_fastload if args.run == "fastload" else run_webdataset
-        print(json.dumps(run(args.pattern, args.workers, args.batch_size)))
+        if args.run == "webdataset":
+            result = run_webdataset(args.pattern, args.workers, args.batch_size)
+        else:
+            result = run_fastload(args.pattern, args.workers, args.batch_size, args.run == "fastload-image")
+        print(json.dumps(result))
         return
     if not (args.data and args.work and args.peer_python):
         parser.error("--data, --work and --peer-python are needed")
     pattern = write_shards(args.data, args.work, args.per_shard, args.samples)
-    systems = {"fastload": sys.executable, "webdataset": args.peer_python}
+    pythons = {"fastload": sys.executable, "fastload-image": sys.executable, "webdataset": args.peer_python}
+    systems = {name: pythons[name] for name in args.systems.split(",")}
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     order = list(systems)
     for round_number in range(args.rounds):
@@ -166,7 +175,7 @@ def main() -> None:
             results[name].append(_run_system(name, systems[name], args, pattern))
             print(f"round {round_number + 1} {name}: {results[name][-1]}", file=sys.stderr)
         order = order[1:] + order[:1]
-    images = results["fastload"][0]["images"]
+    images = next(iter(results.values()))[0]["images"]
     print(f"\n{images} samples (JPEG + txt + json), batch {args.batch_size}, {args.workers} workers, "
           f"RandomResizedCrop(224) + flip; medians [min-max] over {args.rounds} rounds\n")  # fmt: skip
     print("| system | images/s, steady | epoch s (with startup) | first batch s |")
@@ -175,10 +184,13 @@ def main() -> None:
         steady = _spread([r["steady"] for r in runs])
         epoch = _spread([r["epoch_seconds"] for r in runs])
         print(f"| {name} | {steady} | {epoch} | {_spread([r['first_batch'] for r in runs])} |")
-    pairs = zip(results["fastload"], results["webdataset"], strict=True)
-    ratios = [(f["steady"] / w["steady"], w["epoch_seconds"] / f["epoch_seconds"]) for f, w in pairs]
-    print(f"\nfastload / webdataset, paired per round: steady {_spread([r[0] for r in ratios], 'x')}, "
-          f"whole epoch {_spread([r[1] for r in ratios], 'x')}")  # fmt: skip
+    for ours, peer in (("fastload", "webdataset"), ("fastload", "fastload-image")):
+        if ours not in results or peer not in results:
+            continue
+        pairs = zip(results[ours], results[peer], strict=True)
+        ratios = [(f["steady"] / w["steady"], w["epoch_seconds"] / f["epoch_seconds"]) for f, w in pairs]
+        print(f"\n{ours} / {peer}, paired per round: steady {_spread([r[0] for r in ratios], 'x')}, "
+              f"whole epoch {_spread([r[1] for r in ratios], 'x')}")  # fmt: skip
 
 
 if __name__ == "__main__":
