@@ -1,5 +1,6 @@
 """`ImageJob`: what a worker does with a task of a source of encoded images — read the task's
-samples' bytes, decode + augment them with a backend into the slot's rows, labels beside them;
+samples' bytes, decode + augment them with a backend into the slot's rows, labels beside them
+(or a source's declared fields: `field_rows`);
 a broken sample raises, or with on_error="skip" gets a stand-in (NOTE [bad samples]). The job
 contract it keeps, and `run_task` that runs it, are in `contract`.
 """
@@ -93,10 +94,10 @@ class ImageJob(SourceJob):
         dtype = np.float32 if self.normalize is not None else np.uint8
         image = np.zeros((plan.out_height, plan.out_width, 3), dtype)
         # Declared fields (`TarShards(fields=...)`): their rows beside the images (`field_rows`).
-        self._fields = index if isinstance(index, ExtentIndex) and index.fields is not None else None
-        if self._fields is not None:
-            assert self._fields.fields is not None
-            self.layout: BatchLayout | None = fields_layout(self._fields.fields, image, batch_size)
+        self._fields_index = index if isinstance(index, ExtentIndex) and index.fields is not None else None
+        if self._fields_index is not None:
+            assert self._fields_index.fields is not None
+            self.layout: BatchLayout | None = fields_layout(self._fields_index.fields, image, batch_size)
         else:
             self.layout = BatchLayout.infer([image, target_row(index.labels)], batch_size)
         self._backend = make_backend(backend, plan)
@@ -208,9 +209,9 @@ class ImageJob(SourceJob):
         except ReadFailure as e:
             raise _Broken(e.position, e.cause, "image") from e.cause
         member_bytes = 0
-        if self._fields is not None:
+        if self._fields_index is not None:
             try:
-                member_bytes = write_fields(self._fields, indices, arrays, buffer)
+                member_bytes = write_fields(self._fields_index, indices, arrays, buffer)
             except MemberFailure as e:
                 raise _Broken(e.position, e.cause, f"field {e.name!r} of") from e.cause
         read_cpu, read_runq = time.process_time_ns() - cpu0, run_delay_since(runq0)
@@ -227,7 +228,7 @@ class ImageJob(SourceJob):
         if self.normalize is not None:
             self._normalize_into(pixels, images[:n])
             self._run_stage(self._tensor, "tensor", images[:n], task, indices)
-        if self._fields is None:
+        if self._fields_index is None:
             arrays[1][:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
         counters = BatchCounters(

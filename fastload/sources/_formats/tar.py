@@ -7,6 +7,9 @@ files whose members are grouped by key, the member name up to the first dot of i
 `KEY.json` (an object whose "label", else "cls", is an integer). Samples are numbered in shard
 order, then member order, which is storage order: a block shuffle reads them sequentially.
 Only the headers and the small label members are read; the images are read by offset when loaded.
+With `fields=` (`_formats/sample_fields.py`), samples are the members it declares instead: one
+image, an optional .cls label, and text, JSON or bytes members read by offset beside the image
+(NOTE [declared fields' scans] in `tar_scan.py`); shards without labels load when none is declared.
 Local paths, or URLs read whole through the node cache (NOTE [node cache]). Reads go to byte
 offsets, so a `.tar.gz`/`.tgz`, `.tar.xz`/`.txz` or `.tar.bz2`/`.tbz2` (local or at a URL) is
 decompressed once into the user's cache and the copy is what the index names and workers read
