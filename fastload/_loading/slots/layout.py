@@ -14,6 +14,8 @@ uint8 (capacity,) and int64 (), so each row holds one sample's member from its o
 batch split into row ranges (NOTE [split batches]) needs no coordination. The trainer copies
 each row's bytes out (`decode_ragged`: utf-8 str, json.loads, bytes) when it hands the batch out;
 those leaves never go to a GPU. The tree stays JSON: a layout crosses a daemon's socket as text.
+Only a source declaring `fields=` makes ragged nodes, and a daemon that predates them refuses such
+a hello by name (its tar source has no field `fields`), so the wire's version stays 1.
 """
 
 from __future__ import annotations
