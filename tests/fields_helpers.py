@@ -40,7 +40,7 @@ def write_field_shards(directory: Path, folder: Path, **kwargs: Any) -> list[Pat
     return write_tar_shards(folder, directory, 10, extra=members, **kwargs)
 
 
-def epoch(source: sources.TarShards, workers: int, **kwargs: Any) -> list[Any]:
+def epoch(source: sources.Source, workers: int, **kwargs: Any) -> list[Any]:
     options: dict[str, Any] = {"batch_size": 5, "shuffle": True, "transform": AUGMENT, "seed": 7}
     options.update(device="cpu", **kwargs)
     with FastLoader(source, num_workers=workers, **options) as loader:

@@ -94,7 +94,9 @@ class ImageJob(SourceJob):
         dtype = np.float32 if self.normalize is not None else np.uint8
         image = np.zeros((plan.out_height, plan.out_width, 3), dtype)
         # Declared fields (`TarShards(fields=...)`): their rows beside the images (`field_rows`).
-        self._fields_index = index if isinstance(index, ExtentIndex) and index.fields is not None else None
+        fields_index = index if isinstance(index, (ExtentIndex, PathIndex)) else None
+        declares = fields_index is not None and fields_index.fields is not None
+        self._fields_index = fields_index if declares else None
         if self._fields_index is not None:
             assert self._fields_index.fields is not None
             self.layout: BatchLayout | None = fields_layout(self._fields_index.fields, image, batch_size)

@@ -14,7 +14,8 @@ A declaration holds exactly one image field (batches are built around the decode
 source without one takes the Dataset path) and at most one label. A dict gives batches as dicts
 by name (with `sample_ids=True`, its `SampleIds` under "sample_ids"); a sequence of extension
 specs gives lists in that order (the `SampleIds` last). Its one responsibility is
-reading a declaration into `DeclaredField`s; the scan that follows them is `tar_scan.py`'s.
+reading a declaration into `DeclaredField`s (and a file list's cells into its fields:
+`column_fields`); the tar scan that follows them is `tar_scan.py`'s.
 """
 
 from __future__ import annotations
@@ -23,10 +24,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastload._errors import ConfigError
+import numpy as np
+
+from fastload._errors import ConfigError, DatasetError
 from fastload._sizes import shown
 from fastload.sources._formats.folder import IMG_EXTENSIONS
-from fastload.sources._indexes.field_extents import BYTES, IMAGE, JSON, LABEL, TEXT
+from fastload.sources._indexes.field_extents import (
+    BYTES,
+    IMAGE,
+    JSON,
+    LABEL,
+    RAGGED_KINDS,
+    TEXT,
+    FieldExtents,
+)
+from fastload.sources._storage.bounds import clip, parse_label, quoted
 
 KIND_OF_EXTENSION: dict[str, str] = {
     **{ext.lstrip("."): IMAGE for ext in IMG_EXTENSIONS},
@@ -113,3 +125,42 @@ def parse_fields(entries: Sequence[str]) -> tuple[tuple[DeclaredField, ...], boo
     if sum(d.kind == LABEL for d in declared) > 1:
         raise ConfigError("fields= takes at most one label field (.cls)")
     return tuple(declared), named
+
+
+def column_fields(
+    list_path: str, rows: Sequence[tuple[int, str, list[str]]], entries: Sequence[str]
+) -> tuple[np.ndarray, FieldExtents]:
+    """A file list's labels (-1 without a label field) and its declared columns (`entries`, the
+    image's path first) held in memory, from its rows (line number, path, the other cells)."""
+    declared, named = parse_fields(entries)
+    if declared[0].kind != IMAGE:
+        raise ConfigError(
+            "a file list's first column is the image's path: declare its image field first, got "
+            f"{declared[0].name!r}"
+        )
+    labels = np.full(len(rows), -1, np.int64)
+    cells: list[list[bytes]] = [[] for d in declared if d.kind in RAGGED_KINDS]
+    for k, (number, _, columns) in enumerate(rows):
+        if len(columns) != len(declared) - 1:
+            listed = ", ".join(d.name for d in declared)
+            raise DatasetError(
+                f"{clip(list_path)} line {number}: {len(columns) + 1} columns, expected {len(declared)} "
+                f"({listed}; a caption with spaces needs a .csv or .tsv list, or delimiter=)"
+            )
+        row = 0
+        for d, cell in zip(declared[1:], columns, strict=True):
+            if d.kind == LABEL:
+                value = parse_label(cell)
+                if value is None:
+                    problem = f"label {quoted(cell)} is not a class index"
+                    raise DatasetError(f"{clip(list_path)} line {number}: {problem}")
+                labels[k] = value
+            else:
+                cells[row].append(cell.encode("utf-8", "surrogateescape"))
+                row += 1
+    sizes = np.array([[len(c) for c in column] for column in cells], np.int64).reshape(len(cells), len(rows))
+    ends = np.cumsum(sizes.reshape(-1))
+    starts = (ends - sizes.reshape(-1)).reshape(sizes.shape)
+    blob = np.frombuffer(b"".join(c for column in cells for c in column), np.uint8)
+    names, kinds = tuple(d.name for d in declared), tuple(d.kind for d in declared)
+    return labels, FieldExtents(names, kinds, named, starts, sizes, blob)

@@ -9,7 +9,8 @@ Its one responsibility is that record; what an extension means (the declaration'
 Kinds: "image" (exactly one; its extents are the index's own), "label" (int64, in the index's
 `labels`, -1 where a sample has none), and the ragged kinds "str" (utf-8 text), "json" (parsed)
 and "bytes" (as stored), whose extents are here; a size of -1 marks a sample without that member
-(its load is a bad sample: raised, or skipped with on_error="skip").
+(its load is a bad sample: raised, or skipped with on_error="skip"). A file list's columns are
+held in memory instead: `blob` holds every cell, and the extents are places in it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class FieldExtents:
     named: bool
     offsets: np.ndarray = field(repr=False)
     sizes: np.ndarray = field(repr=False)
+    # uint8: the members themselves, which `offsets` are places in (a file list's cells); None:
+    # the members lie in the samples' container files.
+    blob: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         ragged = len(self.ragged)
@@ -48,6 +52,11 @@ class FieldExtents:
         for what, array in (("offsets", self.offsets), ("sizes", self.sizes)):
             if array.dtype != np.int64 or array.ndim != 2 or array.shape != (ragged, n):
                 raise ValueError(f"{what} must be int64 ({ragged}, N), got {array.dtype} {array.shape}")
+        blob = self.blob
+        if blob is not None and (
+            blob.dtype != np.uint8 or blob.ndim != 1 or (self.offsets + self.sizes > blob.shape[0]).any()
+        ):
+            raise ValueError("blob must be uint8 (bytes,) holding every member its extents name")
 
     @property
     def ragged(self) -> tuple[int, ...]:
@@ -64,6 +73,13 @@ class FieldExtents:
         of a slot holds, so that no batch of any samples (repeats and stand-ins too) overflows."""
         sizes = self.sizes[row]
         return max(1, int(sizes.max())) if sizes.size else 1
+
+    def in_memory(self, row: int, indices: np.ndarray) -> list[bytes | memoryview]:
+        """The members of ragged field `row` of samples `indices`, as views of `blob`."""
+        assert self.blob is not None
+        whole = self.blob.data
+        starts, sizes = self.offsets[row, indices].tolist(), self.sizes[row, indices].tolist()
+        return [whole[start : start + max(size, 0)] for start, size in zip(starts, sizes, strict=True)]
 
     def declaration(self) -> dict[str, Any]:
         """Names, kinds and form as JSON-able data (what a shared segment carries beside the arrays)."""

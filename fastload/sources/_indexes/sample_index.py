@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from fastload._errors import DatasetError
 from fastload._shm import Segment
+from fastload.sources._indexes.field_extents import FieldExtents
 from fastload.sources._storage.bounds import MAX_SAMPLE_BYTES, open_regular, read_bounded
 
 if TYPE_CHECKING:
@@ -234,17 +236,31 @@ class PathIndex:
     labels: np.ndarray  # int64 (N,) or float32 (N, K)
     # A confined daemon's job opens its files beneath the daemon's roots (`_storage/beneath`); else by path.
     beneath: Beneath | None = field(default=None, repr=False, compare=False)
+    # A file list's declared columns (`FileList(fields=...)`), held in memory; None: (image, label).
+    fields: FieldExtents | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     @classmethod
     def from_paths(
-        cls, root: str, classes: Sequence[str], paths: Sequence[bytes], labels: np.ndarray
+        cls,
+        root: str,
+        classes: Sequence[str],
+        paths: Sequence[bytes],
+        labels: np.ndarray,
+        fields: FieldExtents | None = None,
     ) -> PathIndex:
         """An index of encoded `paths` (bytes, UTF-8 with surrogateescape) and their targets."""
         blob, offsets = pack_strings(paths)
-        return cls(root, tuple(classes), blob, offsets, labels)
+        return cls(root, tuple(classes), blob, offsets, labels, fields=fields)
+
+    def read_member(
+        self, row: int, indices: np.ndarray, into: ReadBuffer | None = None
+    ) -> list[bytes | memoryview]:
+        """The cells of ragged field `row` of `indices` (views of the fields' memory)."""
+        assert self.fields is not None
+        return self.fields.in_memory(row, np.asarray(indices, np.int64))
 
     def path(self, index: int) -> str:
         start, end = int(self.path_offsets[index]), int(self.path_offsets[index + 1])
@@ -273,6 +289,11 @@ class PathIndex:
         return blobs
 
     def to_segment(self) -> Segment:
+        if self.fields is not None:  # the layout below has no room for them (yet)
+            raise DatasetError(
+                f"{self.root}: a file list's declared fields are loaded locally, not through a daemon "
+                "(yet): leave daemon= out, or write the samples as tar shards and declare their fields there"
+            )
         n, blob_len = len(self), int(self.path_blob.shape[0])
         width = int(self.labels.shape[1]) if self.labels.ndim == 2 else 0
         dtype_code = TARGET_DTYPES.index(self.labels.dtype)

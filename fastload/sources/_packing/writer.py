@@ -40,7 +40,7 @@ from fastload.sources._formats.pack_format import ALIGN, INDEX_FILES, MANIFEST, 
 from fastload.sources._formats.packed import Packed
 from fastload.sources._indexes.arrays import ArrayIndex
 from fastload.sources._indexes.extents import ExtentIndex
-from fastload.sources._indexes.sample_index import SampleIndex, pack_strings
+from fastload.sources._indexes.sample_index import PathIndex, SampleIndex, pack_strings
 from fastload.sources._packing import data_files
 from fastload.sources._packing.data_files import DataFiles, drop_checkpoint, load_checkpoint
 from fastload.sources._packing.manifest import check_same, new_manifest
@@ -127,7 +127,7 @@ def pack(
     index = src.open()
     if isinstance(index, ArrayIndex):
         raise ConfigError(f"{where} holds arrays: a pack holds encoded samples (images) only")
-    if isinstance(index, ExtentIndex) and index.fields is not None:
+    if isinstance(index, (ExtentIndex, PathIndex)) and index.fields is not None:
         raise ConfigError(
             f"{where} declares fields ({', '.join(index.fields.names)}): a pack keeps each sample's "
             "image and label only, not yet its other fields; load the shards with fields= as they are, "
