@@ -2,8 +2,8 @@
 
 Protects: the cells of a CSV's columns come with their images (captions with commas and quotes,
 JSON values, labels), in dict batches equal to a plain list's images and labels, for 0 and 2
-workers; a line with another number of columns is a DatasetError naming it; a list at a URL is
-refused when made, and a daemon refuses a list with fields (loaded locally only, for now).
+workers and through a daemon (the cells in the index's shared segment); a line with another
+number of columns is a DatasetError naming it; a list at a URL is refused when made.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 from daemon_helpers import DaemonPool
-from fields_helpers import AUGMENT, assert_same_batches, caption, epoch, meta
+from fields_helpers import assert_same_batches, caption, epoch, meta
 
-from fastload import ConfigError, DatasetError, FastLoader, sources
-from fastload._errors import FastloadError
+from fastload import ConfigError, DatasetError, sources
 from fastload.sources import ImageFolder
 
 FIELDS = {"image": "jpg", "text": "txt", "meta": "json", "label": "cls"}
@@ -68,11 +67,8 @@ def test_a_line_of_other_columns_is_named(image_folder: Path, tmp_path: Path) ->
         sources.FileList(str(rich), fields={"text": "txt", "image": "jpg"}).open()
 
 
-def test_a_daemon_refuses_a_list_with_fields(
-    image_folder: Path, tmp_path: Path, daemon_pool: DaemonPool
-) -> None:
+def test_a_daemon_serves_a_lists_columns(image_folder: Path, tmp_path: Path, daemon_pool: DaemonPool) -> None:
     rich, _ = write_lists(image_folder, tmp_path)
-    daemon = daemon_pool.start(workers=1)
-    with pytest.raises(FastloadError, match="loaded locally, not through a daemon"):
-        FastLoader(sources.FileList(str(rich), fields=FIELDS), batch_size=4, transform=AUGMENT,
-                   device="cpu", daemon=daemon.address)  # fmt: skip
+    source = sources.FileList(str(rich), fields=FIELDS)
+    daemon = daemon_pool.start(workers=2, extra=["--root", str(tmp_path), "--root", str(image_folder)])
+    assert_same_batches(epoch(source, 0), epoch(source, 1, daemon=daemon.address))

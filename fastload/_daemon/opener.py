@@ -350,9 +350,13 @@ def _index_bytes(index: Any) -> int:
     import numpy as np
 
     from fastload.sources._indexes.extents import ExtentIndex
+    from fastload.sources._indexes.sample_index import PathIndex
 
-    fields = index.fields if isinstance(index, ExtentIndex) and index.fields is not None else None
-    members = int(fields.offsets.nbytes + fields.sizes.nbytes) if fields is not None else 0
+    fields = index.fields if isinstance(index, (ExtentIndex, PathIndex)) else None
+    members = 0
+    if fields is not None:
+        cells = 0 if fields.blob is None else int(fields.blob.nbytes)
+        members = int(fields.offsets.nbytes + fields.sizes.nbytes) + cells
     return members + sum(int(v.nbytes) for v in vars(index).values() if isinstance(v, np.ndarray))
 
 

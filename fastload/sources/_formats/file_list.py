@@ -32,7 +32,7 @@ from fastload.sources._base import Naming, Source
 from fastload.sources._formats.list_rows import ListRows, delimiter_name, describe, read_rows
 from fastload.sources._formats.sample_fields import column_fields, normalized_fields
 from fastload.sources._indexes.extents import ExtentIndex
-from fastload.sources._indexes.sample_index import PathIndex, pack_strings
+from fastload.sources._indexes.sample_index import FieldsPathIndex, PathIndex, pack_strings
 from fastload.sources._storage import remote
 from fastload.sources._storage.bounds import (
     MAX_LIST_BYTES,
@@ -74,7 +74,7 @@ class FileList(
       column order, the image's path first: `{"image": "jpg", "text": "txt", "label": "cls"}`
       reads `path,caption,label` lines into dict batches (a sequence: lists); each cell is the
       member (a caption's text, a JSON value, a .cls label); every line has one column per
-      field. Local lists only, loaded locally (not yet at a URL, nor through a daemon).
+      field. Local lists only (not yet at a URL).
     - At a URL (`s3://bucket/lists/train.csv`): its images are objects under `root` (default:
       the list's prefix; a URL prefix) or full URLs, each read whole through the node cache
       (`cache_dir`, `cache_limit` as for a remote pack; see the module docstring).
@@ -141,7 +141,7 @@ class FileList(
             raise DatasetError(_missing_first_image(list_path, first, read, paths, self.root is None))
         if isinstance(self.fields, tuple):
             labels, fields = column_fields(list_path, rows, self.fields)
-            return PathIndex.from_paths(list_path, (), paths, labels, fields)
+            return FieldsPathIndex.from_paths(list_path, (), paths, labels, fields)
         classes, labels = self._targets(list_path, rows)
         return PathIndex.from_paths(list_path, classes, paths, labels)
 

@@ -9,27 +9,25 @@ checked); every array at a multiple of 8 bytes. Its bytes are held by tests/test
 and a daemon of one version attaches what a trainer of the same version wrote.
 
 An index with declared fields (`FieldExtents`) is written under another magic, `FLEXTNT3`, the
-same layout followed by int64 (declaration bytes, ragged fields), the declaration as JSON, and
-int64 member offsets[ragged, n] and sizes[ragged, n]; one without is byte for byte as before.
+same layout followed by the fields section (`field_extents.write_section`); one without is byte
+for byte as before.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from fastload._shm import Segment
-from fastload.sources._indexes.field_extents import FieldExtents
+from fastload.sources._indexes.field_extents import FieldExtents, read_section, section_bytes, write_section
 from fastload.sources._indexes.sample_index import TARGET_DTYPES, pack_strings
 
 IDENTITY_FIELDS = 5  # device, inode, size, mtime ns, ctime ns (NOTE [extent file identity])
 _MAGIC = b"FLEXTNT2"
 _MAGIC_FIELDS = b"FLEXTNT3"  # the same, followed by the declared fields (the module docstring)
-_FIELDS_HEAD = struct.Struct("<2q")
 _HEAD = struct.Struct("<8s9q")
 
 
@@ -60,11 +58,8 @@ def write_segment(shared: SharedExtents) -> Segment:
     head: tuple[object, ...] = (magic, n, nfiles, len(files_blob), len(shared.key_blob), width, dtype_code)
     head += shared.tuning
     size = _HEAD.size + sum(_align8(_nbytes(shape, dtype)) for shape, dtype in _layout(head))
-    declaration = b""
     if shared.fields is not None:
-        declaration = json.dumps(shared.fields.declaration()).encode()
-        ragged = int(shared.fields.sizes.shape[0])
-        size += _FIELDS_HEAD.size + _align8(len(declaration)) + 2 * 8 * ragged * n
+        size += section_bytes(shared.fields)
     segment = Segment.create(max(size, 8))
     _HEAD.pack_into(segment.buf, 0, *head)
     views = _shared_views(segment)
@@ -76,30 +71,8 @@ def write_segment(shared: SharedExtents) -> Segment:
         view[...] = source
     if shared.fields is not None:
         at = _HEAD.size + sum(_align8(_nbytes(shape, dtype)) for shape, dtype in _layout(head))
-        _FIELDS_HEAD.pack_into(segment.buf, at, len(declaration), int(shared.fields.sizes.shape[0]))
-        at += _FIELDS_HEAD.size
-        segment.buf[at : at + len(declaration)] = declaration
-        member_offsets, member_sizes = _field_views(segment, at + _align8(len(declaration)), n, ragged)
-        member_offsets[...], member_sizes[...] = shared.fields.offsets, shared.fields.sizes
+        write_section(segment.buf, at, shared.fields)
     return segment
-
-
-def _field_views(segment: Segment, at: int, n: int, ragged: int) -> tuple[np.ndarray, np.ndarray]:
-    """The member offsets and sizes of a `FLEXTNT3` segment, at `at`."""
-    offsets = np.ndarray((ragged, n), np.int64, buffer=segment.buf, offset=at)
-    return offsets, np.ndarray((ragged, n), np.int64, buffer=segment.buf, offset=at + 8 * ragged * n)
-
-
-def _read_fields(segment: Segment, head: tuple[object, ...]) -> FieldExtents:
-    """The declared fields of a `FLEXTNT3` segment (views of its arrays)."""
-    at = _HEAD.size + sum(_align8(_nbytes(shape, dtype)) for shape, dtype in _layout(head))
-    length, ragged = _FIELDS_HEAD.unpack_from(segment.buf, at)
-    at += _FIELDS_HEAD.size
-    declaration = bytes(segment.buf[at : at + length])
-    n = head[1]
-    assert isinstance(n, int)
-    offsets, sizes = _field_views(segment, at + _align8(length), n, ragged)
-    return FieldExtents.from_declaration(declaration, offsets, sizes)
 
 
 def read_segment(segment: Segment) -> SharedExtents:
@@ -111,7 +84,8 @@ def read_segment(segment: Segment) -> SharedExtents:
     bounds = file_offsets.tolist()
     files = tuple(raw[a:b].decode("utf-8", "surrogateescape") for a, b in itertools.pairwise(bounds))
     gap, readahead, readahead_bytes = head[7:]
-    fields = _read_fields(segment, head) if head[0] == _MAGIC_FIELDS else None
+    at = _HEAD.size + sum(_align8(_nbytes(shape, dtype)) for shape, dtype in _layout(head))
+    fields = read_section(segment.buf, at, int(head[1])) if head[0] == _MAGIC_FIELDS else None
     tuning = (gap, readahead, readahead_bytes)
     return SharedExtents(files, file_ids, offsets, sizes, key_blob, key_offsets, labels, ids, tuning, fields)
 

@@ -16,7 +16,9 @@ held in memory instead: `blob` holds every cell, and the extents are places in i
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass, field
+from mmap import mmap
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,8 @@ IMAGE, LABEL, TEXT, JSON, BYTES = "image", "label", "str", "json", "bytes"
 RAGGED_KINDS = (TEXT, JSON, BYTES)
 KINDS = (IMAGE, LABEL, *RAGGED_KINDS)
 MISSING = -1  # the size of a member a sample does not have
+# A shared segment's fields section: declaration bytes, ragged fields, blob bytes (-1: no blob).
+_SECTION_HEAD = struct.Struct("<3q")
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,7 +90,57 @@ class FieldExtents:
         return {"names": list(self.names), "kinds": list(self.kinds), "named": self.named}
 
     @classmethod
-    def from_declaration(cls, text: str | bytes, offsets: np.ndarray, sizes: np.ndarray) -> FieldExtents:
+    def from_declaration(
+        cls, text: str | bytes, offsets: np.ndarray, sizes: np.ndarray, blob: np.ndarray | None = None
+    ) -> FieldExtents:
         raw = json.loads(text)
         names = tuple(str(n) for n in raw["names"])
-        return cls(names, tuple(str(k) for k in raw["kinds"]), bool(raw["named"]), offsets, sizes)
+        return cls(names, tuple(str(k) for k in raw["kinds"]), bool(raw["named"]), offsets, sizes, blob)
+
+
+# A shared segment's fields section (`ExtentIndex`'s after its arrays, a file list's after its
+# paths): the head, the declaration as JSON, int64 offsets[ragged, n] and sizes[ragged, n], the
+# blob; each part at a multiple of 8 bytes.
+
+
+def section_bytes(fields: FieldExtents) -> int:
+    """The bytes `write_section` takes."""
+    declaration = len(json.dumps(fields.declaration()).encode())
+    blob = 0 if fields.blob is None else int(fields.blob.shape[0])
+    return _SECTION_HEAD.size + _align8(declaration) + 2 * int(fields.sizes.nbytes) + _align8(blob)
+
+
+def write_section(buf: mmap | memoryview, at: int, fields: FieldExtents) -> None:
+    """Write `fields` at byte `at` (a multiple of 8) of `buf`."""
+    declaration = json.dumps(fields.declaration()).encode()
+    blob_len = -1 if fields.blob is None else int(fields.blob.shape[0])
+    _SECTION_HEAD.pack_into(buf, at, len(declaration), int(fields.sizes.shape[0]), blob_len)
+    at += _SECTION_HEAD.size
+    buf[at : at + len(declaration)] = declaration
+    at += _align8(len(declaration))
+    offsets, sizes, blob = _section_views(buf, at, fields.sizes.shape, max(blob_len, 0))
+    offsets[...], sizes[...] = fields.offsets, fields.sizes
+    if fields.blob is not None:
+        blob[...] = fields.blob
+
+
+def read_section(buf: mmap | memoryview, at: int, samples: int) -> FieldExtents:
+    """The fields `write_section` wrote at byte `at` of `buf` (views of its arrays)."""
+    length, ragged, blob_len = _SECTION_HEAD.unpack_from(buf, at)
+    at += _SECTION_HEAD.size
+    declaration = bytes(buf[at : at + length])
+    offsets, sizes, blob = _section_views(buf, at + _align8(length), (ragged, samples), max(blob_len, 0))
+    return FieldExtents.from_declaration(declaration, offsets, sizes, blob if blob_len >= 0 else None)
+
+
+def _section_views(
+    buf: mmap | memoryview, at: int, shape: tuple[int, ...], blob_len: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    nbytes = 8 * int(np.prod(shape))
+    offsets = np.ndarray(shape, np.int64, buffer=buf, offset=at)
+    sizes = np.ndarray(shape, np.int64, buffer=buf, offset=at + nbytes)
+    return offsets, sizes, np.ndarray((blob_len,), np.uint8, buffer=buf, offset=at + 2 * nbytes)
+
+
+def _align8(n: int) -> int:
+    return (n + 7) // 8 * 8

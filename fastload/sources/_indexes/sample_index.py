@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from fastload._errors import DatasetError
 from fastload._shm import Segment
-from fastload.sources._indexes.field_extents import FieldExtents
+from fastload.sources._indexes.field_extents import FieldExtents, read_section, section_bytes, write_section
 from fastload.sources._storage.bounds import MAX_SAMPLE_BYTES, open_regular, read_bounded
 
 if TYPE_CHECKING:
@@ -289,22 +288,23 @@ class PathIndex:
         return blobs
 
     def to_segment(self) -> Segment:
-        if self.fields is not None:  # the layout below has no room for them (yet)
-            raise DatasetError(
-                f"{self.root}: a file list's declared fields are loaded locally, not through a daemon "
-                "(yet): leave daemon= out, or write the samples as tar shards and declare their fields there"
-            )
+        if self.fields is not None:  # shared by `FieldsPathIndex`, whose name tells a worker they follow
+            raise ValueError("an index with declared fields is shared as a FieldsPathIndex")
+        return self._segment(0)[0]
+
+    def _segment(self, extra: int) -> tuple[Segment, int]:
+        """A new segment holding the index, with `extra` bytes after it, and where they start."""
         n, blob_len = len(self), int(self.path_blob.shape[0])
         width = int(self.labels.shape[1]) if self.labels.ndim == 2 else 0
         dtype_code = TARGET_DTYPES.index(self.labels.dtype)
-        target_bytes = _align8(int(self.labels.nbytes))
-        segment = Segment.create(_SHARED_HEAD.size + 8 * (n + 1) + target_bytes + max(blob_len, 1))
+        end = _SHARED_HEAD.size + 8 * (n + 1) + _align8(int(self.labels.nbytes)) + max(blob_len, 1)
+        segment = Segment.create(_align8(end) + extra if extra else end)
         _SHARED_HEAD.pack_into(segment.buf, 0, n, blob_len, width, dtype_code)
         offsets, labels, blob = _shared_views(segment)
         offsets[:] = self.path_offsets
         labels[:] = self.labels
         blob[:] = self.path_blob
-        return segment
+        return segment, _paths_end(segment)
 
     @classmethod
     def from_segment(cls, segment: Segment, root: str = "", beneath: Beneath | None = None) -> PathIndex:
@@ -312,6 +312,34 @@ class PathIndex:
         through `beneath` when given."""
         offsets, labels, blob = _shared_views(segment)
         return cls(root, (), blob, offsets, labels, beneath)
+
+
+@dataclass(frozen=True)
+class FieldsPathIndex(PathIndex):
+    """A file list's index with its declared columns (`fields`, held in memory: `FileList(fields=
+    ...)`), shared with them: its segment is a `PathIndex`'s followed by the fields section
+    (`field_extents.write_section`)."""
+
+    def to_segment(self) -> Segment:
+        assert self.fields is not None
+        segment, at = self._segment(section_bytes(self.fields))
+        write_section(segment.buf, at, self.fields)
+        return segment
+
+    @classmethod
+    def from_segment(
+        cls, segment: Segment, root: str = "", beneath: Beneath | None = None
+    ) -> FieldsPathIndex:
+        offsets, labels, blob = _shared_views(segment)
+        fields = read_section(segment.buf, _paths_end(segment), len(labels))
+        return cls(root, (), blob, offsets, labels, beneath, fields=fields)
+
+
+def _paths_end(segment: Segment) -> int:
+    """Where what follows a `PathIndex`'s arrays in its segment starts (a multiple of 8)."""
+    n, blob_len, width, dtype_code = _SHARED_HEAD.unpack_from(segment.buf, 0)
+    target_bytes = _align8(n * max(width, 1) * TARGET_DTYPES[dtype_code].itemsize)
+    return _align8(_SHARED_HEAD.size + 8 * (n + 1) + target_bytes + max(blob_len, 1))
 
 
 def _align8(n: int) -> int:
