@@ -349,11 +349,10 @@ def _index_bytes(index: Any) -> int:
     """What the index's arrays take, its declared fields' extents too (its segment is about this size)."""
     import numpy as np
 
-    from fastload.sources._indexes.extents import ExtentIndex
-    from fastload.sources._indexes.sample_index import PathIndex
+    from fastload.sources._indexes.sample_index import declared_fields
 
-    fields = index.fields if isinstance(index, (ExtentIndex, PathIndex)) else None
-    members = 0
+    declaring = declared_fields(index)
+    fields, members = (declaring.fields if declaring is not None else None), 0
     if fields is not None:
         cells = 0 if fields.blob is None else int(fields.blob.nbytes)
         members = int(fields.offsets.nbytes + fields.sizes.nbytes) + cells

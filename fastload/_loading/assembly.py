@@ -27,8 +27,7 @@ from fastload._loading.settings.sanity import check_settings_sense
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.ring_plan import plan_ring
 from fastload.sources._indexes.arrays import ArrayIndex
-from fastload.sources._indexes.extents import ExtentIndex
-from fastload.sources._indexes.sample_index import PathIndex, SampleIndex
+from fastload.sources._indexes.sample_index import SampleIndex, declared_fields
 
 
 class Assembly:
@@ -204,7 +203,8 @@ class Assembly:
 def _check_fields(index: SampleIndex, spec: LoaderSpec) -> None:
     """A source of declared fields (`TarShards(fields=...)`) decodes in its workers (native or PIL)
     and mixes batches (MixUp/CutMix) only with a label field; ConfigError otherwise."""
-    fields = index.fields if isinstance(index, (ExtentIndex, PathIndex)) else None
+    declaring = declared_fields(index)
+    fields = declaring.fields if declaring is not None else None
     if fields is None:
         return
     if spec.decodes_in_trainer or spec.backend == "dali":

@@ -23,9 +23,15 @@ import numpy as np
 
 from fastload._errors import DatasetError
 from fastload._loading.slots.layout import BatchLayout, Leaf
-from fastload.sources._indexes.extents import ExtentIndex
-from fastload.sources._indexes.field_extents import IMAGE, JSON, LABEL, MISSING, TEXT, FieldExtents
-from fastload.sources._indexes.sample_index import PathIndex, ReadBuffer, ReadFailure
+from fastload.sources._indexes.field_extents import (
+    IMAGE,
+    JSON,
+    LABEL,
+    MISSING,
+    TEXT,
+    FieldExtents,
+)
+from fastload.sources._indexes.sample_index import DeclaresFields, ReadBuffer, ReadFailure
 
 
 class MemberFailure(Exception):
@@ -58,7 +64,7 @@ def fields_layout(fields: FieldExtents, image: np.ndarray, batch_size: int) -> B
 
 
 def write_fields(
-    index: ExtentIndex | PathIndex, indices: np.ndarray, arrays: Sequence[np.ndarray], buffer: ReadBuffer
+    index: DeclaresFields, indices: np.ndarray, arrays: Sequence[np.ndarray], buffer: ReadBuffer
 ) -> int:
     """Write the label and ragged members of samples `indices` into their rows of the slot's
     `arrays` (laid out by `fields_layout`); return the bytes read. `MemberFailure` for a sample
@@ -91,7 +97,7 @@ def write_fields(
 
 
 def _check_present(
-    values: np.ndarray, name: str, index: ExtentIndex | PathIndex, indices: np.ndarray, what: str
+    values: np.ndarray, name: str, index: DeclaresFields, indices: np.ndarray, what: str
 ) -> None:
     missing = np.flatnonzero(values == MISSING)
     if missing.size:

@@ -27,12 +27,12 @@ from fastload._loading.slots.layout import BatchLayout
 from fastload._machine import run_delay_since, thread_run_delay_ns
 from fastload._sample_random import PIXELS_STREAM, TENSOR_STREAM, sample_randoms
 from fastload._shm import Segment
-from fastload.sources._indexes.extents import ExtentIndex
 from fastload.sources._indexes.sample_index import (
     PathIndex,
     ReadBuffer,
     ReadFailure,
     SampleIndex,
+    declared_fields,
     target_row,
 )
 from fastload.sources._shared_indexes import SHARED_INDEX_TYPES, shared_name
@@ -94,9 +94,7 @@ class ImageJob(SourceJob):
         dtype = np.float32 if self.normalize is not None else np.uint8
         image = np.zeros((plan.out_height, plan.out_width, 3), dtype)
         # Declared fields (`TarShards(fields=...)`): their rows beside the images (`field_rows`).
-        fields_index = index if isinstance(index, (ExtentIndex, PathIndex)) else None
-        declares = fields_index is not None and fields_index.fields is not None
-        self._fields_index = fields_index if declares else None
+        self._fields_index = declared_fields(index)
         if self._fields_index is not None:
             assert self._fields_index.fields is not None
             self.layout: BatchLayout | None = fields_layout(self._fields_index.fields, image, batch_size)

@@ -159,6 +159,37 @@ class RemoteCapable(Protocol):
         ...
 
 
+@runtime_checkable
+class DeclaresFields(Protocol):
+    """An index that may hold declared fields (`ExtentIndex`, `PathIndex`): what the image job,
+    the loader's checks, `pack` and a daemon's budget ask of one, through `declared_fields`."""
+
+    @property
+    def fields(self) -> FieldExtents | None:
+        """Its declared fields; None: (image, label) samples."""
+        ...
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int64 (N,) class indices (-1: none)."""
+        ...
+
+    def name(self, index: int) -> str:
+        """Where sample `index` lives (what a failure names)."""
+        ...
+
+    def read_member(
+        self, row: int, indices: np.ndarray, into: ReadBuffer | None = None
+    ) -> list[bytes | memoryview]:
+        """The members of ragged field `row` of samples `indices`, in that order."""
+        ...
+
+
+def declared_fields(index: object) -> DeclaresFields | None:
+    """`index` when it declares fields, else None."""
+    return index if isinstance(index, DeclaresFields) and index.fields is not None else None
+
+
 def remote_reads(index: object) -> RemoteCapable | None:
     """`index` as a `RemoteCapable` when it declares it and some of its samples are remote; None
     otherwise (a local index, or one that cannot be remote)."""
