@@ -126,6 +126,7 @@ def test_declarations_are_checked_when_made(field_shards: str) -> None:
         ({"image": "jpg", "x": "a/b"}, "member extensions"),
         ({"image": "jpg", "x" * 300: "txt"}, "member extensions"),
         ({"image": "jpg", "sample_ids": "txt"}, "name the field otherwise"),
+        ({"image": "jpg", "a=b": "txt"}, "no '='"),
     ):
         with pytest.raises(ConfigError, match=reason):
             sources.TarShards(field_shards, fields=bad)  # type: ignore[arg-type]

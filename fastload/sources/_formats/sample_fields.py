@@ -69,6 +69,8 @@ def normalized_fields(fields: Any) -> tuple[str, ...] | None:
     if isinstance(fields, Mapping):
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
             raise ConfigError(f"fields= maps names to member extensions (str to str), got {shown(fields)}")
+        if any("=" in name for name in fields):
+            raise ConfigError(f"a field's name has no '=' in it, got {shown(list(fields))}")
         entries = tuple(f"{name}={spec}" for name, spec in fields.items())
     elif isinstance(fields, Sequence) and not isinstance(fields, (str, bytes)):
         if not all(isinstance(v, str) for v in fields):
