@@ -160,9 +160,17 @@ def column_fields(
             else:
                 cells[row].append(cell.encode("utf-8", "surrogateescape"))
                 row += 1
-    sizes = np.array([[len(c) for c in column] for column in cells], np.int64).reshape(len(cells), len(rows))
+    return labels, fields_in_memory(declared, named, cells, len(rows))
+
+
+def fields_in_memory(
+    declared: Sequence[DeclaredField], named: bool, cells: Sequence[Sequence[bytes]], samples: int
+) -> FieldExtents:
+    """The declared fields whose ragged members are `cells` (per ragged field, in order, one per
+    sample), held in one blob."""
+    sizes = np.array([[len(c) for c in column] for column in cells], np.int64).reshape(len(cells), samples)
     ends = np.cumsum(sizes.reshape(-1))
     starts = (ends - sizes.reshape(-1)).reshape(sizes.shape)
     blob = np.frombuffer(b"".join(c for column in cells for c in column), np.uint8)
     names, kinds = tuple(d.name for d in declared), tuple(d.kind for d in declared)
-    return labels, FieldExtents(names, kinds, named, starts, sizes, blob)
+    return FieldExtents(names, kinds, named, starts, sizes, blob)
