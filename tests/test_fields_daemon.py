@@ -4,7 +4,8 @@ Protects: the hello carries the source's fields, the daemon's workers read the m
 index's shared segment (its `FLEXTNT3` form) and write them into the slots, and the trainer gets
 the same dict batches (images, labels, captions, JSON, bytes, sample ids) as a local loader;
 a confined daemon (dataset roots) serves shards inside its roots and refuses shards outside
-them, fields or not (the allowlist checks every shard the source names).
+them, fields or not (the allowlist checks every shard the source names); MixUp over fields
+without a label is refused when the loader is made, as locally.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import pytest
 from daemon_helpers import DaemonPool
 from fields_helpers import AUGMENT, FIELDS, assert_same_batches, epoch, write_field_shards
 
-from fastload import FastLoader, sources
+from fastload import ConfigError, FastLoader, sources
+from fastload import transforms as T
 from fastload._errors import FastloadError
 
 
@@ -32,6 +34,12 @@ def test_a_daemon_serves_the_local_batches(
     for batch in (*local, *served):
         batch["sample_ids"] = batch["sample_ids"].indices.tolist()
     assert_same_batches(local, served)
+    # MixUp needs the label the daemon's layout lacks: refused when the loader is made.
+    unlabelled = sources.TarShards(source.paths, fields={"image": "jpg;jpeg;png", "text": "txt"})
+    mixing = [*AUGMENT, T.MixUp(num_classes=3)]
+    with pytest.raises(ConfigError, match="fields= declares none"):
+        FastLoader(unlabelled, batch_size=5, transform=mixing, normalize=((0.5,) * 3, (0.2,) * 3),
+                   device="cpu", daemon=daemon.address)  # fmt: skip
 
 
 def test_a_confined_daemon_refuses_shards_outside_its_roots(

@@ -132,6 +132,9 @@ class Assembly:
             assert spec.transforms is not None  # compiled here: a chain the daemon cannot run fails first
             self._session = self._connect()
             self.classes, self._num_samples = self._session.welcome.classes, self._session.welcome.num_samples
+            if spec.transforms.batch is not None and self._session.welcome.layout.label_leaf is None:
+                self.close_session()  # batches of declared fields without a label: nothing to mix
+                raise _unmixable(spec)
             return
         if self._index is None:
             self._index = spec.source.open()
@@ -214,7 +217,12 @@ def _check_fields(index: SampleIndex, spec: LoaderSpec) -> None:
         )
     assert spec.transforms is not None
     if spec.transforms.batch is not None and not fields.has_label:
-        raise ConfigError(
-            f"{type(spec.transforms.batch).__name__} mixes labels, and fields= declares none: add a label "
-            'field ({"label": "cls"}) or mix in your training step'
-        )
+        raise _unmixable(spec)
+
+
+def _unmixable(spec: LoaderSpec) -> ConfigError:
+    assert spec.transforms is not None and spec.transforms.batch is not None
+    return ConfigError(
+        f"{type(spec.transforms.batch).__name__} mixes labels, and fields= declares none: add a label "
+        'field ({"label": "cls"}) or mix in your training step'
+    )
