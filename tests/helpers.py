@@ -320,11 +320,19 @@ def write_gpu_folder(root: Path, classes: int, seed: int) -> Path:
 
 
 def write_tar_shards(
-    folder: Path, directory: Path, per_shard: int, *, label_as: str = "cls", prefix: str = "train"
+    folder: Path,
+    directory: Path,
+    per_shard: int,
+    *,
+    label_as: str | None = "cls",
+    prefix: str = "train",
+    extra: Callable[[int], list[tuple[str, bytes]]] | None = None,
+    drop: tuple[tuple[int, str], ...] = (),
 ) -> list[Path]:
     """WebDataset shards of an image folder, in the folder's index order (sample i is key
     `s{i:05d}`, so shard indices equal folder indices), `per_shard` samples a shard, each image
-    followed by its label as `.cls` text or `.json` {"label": ...} (`label_as`)."""
+    followed by its label as `.cls` text or `.json` {"label": ...} (`label_as`; None: no label),
+    then `extra(i)`'s (suffix, bytes) members; (i, suffix) in `drop` leaves that member out."""
     import io
     import json
     import tarfile
@@ -341,8 +349,12 @@ def write_tar_shards(
                 path = Path(index.path(i))
                 label = int(index.labels[i])
                 text = json.dumps({"label": label}) if label_as == "json" else str(label)
-                members = ((path.suffix.lower(), path.read_bytes()), (f".{label_as}", text.encode()))
+                members = [(path.suffix.lower(), path.read_bytes())]
+                members += [(f".{label_as}", text.encode())] if label_as is not None else []
+                members += extra(i) if extra is not None else []
                 for suffix, payload in members:
+                    if (i, suffix) in drop:
+                        continue
                     info = tarfile.TarInfo(f"s{i:05d}{suffix}")
                     info.size = len(payload)
                     tf.addfile(info, io.BytesIO(payload))
@@ -362,6 +374,23 @@ def epoch_with_ids(dataset: object, num_workers: int, seed: int) -> list[tuple[A
         device="cpu", sample_ids=True,
     ) as loader:  # fmt: skip
         return [(images.clone(), labels.clone(), ids) for images, labels, ids in loader]
+
+
+def resumed_tail(
+    source: object, options: dict[str, Any], copy: Callable[[Any], Any], taken: int = 2
+) -> list[Any]:
+    """The rest of an epoch after `taken` batches: a state saved by a 2-worker loader, restored
+    into a 1-worker one made with another seed (the state's wins); each batch through `copy`."""
+    from fastload import FastLoader
+
+    with FastLoader(source, num_workers=2, seed=7, **options) as saver:
+        it = iter(saver)
+        for _ in range(taken):
+            next(it)
+        state = saver.state_dict()
+    with FastLoader(source, num_workers=1, seed=1, **options) as restored:
+        restored.load_state_dict(state)
+        return [copy(batch) for batch in restored]
 
 
 def epoch_outcomes(loader: Iterable[Any]) -> list[Any]:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import epoch_with_ids, write_tar_shards
+from helpers import epoch_with_ids, resumed_tail, write_tar_shards
 
 from fastload import DatasetError, FastLoader, SampleError, sources
 from fastload import transforms as T
@@ -62,13 +62,7 @@ def test_resume_mid_epoch_equals_the_uninterrupted_tail(shards: list[Path]) -> N
     source = sources.TarShards(tuple(str(s) for s in shards))
     whole = epoch_with_ids(source, 2, seed=7)  # on the CPU, as these loaders
     kwargs: dict[str, Any] = {"batch_size": 5, "shuffle": True, "transform": AUGMENT, "device": "cpu"}
-    with FastLoader(source, num_workers=2, seed=7, **kwargs) as saver:
-        it = iter(saver)
-        next(it), next(it)
-        state = saver.state_dict()
-    with FastLoader(source, num_workers=1, seed=1, **kwargs) as restored:
-        restored.load_state_dict(state)
-        tail = [(images.clone(), labels.clone()) for images, labels in restored]
+    tail = resumed_tail(source, kwargs, lambda batch: (batch[0].clone(), batch[1].clone()))
     assert len(tail) == 3
     for (images, labels), (want_images, want_labels, _) in zip(tail, whole[2:], strict=True):
         assert torch.equal(images, want_images) and torch.equal(labels, want_labels)

@@ -13,6 +13,7 @@ import torch
 
 from fastload._augment.ops import Params, to_device
 from fastload._augment.registry import batch_op, sample_op
+from fastload._errors import ConfigError
 from fastload._sample_random import BATCH_STREAM, PIXELS_STREAM, TENSOR_STREAM, sample_uniforms
 from fastload.transforms import Transform, TransformPlan
 
@@ -74,12 +75,15 @@ class TrainerStages:
         return self.pixels.run(images, self.seed, epoch, indices)
 
     def after_normalize(
-        self, images: torch.Tensor, labels: torch.Tensor, epoch: int, indices: np.ndarray
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """RandomErasing per sample, then the batch's MixUp/CutMix (labels become soft targets)."""
+        self, images: torch.Tensor, labels: torch.Tensor | None, epoch: int, indices: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """RandomErasing per sample, then the batch's MixUp/CutMix (labels become soft targets;
+        a batch without labels, of declared fields without one, is refused it when the loader is made)."""
         if self.tensor:
             images = self.tensor.run(images, self.seed, epoch, indices)
         if self.mix is not None:
+            if labels is None:  # refused when the loader is made (`assembly`); never mixed silently
+                raise ConfigError(f"{type(self.mix).__name__} needs labels, and these batches carry none")
             key = np.asarray(indices[:1])  # a batch's draws are keyed by its first sample
             u = sample_uniforms(self.seed, epoch, key, max(1, self.mix.draws), BATCH_STREAM)[0]
             images, labels = self.mix.apply(images, labels, u)

@@ -346,10 +346,17 @@ def _data_bytes() -> int:
 
 
 def _index_bytes(index: Any) -> int:
-    """What the index's arrays take (its segment is about this size)."""
+    """What the index's arrays take, its declared fields' extents too (its segment is about this size)."""
     import numpy as np
 
-    return sum(int(v.nbytes) for v in vars(index).values() if isinstance(v, np.ndarray))
+    from fastload.sources._indexes.sample_index import declared_fields
+
+    declaring = declared_fields(index)
+    fields, members = (declaring.fields if declaring is not None else None), 0
+    if fields is not None:
+        cells = 0 if fields.blob is None else int(fields.blob.nbytes)
+        members = int(fields.offsets.nbytes + fields.sizes.nbytes) + cells
+    return members + sum(int(v.nbytes) for v in vars(index).values() if isinstance(v, np.ndarray))
 
 
 def _open(request: dict[str, Any]) -> dict[str, Any]:

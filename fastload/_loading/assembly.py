@@ -31,7 +31,7 @@ from fastload._loading.slots.ring_plan import plan_ring
 from fastload.samplers import Sampler
 from fastload.sources._indexes.arrays import ArrayIndex
 from fastload.sources._indexes.mixed import MixIndex
-from fastload.sources._indexes.sample_index import SampleIndex
+from fastload.sources._indexes.sample_index import SampleIndex, declared_fields
 
 
 class Assembly:
@@ -147,6 +147,9 @@ class Assembly:
             assert spec.transforms is not None  # compiled here: a chain the daemon cannot run fails first
             self._session = self._connect()
             self.classes, self._num_samples = self._session.welcome.classes, self._session.welcome.num_samples
+            if spec.transforms.batch is not None and self._session.welcome.layout.label_leaf() is None:
+                self.close_session()  # batches of declared fields without a label: nothing to mix
+                raise _unmixable(spec)
             return
         if self._index is None:
             self._index = spec.source.open()
@@ -163,6 +166,7 @@ class Assembly:
                 f"{type(spec.transforms.batch).__name__} mixes class-index labels; this source's targets "
                 "are multi-hot rows (multi_label): mix them in your training step instead"
             )
+        _check_fields(self._index, spec)
         # backend="nvjpeg" decodes only in this process (`decodes_in_trainer`): its job just lays out batches.
         backend = "native" if spec.backend == "nvjpeg" else spec.backend
         job = ImageJob(
@@ -262,3 +266,28 @@ class Assembly:
     def _connect(self) -> DaemonSession:
         assert self._spec.daemon is not None
         return DaemonSession(self._spec.daemon, self._spec.hello())
+
+
+def _check_fields(index: SampleIndex, spec: LoaderSpec) -> None:
+    """A source of declared fields (`TarShards(fields=...)`) decodes in its workers (native or PIL)
+    and mixes batches (MixUp/CutMix) only with a label field; ConfigError otherwise."""
+    declaring = declared_fields(index)
+    fields = declaring.fields if declaring is not None else None
+    if fields is None:
+        return
+    if spec.decodes_in_trainer or spec.backend == "dali":
+        raise ConfigError(
+            f"backend={spec.backend!r} does not load declared fields yet: use backend='native' or 'pil' "
+            "with fields="
+        )
+    assert spec.transforms is not None
+    if spec.transforms.batch is not None and not fields.has_label:
+        raise _unmixable(spec)
+
+
+def _unmixable(spec: LoaderSpec) -> ConfigError:
+    assert spec.transforms is not None and spec.transforms.batch is not None
+    return ConfigError(
+        f"{type(spec.transforms.batch).__name__} mixes labels, and fields= declares none: add a label "
+        'field ({"label": "cls"}) or mix in your training step'
+    )

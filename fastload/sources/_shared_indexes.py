@@ -14,9 +14,11 @@ from typing import Any
 
 from fastload.sources._formats.hdf5_indexes import HDF5BytesIndex
 from fastload.sources._indexes.extents import ExtentIndex
-from fastload.sources._indexes.sample_index import PathIndex
+from fastload.sources._indexes.sample_index import FieldsPathIndex, PathIndex
 
+# `shared_name` takes the first type an index is an instance of: a subclass before its base.
 SHARED_INDEX_TYPES: dict[str, Any] = {
+    "paths_fields": FieldsPathIndex,
     "paths": PathIndex,
     "extents": ExtentIndex,
     "hdf5_bytes": HDF5BytesIndex,

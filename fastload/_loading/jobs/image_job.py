@@ -1,6 +1,7 @@
 """`ImageJob`: what a worker does with a task of a source of encoded images — read the task's
 samples' bytes, decode + augment them with a backend into the slot's rows (each view's into its
-own leaf, for a `Views`: NOTE [views] in `fastload.transforms._views`), labels beside them;
+own leaf, for a `Views`: NOTE [views] in `fastload.transforms._views`), labels beside them (or a
+source's declared fields: `field_rows`);
 a broken sample raises, or with on_error="skip" gets a stand-in (NOTE [bad samples]). The job
 contract it keeps, and `run_task` that runs it, are in `contract`.
 """
@@ -18,11 +19,13 @@ import torch
 from fastload._augment.program import SampleProgram
 from fastload._bad_samples import MAX_ATTEMPTS, SkippedSample, reason_of, replacement
 from fastload._batch_counters import BatchCounters
+from fastload._errors import ConfigError
 from fastload._loading.decoding.backend import SampleFailure, make_backend
 from fastload._loading.decoding.decode_once import DecodeOnce
 from fastload._loading.decoding.host_normalize import HostNormalizer
 from fastload._loading.jobs.contract import JobFailed, SourceJob, failure_of
 from fastload._loading.jobs.executor import Done, Task
+from fastload._loading.jobs.field_rows import MemberFailure, fields_layout, write_fields
 from fastload._loading.order.sampling import RepeatCopies
 from fastload._loading.slots.layout import BatchLayout
 from fastload._machine import run_delay_since, thread_run_delay_ns
@@ -33,6 +36,7 @@ from fastload.sources._indexes.sample_index import (
     ReadBuffer,
     ReadFailure,
     SampleIndex,
+    declared_fields,
     target_row,
 )
 from fastload.sources._shared_indexes import SHARED_INDEX_TYPES, shared_name
@@ -118,8 +122,17 @@ class ImageJob(SourceJob):
         normalized = self.normalize is not None
         self._views = [_View(view, seed_, backend, normalized) for view, seed_ in plan.view_plans(seed)]
         images = [np.zeros((v.plan.out_height, v.plan.out_width, 3), dtype) for v in self._views]
-        sample = [images if plan.views else images[0], target_row(index.labels)]  # DINO's [[views], label]
-        self.layout = BatchLayout.infer(sample, batch_size)
+        # Declared fields (`TarShards(fields=...)`): their rows beside the one image (`field_rows`).
+        self._fields_index = declared_fields(index)
+        if self._fields_index is not None:
+            assert self._fields_index.fields is not None
+            if plan.views:
+                raise ConfigError("Views of a source with declared fields are not built yet: give one chain")
+            self.layout: BatchLayout | None = fields_layout(self._fields_index.fields, images[0], batch_size)
+        else:
+            # DINO's [[views], label] for a Views
+            sample = [images if plan.views else images[0], target_row(index.labels)]
+            self.layout = BatchLayout.infer(sample, batch_size)
         self._decode_once = DecodeOnce(plan.views, backend == "native") if plan.decode_once else None
         self._normalizer: HostNormalizer | None = None  # made where the job runs (it holds a module)
         self._read_buffer = ReadBuffer()  # NOTE [read buffer]
@@ -221,10 +234,16 @@ class ImageJob(SourceJob):
             blobs = self.index.read(indices, buffer)
         except ReadFailure as e:
             raise _Broken(e.position, e.cause, "image") from e.cause
+        member_bytes = 0
+        if self._fields_index is not None:
+            try:
+                member_bytes = write_fields(self._fields_index, indices, arrays, buffer)
+            except MemberFailure as e:
+                raise _Broken(e.position, e.cause, f"field {e.name!r} of") from e.cause
         read_cpu, read_runq = time.process_time_ns() - cpu0, run_delay_since(runq0)
         net_bytes, net_wait, hits, misses = REMOTE_READS.since(remote0)
         t1 = time.perf_counter_ns()
-        images = arrays[:-1]  # one leaf per view (a plain chain: one), then the labels
+        images = arrays[: len(self._views)]  # one leaf per view (a plain chain: one), then labels or fields
         decoded = [  # where each view is decoded: its rows, or uint8 scratch to normalize from
             rows[:n] if self.normalize is None else view.uint8_rows(self.batch_size, n)
             for view, rows in zip(self._views, images, strict=True)
@@ -245,11 +264,12 @@ class ImageJob(SourceJob):
             if self.normalize is not None:
                 self._normalize_into(pixels, rows[:n])
                 self._run_stage(view.tensor, view.seed, "tensor", rows[:n], task, indices, keys)
-        labels = arrays[-1]
-        labels[:n] = self.index.labels[indices]
+        if self._fields_index is None:
+            arrays[len(self._views)][:n] = self.index.labels[indices]
         t3 = time.perf_counter_ns()
         counters = BatchCounters(
-            samples=n, read_ns=t1 - t0, decode_ns=t2 - t1, bytes_read=sum(len(b) for b in blobs),
+            samples=n, read_ns=t1 - t0, decode_ns=t2 - t1,
+            bytes_read=sum(len(b) for b in blobs) + member_bytes,
             read_cpu_ns=read_cpu, read_runq_ns=read_runq, augment_ns=t3 - t2,
             net_bytes=net_bytes, net_wait_ns=net_wait, cache_hits=hits, cache_misses=misses,
         )

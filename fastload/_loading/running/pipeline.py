@@ -335,7 +335,10 @@ class Pipeline:
                 keys = self._copies.keys(batch_index, 0, keys)
             batch = self.delivery.deliver(slot, count, (epoch, keys) if keys is not None else None)
         if self.spec.sample_ids and indices is not None:
-            return [*batch, SampleIds(indices, self._name_of, self._source_of)]
+            ids = SampleIds(indices, self._name_of, self._source_of)
+            if isinstance(batch, dict):  # declared fields by name: beside them, under "sample_ids"
+                return {**batch, "sample_ids": ids}
+            return [*batch, ids]
         return batch
 
     def grow_if_starved(self, ready_count: int) -> bool:

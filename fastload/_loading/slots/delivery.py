@@ -80,7 +80,7 @@ def present_batch(
         else:
             scale, bias = affine
             x = x.to(torch.float32).mul_(scale).add_(bias)
-        if stages is not None and ids is not None and labels is not None:
+        if stages is not None and ids is not None:  # labels: None when a batch carries none
             x, labels = stages.after_normalize(x, labels, *ids)
         if output.dtype != torch.float32:
             x = x.to(output.dtype)
@@ -138,27 +138,31 @@ class CpuDelivery:
         """The batch in `slot` (its first `count` rows); `ids` key the trainer-side random draws."""
         base, arrays = _slot_arrays(self._ring, slot, self._layout, count)
         weakref.finalize(base, self._ring.release, slot)
+        lists = self._layout.decode_ragged(arrays)  # NOTE [ragged leaves]: copied out of the slot
+        host = self._layout.host_leaves
         tensors = [torch.from_numpy(a) for a in arrays]
         del base, arrays
         in_slot = tensors[0].data_ptr()
         n = len(self._stages)  # the image leaves (a Views' views), labels after them
+        label_leaf = self._layout.label_leaf(n)
         if self._images is not None:
             images, affine = self._images, self._affine
             for v, stages in enumerate(self._stages):
-                labels = tensors[n] if stages is not None else None
+                labels = tensors[label_leaf] if stages is not None and label_leaf is not None else None
                 # Float slots (NOTE [float slots] in `jobs`): MixUp/CutMix mix the slot's images in
                 # place; safe, since the slot is this batch's alone until its last view dies.
                 tensors[v], labels = present_batch(
                     tensors[v], labels, images, affine, stages, ids, self._normalize
                 )
-                if labels is not None:
-                    tensors[n] = labels
+                if labels is not None and label_leaf is not None:
+                    tensors[label_leaf] = labels
         if self._pin:
-            tensors = [t.pin_memory() for t in tensors]
+            tensors = [t if i in host else t.pin_memory() for i, t in enumerate(tensors)]
         elif self._affine is not None and tensors[0].data_ptr() != in_slot:
             # Normalizing (or a dtype) copied the images; copy the (small) rest so the slot is free at once.
-            tensors = [*tensors[:n], *(t.clone() for t in tensors[n:])]
-        return self._layout.build(tensors)
+            rest = (t if i in host else t.clone() for i, t in enumerate(tensors) if i >= n)
+            tensors = [*tensors[:n], *rest]
+        return self._layout.build(tensors, lists)
 
     def poll(self) -> None:
         """Nothing to poll: CPU slots come back through finalizers."""
@@ -215,21 +219,26 @@ class CudaDelivery:
     def deliver(self, slot: int, count: int, ids: SampleIds | None = None) -> Any:
         """The batch in `slot` copied to the device; `ids` key the trainer-side random draws."""
         _, arrays = _slot_arrays(self._ring, slot, self._layout, count)
+        lists = self._layout.decode_ragged(arrays)  # NOTE [ragged leaves]: they stay on the host
+        stay = self._layout.host_leaves
         host = [torch.from_numpy(a) for a in arrays]
         user_stream = self._cuda.current_stream(self._device)
         with self._cuda.stream(self._stream):
             started = self._cuda.Event(enable_timing=True)
             started.record(self._stream)
-            on_device = [t.to(self._device, non_blocking=True) for t in host]
+            on_device = [
+                t if i in stay else t.to(self._device, non_blocking=True) for i, t in enumerate(host)
+            ]
             n = len(self._stages)  # the image leaves (a Views' views), labels after them
+            label_leaf = self._layout.label_leaf(n)
             if self._images is not None:
                 for v, stages in enumerate(self._stages):
-                    labels = on_device[n] if stages is not None else None
+                    labels = on_device[label_leaf] if stages is not None and label_leaf is not None else None
                     on_device[v], labels = present_batch(
                         on_device[v], labels, self._images, self._affine, stages, ids
                     )
-                    if labels is not None:
-                        on_device[n] = labels
+                    if labels is not None and label_leaf is not None:
+                        on_device[label_leaf] = labels
             copied = self._cuda.Event(enable_timing=True)
             copied.record(self._stream)
         user_stream.wait_event(copied)
@@ -237,7 +246,7 @@ class CudaDelivery:
             if t.is_cuda:  # tell the caching allocator the user's stream uses it too
                 t.record_stream(user_stream)
         self._pending.append((started, copied, slot))
-        return self._layout.build(on_device)
+        return self._layout.build(on_device, lists)
 
     def poll(self) -> None:
         """Release the slots whose copies have completed (event queries, no host sync)."""

@@ -6,6 +6,16 @@ shape as JSON, so it can cross a socket without pickling. A slot holds, per leaf
 (batch_size, *shape) array, 64-byte aligned: workers write samples straight into it
 (`fast_collate`), and the trainer rebuilds the tree as `default_collate` would (tuples and lists
 become lists, numbers become tensors of their default dtype).
+
+NOTE [ragged leaves]: a declared field of byte strings of any length (text, JSON, raw bytes:
+`sources._indexes.field_extents`) travels in the slot too, never pickled: its tree node
+`{"ragged": [bytes leaf, lengths leaf], "as": "str" | "json" | "bytes"}` names two ordinary leaves,
+uint8 (capacity,) and int64 (), so each row holds one sample's member from its own place and a
+batch split into row ranges (NOTE [split batches]) needs no coordination. The trainer copies
+each row's bytes out (`decode_ragged`: utf-8 str, json.loads, bytes) when it hands the batch out;
+those leaves never go to a GPU. The tree stays JSON: a layout crosses a daemon's socket as text.
+Only a source declaring `fields=` makes ragged nodes, and a daemon that predates them refuses such
+a hello by name (its tar source has no field `fields`), so the wire's version stays 1.
 """
 
 from __future__ import annotations
@@ -70,6 +80,30 @@ class BatchLayout:
             views.append(np.ndarray((n, *leaf.shape), dtype=np.dtype(leaf.dtype), buffer=buf, offset=offset))
         return views
 
+    @functools.cached_property
+    def ragged(self) -> dict[int, tuple[int, str]]:
+        """Each ragged node's bytes leaf -> (its lengths leaf, what it decodes as) (NOTE [ragged leaves])."""
+        found: dict[int, tuple[int, str]] = {}
+        _ragged_nodes(self.tree, found)
+        return found
+
+    @functools.cached_property
+    def host_leaves(self) -> frozenset[int]:
+        """The leaves that stay in the trainer's process (a ragged node's two): never pinned or copied."""
+        return frozenset(i for data, (lengths, _) in self.ragged.items() for i in (data, lengths))
+
+    def label_leaf(self, image_leaves: int = 1) -> int | None:
+        """The leaf of an image batch's labels: the one after its `image_leaves` image leaves (a
+        `Views`' views, else one), unless that is a ragged field's; or None."""
+        i = image_leaves
+        return i if len(self.leaves) > i and i not in self.host_leaves else None
+
+    def decode_ragged(self, arrays: Sequence[np.ndarray]) -> dict[int, list[Any]]:
+        """Each ragged node's values, copied out of the slot: bytes leaf -> its list (NOTE [ragged
+        leaves])."""
+        ragged = self.ragged.items()
+        return {data: decoded(arrays[data], arrays[length], kind) for data, (length, kind) in ragged}
+
     def to_json(self) -> str:
         return json.dumps(
             {
@@ -101,9 +135,31 @@ class BatchLayout:
         """Write one sample into row `row` of the per-leaf arrays; LayoutMismatch if it differs."""
         _write(sample, self.tree, self.leaves, arrays, row)
 
-    def build(self, tensors: Sequence[torch.Tensor]) -> Any:
-        """Rebuild the batch tree from per-leaf batch tensors."""
-        return _build(self.tree, tensors)
+    def build(self, tensors: Sequence[torch.Tensor], ragged: Mapping[int, list[Any]] | None = None) -> Any:
+        """Rebuild the batch tree from per-leaf batch tensors (and `decode_ragged`'s lists)."""
+        return _build(self.tree, tensors, ragged or {})
+
+
+def decoded(data: np.ndarray, lengths: np.ndarray, kind: str) -> list[Any]:
+    """The rows of a ragged leaf as Python values: `kind` "str" (utf-8), "json" (parsed) or "bytes"."""
+    raw = [data[row, :size].tobytes() for row, size in enumerate(lengths.tolist())]
+    if kind == "str":
+        return [b.decode("utf-8") for b in raw]
+    if kind == "json":
+        return [json.loads(b) for b in raw]
+    return raw
+
+
+def _ragged_nodes(tree: Any, found: dict[int, tuple[int, str]]) -> None:
+    if "ragged" in tree:
+        data, lengths = tree["ragged"]
+        found[int(data)] = (int(lengths), str(tree["as"]))
+    elif "dict" in tree:
+        for _, sub in tree["dict"]:
+            _ragged_nodes(sub, found)
+    elif "list" in tree:
+        for sub in tree["list"]:
+            _ragged_nodes(sub, found)
 
 
 def _leaf_of(value: Any) -> Leaf | None:
@@ -163,9 +219,11 @@ def _write(value: Any, tree: Any, leaves: Sequence[Leaf], arrays: Sequence[np.nd
         _write(v, sub, leaves, arrays, row)
 
 
-def _build(tree: Any, tensors: Sequence[torch.Tensor]) -> Any:
+def _build(tree: Any, tensors: Sequence[torch.Tensor], ragged: Mapping[int, list[Any]]) -> Any:
     if "leaf" in tree:
         return tensors[tree["leaf"]]
+    if "ragged" in tree:
+        return ragged[tree["ragged"][0]]
     if "dict" in tree:
-        return {key: _build(sub, tensors) for key, sub in tree["dict"]}
-    return [_build(sub, tensors) for sub in tree["list"]]
+        return {key: _build(sub, tensors, ragged) for key, sub in tree["dict"]}
+    return [_build(sub, tensors, ragged) for sub in tree["list"]]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import csv
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -30,8 +30,9 @@ import numpy as np
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources._base import Naming, Source
 from fastload.sources._formats.list_rows import ListRows, delimiter_name, describe, read_rows
+from fastload.sources._formats.sample_fields import column_fields, normalized_fields
 from fastload.sources._indexes.extents import ExtentIndex
-from fastload.sources._indexes.sample_index import PathIndex, pack_strings
+from fastload.sources._indexes.sample_index import FieldsPathIndex, PathIndex, pack_strings
 from fastload.sources._storage import remote
 from fastload.sources._storage.bounds import (
     MAX_LIST_BYTES,
@@ -69,6 +70,11 @@ class FileList(
       separated lists: every column after the path), and targets are float32 multi-hot rows of
       `num_classes` (default: len(classes), or the largest integer label + 1), when they fit
       `MAX_TARGET_BYTES` (NOTE [source bounds]).
+    - `fields`: the columns as declared fields (`_formats/sample_fields.py`, as `TarShards`'), in
+      column order, the image's path first: `{"image": "jpg", "text": "txt", "label": "cls"}`
+      reads `path,caption,label` lines into dict batches (a sequence: lists); each cell is the
+      member (a caption's text, a JSON value, a .cls label); every line has one column per
+      field. Local lists only (not yet at a URL).
     - At a URL (`s3://bucket/lists/train.csv`): its images are objects under `root` (default:
       the list's prefix; a URL prefix) or full URLs, each read whole through the node cache
       (`cache_dir`, `cache_limit` as for a remote pack; see the module docstring).
@@ -78,7 +84,7 @@ class FileList(
     """
 
     path_fields: ClassVar[tuple[str, ...]] = ("path", "root")
-    quiet_defaults: ClassVar[tuple[str, ...]] = ("delimiter", "header", "cache_dir", "cache_limit")
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("delimiter", "header", "cache_dir", "cache_limit", "fields")
     size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)
     machine_fields: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
     path: str
@@ -90,9 +96,15 @@ class FileList(
     header: bool | None = None
     cache_dir: str | None = None
     cache_limit: int | str | None = None
+    fields: Mapping[str, str] | tuple[str, ...] | None = None  # as `normalized_fields` keeps it
 
     def __post_init__(self) -> None:
         self._parse_sizes()
+        object.__setattr__(self, "fields", normalized_fields(self.fields))
+        if self.fields is not None and (is_url(self.path) or self.multi_label):
+            raise ConfigError(
+                "fields= reads a local file list's columns (not one at a URL, nor with multi_label)"
+            )
         k = self.num_classes
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ConfigError(f"num_classes must be a positive integer, got {clip(self.num_classes)}")
@@ -127,6 +139,9 @@ class FileList(
         first = paths[0].decode("utf-8", "surrogateescape")
         if not os.path.exists(first):
             raise DatasetError(_missing_first_image(list_path, first, read, paths, self.root is None))
+        if isinstance(self.fields, tuple):
+            labels, fields = column_fields(list_path, rows, self.fields)
+            return FieldsPathIndex.from_paths(list_path, (), paths, labels, fields)
         classes, labels = self._targets(list_path, rows)
         return PathIndex.from_paths(list_path, classes, paths, labels)
 

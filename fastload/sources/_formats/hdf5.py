@@ -26,20 +26,23 @@ batch through HDF5's chunk cache, sized to `cache_mb`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from fastload._errors import DatasetError
+from fastload._errors import ConfigError, DatasetError
 from fastload.sources._base import FileToOpen, Naming, Source, UnboundedFiles
 from fastload.sources._formats.hdf5_files import _h5py, located
 from fastload.sources._formats.hdf5_indexes import HDF5ArrayIndex, HDF5BytesIndex
 from fastload.sources._formats.hdf5_reach import files_reached
+from fastload.sources._formats.sample_fields import fields_in_memory, normalized_fields, parse_fields
 from fastload.sources._indexes.arrays import MappedRows
+from fastload.sources._indexes.field_extents import IMAGE, LABEL, RAGGED_KINDS
 from fastload.sources._storage.bounds import MAX_LABEL, MAX_TARGET_BYTES
 
 # Rows per block read at once from a dataset that is not chunked (e.g. contiguous, big-endian).
@@ -68,17 +71,30 @@ class HDF5(
     - `classes`: class names (default: the `classes` attribute of the labels' or data's dataset).
     - `cache_mb`: memory each reading process may keep of a compressed array decoded (and HDF5's
       chunk cache size).
+    - `fields`: datasets as declared fields (`_formats/sample_fields.py`), by name, each name a
+      dataset and its value the kind by the fields' table: `{"images": "jpg", "captions": "txt",
+      "meta": "json", "labels": "cls"}` gives dict batches of those four (the image field's
+      dataset replaces `data`, the label field's `labels`; without one, labels are -1). Text,
+      JSON and bytes datasets (1-D, N strings or byte strings) are read into memory when opened,
+      within the budget of targets.
     Needs h5py (`pip install fastload[hdf5]`).
     """
 
     path_fields: ClassVar[tuple[str, ...]] = ("path",)
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("fields",)
     path: str
     data: str = "images"
     labels: str | None = "labels"
     classes: tuple[str, ...] | None = None
     cache_mb: int = 256
+    fields: Mapping[str, str] | tuple[str, ...] | None = None  # as `normalized_fields` keeps it
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", normalized_fields(self.fields))
+        if self.fields is not None and not all("=" in entry for entry in self.fields):
+            raise ConfigError(
+                'an HDF5 source\'s fields= name their datasets: a dict ({"images": "jpg", ...})'
+            )
         if self.classes is not None:
             object.__setattr__(self, "classes", tuple(str(c) for c in self.classes))
 
@@ -100,6 +116,8 @@ class HDF5(
             raise UnboundedFiles(str(e)) from e
 
     def open(self) -> HDF5BytesIndex | HDF5ArrayIndex:
+        if isinstance(self.fields, tuple):
+            return self._open_fields(self.fields)
         h5py = _h5py()
         path = self.where
         if not os.path.isfile(path):
@@ -119,6 +137,24 @@ class HDF5(
             if encoded:  # (a daemon's workers read it where it lies: NOTE [a daemon's workers ...])
                 return HDF5BytesIndex(path, dset.name, classes, labels, cache_bytes, holder=located(dset))
             return _array_index(dset, path, classes, labels, cache_bytes)
+
+    def _open_fields(self, entries: tuple[str, ...]) -> HDF5BytesIndex:
+        """The index of declared fields: the image field's dataset as `data`, the label field's as
+        `labels`, the ragged fields' datasets read into memory."""
+        declared, named = parse_fields(entries)
+        image = next(d.name for d in declared if d.kind == IMAGE)
+        label = next((d.name for d in declared if d.kind == LABEL), None)
+        plain = dataclasses.replace(self, data=image, labels=label, fields=None).open()
+        if not isinstance(plain, HDF5BytesIndex):
+            raise DatasetError(f"{self.where}:{image} holds arrays, not encoded images: fields= needs images")
+        cells: list[list[bytes]] = []
+        with _h5py().File(self.where, "r") as f:  # closed before any worker is forked
+            for d in declared:
+                if d.kind in RAGGED_KINDS:
+                    dset = _dataset(f, self.where, d.name, f"field {d.name!r}")
+                    cells.append(_values(dset, self.where, len(plain)))
+        fields = fields_in_memory(declared, named, cells, len(plain))
+        return dataclasses.replace(plain, fields=fields)
 
     def _targets(self, f: Any, path: str, dset: Any) -> tuple[tuple[str, ...], np.ndarray]:
         """(class names, targets): int64 (N,) or float32 (N, K), read into memory."""
@@ -276,3 +312,25 @@ def _mapped_rows(dset: Any, path: str) -> MappedRows | None:
     if int(offsets.max()) + block_rows * row_bytes > os.path.getsize(path):
         return None
     return MappedRows(path, offsets, block_rows, row_bytes)
+
+
+def _values(dset: Any, path: str, n: int) -> list[bytes]:
+    """A 1-D dataset of N strings or byte strings (variable or fixed length, or vlen uint8) as bytes,
+    within the budget of targets."""
+    where = f"{path}:{dset.name}"
+    if dset.ndim != 1 or dset.shape[0] != n:
+        problem = f"a field's dataset holds one value per sample ({n})"
+        raise DatasetError(f"{where} has shape {dset.shape}: {problem}")
+    values, total = [], 0
+    for value in dset[()].tolist():
+        data = value.tobytes() if isinstance(value, np.ndarray) else value
+        data = data.encode() if isinstance(data, str) else data
+        if not isinstance(data, bytes):
+            kind = type(value).__name__
+            raise DatasetError(f"{where} holds {kind} values: a field's dataset holds strings or bytes")
+        total += len(data)
+        if total > MAX_TARGET_BYTES:
+            budget = f"{MAX_TARGET_BYTES:,}-byte budget of targets"
+            raise DatasetError(f"{where}: its values take over the {budget}")
+        values.append(data)
+    return values

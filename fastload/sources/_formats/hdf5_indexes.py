@@ -18,6 +18,7 @@ import numpy as np
 from fastload._shm import Segment
 from fastload.sources._formats.hdf5_files import Reader
 from fastload.sources._indexes.arrays import MappedRows, PerProcess
+from fastload.sources._indexes.field_extents import FieldExtents, read_section, section_bytes, write_section
 from fastload.sources._indexes.sample_index import TARGET_DTYPES, FileRead, ReadBuffer, ReadFailure
 from fastload.sources._storage.beneath import Beneath
 
@@ -78,6 +79,15 @@ class HDF5BytesIndex(_HDF5Index):
     """Encoded images in an HDF5 dataset: a `SampleIndex` (see the module docstring)."""
 
     holder: tuple[str, str] | None = None  # (file, name there) of the data, reached without external links
+    # Declared fields (`HDF5(fields=...)`): other datasets' values, read into memory when opened.
+    fields: FieldExtents | None = field(default=None, repr=False)
+
+    def read_member(
+        self, row: int, indices: np.ndarray, into: ReadBuffer | None = None
+    ) -> list[bytes | memoryview]:
+        """The values of ragged field `row` of `indices` (views of the fields' memory)."""
+        assert self.fields is not None
+        return self.fields.in_memory(row, np.asarray(indices, np.int64))
 
     def read_sample(self, index: int) -> bytes:
         return bytes(self._open().dset[index])
@@ -106,16 +116,22 @@ class HDF5BytesIndex(_HDF5Index):
         each opens the file that holds the data itself on its first read."""
         root, dataset = self.holder or (self.root, self.dataset)
         place = {"root": root, "dataset": dataset, "cache_bytes": self.cache_bytes}
+        if self.fields is not None:
+            place["fields"] = True  # the fields section follows the targets
         where = json.dumps(place).encode()
         labels = self.labels
         width = int(labels.shape[1]) if labels.ndim == 2 else 0
         head = (len(self), width, TARGET_DTYPES.index(labels.dtype), len(where))
         at = _BYTES_HEAD.size + len(where)
         at += -at % 8
-        segment = Segment.create(at + max(int(labels.nbytes), 1))
+        end = at + max(int(labels.nbytes), 1)
+        extra = 0 if self.fields is None else -end % 8 + section_bytes(self.fields)
+        segment = Segment.create(end + extra)
         _BYTES_HEAD.pack_into(segment.buf, 0, *head)
         segment.buf[_BYTES_HEAD.size : _BYTES_HEAD.size + len(where)] = where
         np.ndarray(labels.shape, labels.dtype, buffer=segment.buf, offset=at)[:] = labels
+        if self.fields is not None:
+            write_section(segment.buf, end + -end % 8, self.fields)
         return segment
 
     @classmethod
@@ -129,8 +145,14 @@ class HDF5BytesIndex(_HDF5Index):
         at += -at % 8
         shape = (n, width) if width else (n,)
         labels = np.ndarray(shape, TARGET_DTYPES[dtype_code], buffer=segment.buf, offset=at)
+        end = at + max(int(labels.nbytes), 1)
+        fields = read_section(segment.buf, end + -end % 8, n) if where.get("fields") else None
         place = (str(where["root"]), str(where["dataset"]))
-        return cls(*place, (), labels, int(where["cache_bytes"]), beneath, external_links=False, holder=place)
+        cache_bytes = int(where["cache_bytes"])
+        links = False  # NOTE [a daemon's workers follow no external link]
+        return cls(
+            *place, (), labels, cache_bytes, beneath, external_links=links, holder=place, fields=fields
+        )
 
 
 # A shared HDF5BytesIndex: (samples, target width (0: class indices), target dtype code, JSON bytes).

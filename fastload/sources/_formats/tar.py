@@ -7,6 +7,9 @@ files whose members are grouped by key, the member name up to the first dot of i
 `KEY.json` (an object whose "label", else "cls", is an integer). Samples are numbered in shard
 order, then member order, which is storage order: a block shuffle reads them sequentially.
 Only the headers and the small label members are read; the images are read by offset when loaded.
+With `fields=` (`_formats/sample_fields.py`), samples are the members it declares instead: one
+image, an optional .cls label, and text, JSON or bytes members read by offset beside the image
+(NOTE [declared fields' scans] in `tar_scan.py`); shards without labels load when none is declared.
 Local paths, or URLs read whole through the node cache (NOTE [node cache]). Reads go to byte
 offsets, so a `.tar.gz`/`.tgz`, `.tar.xz`/`.txz` or `.tar.bz2`/`.tbz2` (local or at a URL) is
 decompressed once into the user's cache and the copy is what the index names and workers read
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -30,6 +33,7 @@ import numpy as np
 
 from fastload._errors import DatasetError
 from fastload.sources._base import FileToOpen, Naming, Source, absolute
+from fastload.sources._formats.sample_fields import DeclaredField, normalized_fields, parse_fields
 from fastload.sources._formats.shard_names import (
     TAR_SUFFIXES,
     check_shard_patterns,
@@ -46,6 +50,7 @@ from fastload.sources._formats.tar_scan import (
     remote_scan,
 )
 from fastload.sources._indexes.extents import ExtentIndex
+from fastload.sources._indexes.field_extents import FieldExtents
 from fastload.sources._storage.bounds import MAX_SHARDS, clip
 from fastload.sources._storage.decompressed import (
     DECOMPRESSORS,
@@ -57,7 +62,7 @@ from fastload.sources._storage.node_cache import node_cache
 from fastload.sources._storage.remote import is_url
 from fastload.sources._storage.remote import size_of as _remote_size
 from fastload.sources._storage.remote_file import remote_file
-from fastload.sources._storage.scan_cache import Identity
+from fastload.sources._storage.scan_cache import Identity, Scan
 
 # How a daemon's refusal names the directory of the decompressed copies (never by its path).
 _COPIES = (
@@ -70,19 +75,27 @@ _COPIES = (
 class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True), served_by_daemon=True):
     """WebDataset tar shards (see the module docstring): `paths` one path, a list of paths, a
     glob (`shards/*.tar`) or brace notation (`train-{000000..000099}.tar`, `{a,b}.tar`), each
-    pattern's matches sorted. Labels are class indices; `classes` is empty."""
+    pattern's matches sorted. Labels are class indices; `classes` is empty.
+
+    `fields`: what each sample's batch row carries, by member extension (`sample_fields.py`):
+    `{"image": "jpg;png", "text": "txt", "meta": "json"}` gives dict batches, `("jpg;png", "txt")`
+    lists in that order; None (the default) today's (image, label) from KEY.cls or KEY.json.
+    Without a label field the shards need no label members (their `labels` are -1)."""
 
     path_fields: ClassVar[tuple[str, ...]] = ("paths",)
-    quiet_defaults: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
+    quiet_defaults: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit", "fields")
     size_fields: ClassVar[tuple[str, ...]] = ("cache_limit",)
     machine_fields: ClassVar[tuple[str, ...]] = ("cache_dir", "cache_limit")
     paths: str | tuple[str, ...]
     # Shards at URLs: the node cache they are kept in (NOTE [node cache]); None: the defaults.
     cache_dir: str | None = None
     cache_limit: int | str | None = None
+    # Kept as `normalized_fields` makes it: a dict's entries as "name=ext;ext", a sequence's as "ext;ext".
+    fields: Mapping[str, str] | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self._parse_sizes()
+        object.__setattr__(self, "fields", normalized_fields(self.fields))
         if not isinstance(self.paths, str):
             object.__setattr__(self, "paths", tuple(os.fspath(p) for p in self.paths))
         # Bounded before anything is expanded or walked, here and wherever a daemon is sent it.
@@ -134,6 +147,8 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
 
     def open(self) -> ExtentIndex:
         shards = self.shard_paths()
+        declared, named = parse_fields(self.fields) if isinstance(self.fields, tuple) else ((), False)
+        fields = declared or None
         file_ids: list[np.ndarray] = []
         offsets: list[np.ndarray] = []
         sizes: list[np.ndarray] = []
@@ -152,10 +167,10 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
                         node = node_cache(self.cache_dir, self.size("cache_limit"))
                         if compressor is not None:  # NOTE [decompressed shards]: a local copy is read
                             copy = remote_decompressed_copy(shard, compressor, size, version, node)
-                            files[number], scanned = copy_scan(shard, copy, cache, identities)
+                            files[number], scanned = copy_scan(shard, copy, cache, identities, fields)
                             scans.append(scanned)
                             continue
-                        scans.append(remote_scan(shard, size, version, node, cache))
+                        scans.append(remote_scan(shard, size, version, node, cache, fields))
                     except OSError as e:
                         raise DatasetError(f"cannot read tar shard {clip(str(e))}") from None
                     identities.append((-1, -1, size, -1, -1))  # read through the cache: not checked by inode
@@ -163,10 +178,10 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
                 elif compressor is not None:
                     # NOTE [decompressed shards]: the copy is the file the index names and workers read.
                     copy = decompressed_copy(shard, compressor)
-                    files[number], scanned = copy_scan(shard, copy, cache, identities)
+                    files[number], scanned = copy_scan(shard, copy, cache, identities, fields)
                     scans.append(scanned)
                 else:
-                    scans.append(cached_scan(shard, cache, identities))
+                    scans.append(cached_scan(shard, cache, identities, fields=fields))
         for file_id, (shard, scanned) in enumerate(zip(shards, scans, strict=True)):
             count = len(scanned["labels"])
             if count == 0:
@@ -197,6 +212,19 @@ class TarShards(Source, kind="tar", named_by=Naming(TAR_SUFFIXES, at_urls=True),
             file_identities=np.array(identities, np.int64).reshape(len(shards), 5),
             cache_dir=self.cache_dir,
             cache_limit=self.size("cache_limit"),
+            fields=_field_extents(declared, named, scans),
         )
+
+
+def _field_extents(
+    declared: tuple[DeclaredField, ...], named: bool, scans: list[Scan]
+) -> FieldExtents | None:
+    """The declared fields with their ragged members' extents over every shard (None: no `fields=`)."""
+    if not declared:
+        return None
+    offsets = np.concatenate([s["field_offsets"] for s in scans], axis=1)
+    sizes = np.concatenate([s["field_sizes"] for s in scans], axis=1)
+    names, kinds = tuple(d.name for d in declared), tuple(d.kind for d in declared)
+    return FieldExtents(names, kinds, named, offsets, sizes)
 
 

@@ -31,7 +31,9 @@ import numpy as np
 
 from fastload._errors import DatasetError
 from fastload.sources._formats.folder import IMG_EXTENSIONS
+from fastload.sources._formats.sample_fields import DeclaredField
 from fastload.sources._formats.shard_names import COMPRESSED_TAR_SUFFIXES
+from fastload.sources._indexes.field_extents import IMAGE, LABEL, MISSING, RAGGED_KINDS
 from fastload.sources._indexes.sample_index import pack_strings
 from fastload.sources._storage.bounds import (
     MAX_SAMPLE_BYTES,
@@ -55,6 +57,7 @@ _COMPRESSED = (
     (b"\xfd7zXZ\x00", "xz"),
     (b"\x28\xb5\x2f\xfd", "zstd"),
 )
+Fields = tuple[DeclaredField, ...]  # a `fields=` declaration, parsed (`sample_fields.parse_fields`)
 EXPECTED = "expected uncompressed .tar shards in the WebDataset layout (KEY.jpg with KEY.cls or KEY.json)"
 
 
@@ -71,11 +74,17 @@ def open_cache() -> ScanCache | _NoCache:
 
 
 def cached_scan(
-    shard: str, cache: ScanCache | None, identities: list[Identity], shown: str | None = None
+    shard: str,
+    cache: ScanCache | None,
+    identities: list[Identity],
+    shown: str | None = None,
+    fields: Fields | None = None,
 ) -> Scan:
     """One shard's samples (image extents, labels, keys), from the cache when it has this shard
     as it is now, else scanned (and kept); the identity of the file scanned goes to `identities`;
-    errors name it `shown` (by default its path)."""
+    errors name it `shown` (by default its path). With `fields` (NOTE [declared fields' scans]),
+    the declared members' extents too, kept as an entry of their own."""
+    variant = fields_variant(fields)
     try:
         fd, info = open_regular(shard, _MAX_SHARD_BYTES, "tar shard")
     except OSError as e:
@@ -85,51 +94,64 @@ def cached_scan(
         identities.append(ident)
         real = os.path.realpath(shard)
         if cache is not None:
-            kept = cache.get(real, ident)
+            kept = cache.get(real, ident, variant)
             if kept is not None:
                 return kept
-        scanned = _scan_file(shown or shard, f)
+        scanned = _scan_file(shown or shard, f, fields)
     if cache is not None and scanned["labels"].size:
-        cache.put(real, ident, scanned)
+        cache.put(real, ident, scanned, variant)
     return scanned
 
 
 def copy_scan(
-    shard: str, copy: tuple[str, Identity], cache: ScanCache | None, identities: list[Identity]
+    shard: str,
+    copy: tuple[str, Identity],
+    cache: ScanCache | None,
+    identities: list[Identity],
+    fields: Fields | None = None,
 ) -> tuple[str, Scan]:
     """A compressed shard's uncompressed copy (its path and identity when made: NOTE [decompressed
     shards]) and its samples, the copy's identity going to `identities`; errors name the shard."""
     path, made = copy
-    scanned = cached_scan(path, cache, identities, shown=shard)
+    scanned = cached_scan(path, cache, identities, shown=shard, fields=fields)
     if identities[-1] != made:
         raise DatasetError(f"the decompressed copy of {clip(shard)} changed while it was scanned: try again")
     return path, scanned
 
 
-def remote_scan(url: str, size: int, version: str, node: NodeCache, cache: ScanCache | None) -> Scan:
+def remote_scan(
+    url: str, size: int, version: str, node: NodeCache, cache: ScanCache | None, fields: Fields | None = None
+) -> Scan:
     """A remote shard's samples: from the scan cache, which keeps them by URL, version and size,
     else scanned from its copy in the node cache (verified whole before it is read: NOTE [chunk
     verification])."""
-    key, ident = f"{url}\0{version}", (-1, -1, size, -1, -1)
-    kept = cache.get(key, ident) if cache is not None else None
+    key, ident, variant = f"{url}\0{version}", (-1, -1, size, -1, -1), fields_variant(fields)
+    kept = cache.get(key, ident, variant) if cache is not None else None
     if kept is not None:
         return kept
     with node.open_whole(url, version, size) as f:
-        scanned = _scan_file(url, f)
+        scanned = _scan_file(url, f, fields)
     if cache is not None and scanned["labels"].size:
-        cache.put(key, ident, scanned)
+        cache.put(key, ident, scanned, variant)
     return scanned
 
 
-def _scan_file(name: str, f: BinaryIO) -> Scan:
+def _scan_file(name: str, f: BinaryIO, fields: Fields | None = None) -> Scan:
     """The samples of the shard open as `f` (`name`: what errors call it)."""
     offsets: list[int] = []
     sizes: list[int] = []
     labels: list[int] = []
     keys: list[bytes] = []
-    _scan_shard(name, offsets, sizes, labels, keys, f)
+    extents: list[list[tuple[int, int]]] = []
+    _scan_shard(name, offsets, sizes, labels, keys, f, fields, extents)
     key_blob, key_offsets = pack_strings(keys)
+    more: Scan = {}
+    if fields is not None:
+        ragged = sum(d.kind in RAGGED_KINDS for d in fields)
+        both = np.array(extents, np.int64).reshape(len(keys), ragged, 2)
+        more = {"field_offsets": both[:, :, 0].T.copy(), "field_sizes": both[:, :, 1].T.copy()}
     return {
+        **more,
         "offsets": np.array(offsets, np.int64),
         "sizes": np.array(sizes, np.int64),
         "labels": np.array(labels, np.int64),
@@ -172,13 +194,21 @@ def _scan_shard(
     labels: list[int],
     keys: list[bytes],
     f: BinaryIO | None = None,
+    fields: Fields | None = None,
+    extents: list[list[tuple[int, int]]] | None = None,
 ) -> int:
     """Append the shard's samples (image extent, label, key), read from `f` (the shard opened;
-    by its path when None); return how many."""
+    by its path when None), and with `fields` each sample's ragged members' extents to
+    `extents`; return how many."""
     if f is None:
         with open(shard, "rb") as own:
-            return _scan_shard(shard, offsets, sizes, labels, keys, own)
+            return _scan_shard(shard, offsets, sizes, labels, keys, own, fields, extents)
     _check_uncompressed(shard, f)
+    label_exts: tuple[str, ...] = _LABEL_EXTS
+    bounded = _IMAGE_EXTS  # the members read into a slot, each held to a sample's limit
+    if fields is not None:  # NOTE [declared fields' scans]: only a declared label member is read here
+        label_exts = next((d.extensions for d in fields if d.kind == LABEL), ())
+        bounded = frozenset(e for d in fields for e in d.extensions)
     # Per key, in order of first appearance: each member's extension and its (offset, size), or
     # for a label member its bytes.
     samples: dict[str, dict[str, tuple[int, int] | bytes]] = {}
@@ -199,7 +229,7 @@ def _scan_shard(
                 found = samples.setdefault(key, {})
                 if ext in found:
                     raise DatasetError(f"{shard}:{clip(key)} has two .{clip(ext, 40)} members")
-                if ext in _LABEL_EXTS:
+                if ext in label_exts:
                     if member.size > _MAX_LABEL_BYTES:
                         raise DatasetError(
                             f"{shard}:{clip(member.name)} is too large for a label ({member.size} bytes)"
@@ -207,7 +237,7 @@ def _scan_shard(
                     label_file = tf.extractfile(member)
                     assert label_file is not None  # a regular file
                     found[ext] = label_file.read()
-                elif member.size > MAX_SAMPLE_BYTES and ext in _IMAGE_EXTS:
+                elif member.size > MAX_SAMPLE_BYTES and ext in bounded:
                     raise DatasetError(
                         f"{shard}:{clip(member.name)} is {member.size:,} bytes, over the "
                         f"{MAX_SAMPLE_BYTES:,}-byte limit of a sample"
@@ -219,6 +249,12 @@ def _scan_shard(
         raise DatasetError(f"{shard} is not a tar file ({clip(str(e))}): {EXPECTED}") from e
     except OSError as e:
         raise DatasetError(f"cannot read tar shard {shard}: {clip(str(e))}") from e
+    if fields is not None:
+        assert extents is not None
+        for key, found in samples.items():
+            _declared_sample(shard, key, found, fields, offsets, sizes, labels, extents)
+            keys.append(key.encode("utf-8", "surrogateescape"))
+        return len(samples)
     for key, found in samples.items():
         images = [ext for ext in found if ext in _IMAGE_EXTS]
         if not images:
@@ -241,6 +277,56 @@ def _scan_shard(
         labels.append(_parse_label(shard, key, label_ext, label))
         keys.append(key.encode("utf-8", "surrogateescape"))
     return len(samples)
+
+
+# NOTE [declared fields' scans]: with `fields=`, a sample's image is the first of the image field's
+# extensions it has (WebDataset's "jpg;png": no error for a second), its label the label field's
+# member (-1 without a label field, or when the sample lacks it: the job then fails or skips it,
+# as a missing ragged member, size -1), and its ragged members are recorded as extents in the
+# declared order; no member but a label's is read here. A key without the image is a
+# DatasetError naming shard and key, as without fields. Such a scan is cached as an entry of its
+# own, named with the declaration too (`fields_variant`; NOTE [scan cache trust]).
+
+
+def fields_variant(fields: Fields | None) -> str:
+    """What names a declaration's scans in the scan cache ("" without fields)."""
+    if fields is None:
+        return ""
+    return json.dumps([[d.name, list(d.extensions), d.kind] for d in fields])
+
+
+def _declared_sample(
+    shard: str,
+    key: str,
+    found: dict[str, tuple[int, int] | bytes],
+    fields: Fields,
+    offsets: list[int],
+    sizes: list[int],
+    labels: list[int],
+    extents: list[list[tuple[int, int]]],
+) -> None:
+    """Append one key's image extent, label and ragged members' extents, as `fields` declare them."""
+    label = -1
+    ragged: list[tuple[int, int]] = []
+    for declared in fields:
+        ext = next((e for e in declared.extensions if e in found), None)
+        member = found[ext] if ext is not None else None
+        if declared.kind == IMAGE:
+            if not isinstance(member, tuple):
+                wanted = ", .".join(declared.extensions)
+                raise DatasetError(
+                    f"{shard}:{clip(key)} has no image member for field {clip(declared.name)} (looked for "
+                    f".{wanted}; it has {clip('.' + ', .'.join(found))})"
+                )
+            offsets.append(member[0])
+            sizes.append(member[1])
+        elif declared.kind == LABEL:
+            if isinstance(member, bytes) and ext is not None:
+                label = _parse_label(shard, key, ext, member)
+        else:
+            ragged.append(member if isinstance(member, tuple) else (0, MISSING))
+    labels.append(label)
+    extents.append(ragged)
 
 
 def _check_end(shard: str, f: BinaryIO, at: int, end: int, samples: int) -> None:

@@ -7,6 +7,10 @@ int64 offsets[n], sizes[n], key_offsets[n + 1], file_offsets[files + 1], targets
 file_ids[n], the files blob, the key blob, int64 file identities[files, 5] (all -1: not
 checked); every array at a multiple of 8 bytes. Its bytes are held by tests/test_same_batches.py
 and a daemon of one version attaches what a trainer of the same version wrote.
+
+An index with declared fields (`FieldExtents`) is written under another magic, `FLEXTNT3`, the
+same layout followed by the fields section (`field_extents.write_section`); one without is byte
+for byte as before.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastload._shm import Segment
+from fastload.sources._indexes.field_extents import FieldExtents, read_section, section_bytes, write_section
 from fastload.sources._indexes.sample_index import TARGET_DTYPES, pack_strings
 
 IDENTITY_FIELDS = 5  # device, inode, size, mtime ns, ctime ns (NOTE [extent file identity])
 _MAGIC = b"FLEXTNT2"
+_MAGIC_FIELDS = b"FLEXTNT3"  # the same, followed by the declared fields (the module docstring)
 _HEAD = struct.Struct("<8s9q")
 
 
@@ -39,6 +45,7 @@ class SharedExtents:
     labels: np.ndarray
     file_identities: np.ndarray | None
     tuning: tuple[int, int, int]
+    fields: FieldExtents | None = None
 
 
 def write_segment(shared: SharedExtents) -> Segment:
@@ -47,9 +54,12 @@ def write_segment(shared: SharedExtents) -> Segment:
     n, nfiles = int(shared.labels.shape[0]), len(shared.files)
     width = int(shared.labels.shape[1]) if shared.labels.ndim == 2 else 0
     dtype_code = TARGET_DTYPES.index(shared.labels.dtype)
-    head: tuple[object, ...] = (_MAGIC, n, nfiles, len(files_blob), len(shared.key_blob), width, dtype_code)
+    magic = _MAGIC if shared.fields is None else _MAGIC_FIELDS
+    head: tuple[object, ...] = (magic, n, nfiles, len(files_blob), len(shared.key_blob), width, dtype_code)
     head += shared.tuning
     size = _HEAD.size + sum(_align8(_nbytes(shape, dtype)) for shape, dtype in _layout(head))
+    if shared.fields is not None:
+        size += section_bytes(shared.fields)
     segment = Segment.create(max(size, 8))
     _HEAD.pack_into(segment.buf, 0, *head)
     views = _shared_views(segment)
@@ -59,6 +69,9 @@ def write_segment(shared: SharedExtents) -> Segment:
         ids = np.full((nfiles, IDENTITY_FIELDS), -1, np.int64)
     for view, source in zip(views, (*arrays, files_blob, shared.key_blob, ids), strict=True):
         view[...] = source
+    if shared.fields is not None:
+        at = _HEAD.size + sum(_align8(_nbytes(shape, dtype)) for shape, dtype in _layout(head))
+        write_section(segment.buf, at, shared.fields)
     return segment
 
 
@@ -71,9 +84,10 @@ def read_segment(segment: Segment) -> SharedExtents:
     bounds = file_offsets.tolist()
     files = tuple(raw[a:b].decode("utf-8", "surrogateescape") for a, b in itertools.pairwise(bounds))
     gap, readahead, readahead_bytes = head[7:]
-    return SharedExtents(
-        files, file_ids, offsets, sizes, key_blob, key_offsets, labels, ids, (gap, readahead, readahead_bytes)
-    )
+    at = _HEAD.size + sum(_align8(_nbytes(shape, dtype)) for shape, dtype in _layout(head))
+    fields = read_section(segment.buf, at, int(head[1])) if head[0] == _MAGIC_FIELDS else None
+    tuning = (gap, readahead, readahead_bytes)
+    return SharedExtents(files, file_ids, offsets, sizes, key_blob, key_offsets, labels, ids, tuning, fields)
 
 
 def _align8(n: int) -> int:
@@ -106,7 +120,7 @@ def _layout(head: tuple[object, ...]) -> list[tuple[tuple[int, ...], np.dtype]]:
 
 def _shared_views(segment: Segment) -> list[np.ndarray]:
     head = _HEAD.unpack_from(segment.buf, 0)
-    if head[0] != _MAGIC:
+    if head[0] not in (_MAGIC, _MAGIC_FIELDS):
         raise ValueError(f"segment {segment.name} does not hold an ExtentIndex")
     views, at = [], _HEAD.size
     for shape, dtype in _layout(head):

@@ -45,6 +45,7 @@ from fastload.sources._indexes.extent_layout import (
     read_segment,
     write_segment,
 )
+from fastload.sources._indexes.field_extents import FieldExtents
 from fastload.sources._indexes.sample_index import TARGET_DTYPES, FileRead, ReadBuffer, ReadFailure
 from fastload.sources._storage.beneath import Beneath, open_file
 from fastload.sources._storage.bounds import check_regular, clip, identity
@@ -116,6 +117,8 @@ class ExtentIndex:
     cache_limit: int | None = None
     # A confined daemon's job opens its files beneath the daemon's roots (`_storage/beneath`); else by path.
     beneath: Beneath | None = field(default=None, repr=False, compare=False)
+    # The declared fields (`TarShards(fields=...)`) and their ragged members' extents; None: (image, label).
+    fields: FieldExtents | None = field(default=None, repr=False)
 
     def files_read(self) -> Iterator[FileRead]:
         """Its container files: shards, or a pack's data files (each also held to its recorded
@@ -139,6 +142,8 @@ class ExtentIndex:
                 f"labels must be int64 (N,) or float32 (N, K), got {self.labels.dtype} {self.labels.shape}"
             )
         self.classes, self.files = tuple(self.classes), tuple(self.files)
+        if self.fields is not None and self.fields.sizes.shape[1] != n:
+            raise ValueError(f"fields hold {self.fields.sizes.shape[1]} samples' members, the index {n}")
         ids = self.file_identities
         if ids is not None and (ids.dtype != np.int64 or ids.shape != (len(self.files), IDENTITY_FIELDS)):
             got = f"{ids.dtype} {ids.shape}"
@@ -258,15 +263,30 @@ class ExtentIndex:
         """The encoded bytes of `indices` in that order, as views of a few coalesced reads (into
         `into`'s memory when given)."""
         idx = np.asarray(indices, dtype=np.int64)
+        if len(idx) and self._file_end is not None:
+            self._advise(np.unique(idx))
+        return self._read_extents(idx, self.offsets[idx], self.sizes[idx], into)
+
+    def read_member(
+        self, row: int, indices: np.ndarray, into: ReadBuffer | None = None
+    ) -> list[bytes | memoryview]:
+        """The members of ragged field `row` (`fields.ragged`) of `indices`, read as `read` reads
+        images (a missing member, size -1, is read as empty: the caller checks `fields.sizes`)."""
+        assert self.fields is not None
+        idx = np.asarray(indices, dtype=np.int64)
+        sizes = np.maximum(self.fields.sizes[row, idx], 0)
+        return self._read_extents(idx, self.fields.offsets[row, idx], sizes, into)
+
+    def _read_extents(
+        self, idx: np.ndarray, starts: np.ndarray, sizes: np.ndarray, into: ReadBuffer | None
+    ) -> list[bytes | memoryview]:
+        """The bytes at (`starts`, `sizes`) of the files of samples `idx`, in that order."""
         n = len(idx)
         out: list[bytes | memoryview] = [b""] * n
         if n == 0:
             return out
         ids = self.file_ids[idx]
-        starts = self.offsets[idx]
-        ends = starts + self.sizes[idx]
-        if self._file_end is not None:
-            self._advise(np.unique(idx))
+        ends = starts + sizes
         order = np.lexsort((starts, ids)).tolist()
         ids_l, starts_l, ends_l = ids.tolist(), starts.tolist(), ends.tolist()
         k = 0
@@ -380,6 +400,7 @@ class ExtentIndex:
             self.labels,
             self.file_identities,
             (self.gap, self.readahead, self.readahead_bytes),
+            self.fields,
         )
         return write_segment(shared)
 
@@ -406,6 +427,7 @@ class ExtentIndex:
             readahead_bytes=readahead_bytes,
             file_identities=shared.file_identities,
             beneath=beneath,
+            fields=shared.fields,
         )
 
 

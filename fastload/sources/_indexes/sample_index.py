@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from fastload._shm import Segment
+from fastload.sources._indexes.field_extents import FieldExtents, read_section, section_bytes, write_section
 from fastload.sources._storage.bounds import MAX_SAMPLE_BYTES, open_regular, read_bounded
 
 if TYPE_CHECKING:
@@ -158,6 +159,37 @@ class RemoteCapable(Protocol):
         ...
 
 
+@runtime_checkable
+class DeclaresFields(Protocol):
+    """An index that may hold declared fields (`ExtentIndex`, `PathIndex`): what the image job,
+    the loader's checks, `pack` and a daemon's budget ask of one, through `declared_fields`."""
+
+    @property
+    def fields(self) -> FieldExtents | None:
+        """Its declared fields; None: (image, label) samples."""
+        ...
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int64 (N,) class indices (-1: none)."""
+        ...
+
+    def name(self, index: int) -> str:
+        """Where sample `index` lives (what a failure names)."""
+        ...
+
+    def read_member(
+        self, row: int, indices: np.ndarray, into: ReadBuffer | None = None
+    ) -> list[bytes | memoryview]:
+        """The members of ragged field `row` of samples `indices`, in that order."""
+        ...
+
+
+def declared_fields(index: object) -> DeclaresFields | None:
+    """`index` when it declares fields, else None."""
+    return index if isinstance(index, DeclaresFields) and index.fields is not None else None
+
+
 def remote_reads(index: object) -> RemoteCapable | None:
     """`index` as a `RemoteCapable` when it declares it and some of its samples are remote; None
     otherwise (a local index, or one that cannot be remote)."""
@@ -234,17 +266,31 @@ class PathIndex:
     labels: np.ndarray  # int64 (N,) or float32 (N, K)
     # A confined daemon's job opens its files beneath the daemon's roots (`_storage/beneath`); else by path.
     beneath: Beneath | None = field(default=None, repr=False, compare=False)
+    # A file list's declared columns (`FileList(fields=...)`), held in memory; None: (image, label).
+    fields: FieldExtents | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     @classmethod
     def from_paths(
-        cls, root: str, classes: Sequence[str], paths: Sequence[bytes], labels: np.ndarray
+        cls,
+        root: str,
+        classes: Sequence[str],
+        paths: Sequence[bytes],
+        labels: np.ndarray,
+        fields: FieldExtents | None = None,
     ) -> PathIndex:
         """An index of encoded `paths` (bytes, UTF-8 with surrogateescape) and their targets."""
         blob, offsets = pack_strings(paths)
-        return cls(root, tuple(classes), blob, offsets, labels)
+        return cls(root, tuple(classes), blob, offsets, labels, fields=fields)
+
+    def read_member(
+        self, row: int, indices: np.ndarray, into: ReadBuffer | None = None
+    ) -> list[bytes | memoryview]:
+        """The cells of ragged field `row` of `indices` (views of the fields' memory)."""
+        assert self.fields is not None
+        return self.fields.in_memory(row, np.asarray(indices, np.int64))
 
     def path(self, index: int) -> str:
         start, end = int(self.path_offsets[index]), int(self.path_offsets[index + 1])
@@ -273,17 +319,23 @@ class PathIndex:
         return blobs
 
     def to_segment(self) -> Segment:
+        if self.fields is not None:  # shared by `FieldsPathIndex`, whose name tells a worker they follow
+            raise ValueError("an index with declared fields is shared as a FieldsPathIndex")
+        return self._segment(0)[0]
+
+    def _segment(self, extra: int) -> tuple[Segment, int]:
+        """A new segment holding the index, with `extra` bytes after it, and where they start."""
         n, blob_len = len(self), int(self.path_blob.shape[0])
         width = int(self.labels.shape[1]) if self.labels.ndim == 2 else 0
         dtype_code = TARGET_DTYPES.index(self.labels.dtype)
-        target_bytes = _align8(int(self.labels.nbytes))
-        segment = Segment.create(_SHARED_HEAD.size + 8 * (n + 1) + target_bytes + max(blob_len, 1))
+        end = _SHARED_HEAD.size + 8 * (n + 1) + _align8(int(self.labels.nbytes)) + max(blob_len, 1)
+        segment = Segment.create(_align8(end) + extra if extra else end)
         _SHARED_HEAD.pack_into(segment.buf, 0, n, blob_len, width, dtype_code)
         offsets, labels, blob = _shared_views(segment)
         offsets[:] = self.path_offsets
         labels[:] = self.labels
         blob[:] = self.path_blob
-        return segment
+        return segment, _paths_end(segment)
 
     @classmethod
     def from_segment(cls, segment: Segment, root: str = "", beneath: Beneath | None = None) -> PathIndex:
@@ -291,6 +343,34 @@ class PathIndex:
         through `beneath` when given."""
         offsets, labels, blob = _shared_views(segment)
         return cls(root, (), blob, offsets, labels, beneath)
+
+
+@dataclass(frozen=True)
+class FieldsPathIndex(PathIndex):
+    """A file list's index with its declared columns (`fields`, held in memory: `FileList(fields=
+    ...)`), shared with them: its segment is a `PathIndex`'s followed by the fields section
+    (`field_extents.write_section`)."""
+
+    def to_segment(self) -> Segment:
+        assert self.fields is not None
+        segment, at = self._segment(section_bytes(self.fields))
+        write_section(segment.buf, at, self.fields)
+        return segment
+
+    @classmethod
+    def from_segment(
+        cls, segment: Segment, root: str = "", beneath: Beneath | None = None
+    ) -> FieldsPathIndex:
+        offsets, labels, blob = _shared_views(segment)
+        fields = read_section(segment.buf, _paths_end(segment), len(labels))
+        return cls(root, (), blob, offsets, labels, beneath, fields=fields)
+
+
+def _paths_end(segment: Segment) -> int:
+    """Where what follows a `PathIndex`'s arrays in its segment starts (a multiple of 8)."""
+    n, blob_len, width, dtype_code = _SHARED_HEAD.unpack_from(segment.buf, 0)
+    target_bytes = _align8(n * max(width, 1) * TARGET_DTYPES[dtype_code].itemsize)
+    return _align8(_SHARED_HEAD.size + 8 * (n + 1) + target_bytes + max(blob_len, 1))
 
 
 def _align8(n: int) -> int:

@@ -9,7 +9,8 @@ and `labels`), so a format never says it twice:
   so `{}`: its labels are already the indices.
 - `targets_list(labels)`: every sample's target in the source's order, as the batches carry it,
   in Python values: an `int` per sample for class-index labels (`-1` where the source holds no
-  label: an HDF5 source without targets, or a pack made of one); for multi-label sources
+  label: an HDF5 source without targets, or a pack made of one, or tar shards whose `fields=`
+  declare no label); for multi-label sources
   (float32 multi-hot rows) a `list[float]` per sample, its row. Built when asked (a list of a million
   ints takes ~40 MB): callers build it on first access, never when a source is opened.
 """

@@ -39,7 +39,7 @@ from fastload.sources._base import Source, as_source
 from fastload.sources._formats.pack_format import ALIGN, INDEX_FILES, MANIFEST, data_file_name, read_manifest
 from fastload.sources._formats.packed import Packed
 from fastload.sources._indexes.arrays import ArrayIndex
-from fastload.sources._indexes.sample_index import SampleIndex, pack_strings
+from fastload.sources._indexes.sample_index import SampleIndex, declared_fields, pack_strings
 from fastload.sources._packing import data_files
 from fastload.sources._packing.data_files import DataFiles, drop_checkpoint, load_checkpoint
 from fastload.sources._packing.manifest import check_same, new_manifest
@@ -126,6 +126,13 @@ def pack(
     index = src.open()
     if isinstance(index, ArrayIndex):
         raise ConfigError(f"{where} holds arrays: a pack holds encoded samples (images) only")
+    declaring = declared_fields(index)
+    if declaring is not None and declaring.fields is not None:
+        raise ConfigError(
+            f"{where} declares fields ({', '.join(declaring.fields.names)}): a pack keeps each sample's "
+            "image and label only, not yet its other fields; load the shards with fields= as they are, "
+            "or pack them without fields="
+        )
     order = (
         np.arange(len(index), dtype=np.int64)
         if shuffle_seed is None

@@ -22,6 +22,10 @@ later operation relative to its descriptor); one that is not private is bypassed
   compression: nothing to inflate), and the arrays are checked (extents inside the shard, sizes
   within `MAX_SAMPLE_BYTES`, labels >= 0, key offsets increasing) before use. Anything else is a
   miss.
+- A scan of declared fields (NOTE [declared fields' scans]) is an entry of its own, named with
+  its declaration too, under another magic: the same arrays (labels may be -1: none) followed by
+  the ragged members' int64 offsets and sizes (fields, n), checked the same way (inside the
+  shard, within `MAX_SAMPLE_BYTES`, or -1 for a missing member).
 - Pruned after an open that wrote entries: least recently used first (a hit touches its entry)
   down to `MAX_ENTRIES` entries and `MAX_CACHE_BYTES`; temporaries older than an hour go too.
 """
@@ -48,6 +52,8 @@ MAX_ENTRIES = 100_000
 _STALE_TMP_S = 3600.0
 _SUFFIX = ".scan"
 _MAGIC = b"FLSCAN01"
+_MAGIC_FIELDS = b"FLSCANF1"  # the same, then the ragged fields' count and their extents
+_MAX_FIELD_ROWS = 64  # a declaration's fields at most (`sample_fields.py`)
 # magic, samples, key blob bytes, the shard's identity (device, inode, size, mtime_ns, ctime_ns)
 _HEAD = struct.Struct("<8s2q5q")
 
@@ -102,15 +108,18 @@ class ScanCache:
         self.close()
 
     @staticmethod
-    def name(real_path: str, ident: Identity) -> str:
-        key = "\0".join([real_path, *map(str, ident)]).encode("utf-8", "surrogateescape")
-        return hashlib.sha256(key).hexdigest()[:40] + _SUFFIX
+    def name(real_path: str, ident: Identity, variant: str = "") -> str:
+        """The entry of a shard (and `variant`: a fields declaration, "" for none)."""
+        key = "\0".join([real_path, *map(str, ident), *([variant] if variant else [])])
+        key_bytes = key.encode("utf-8", "surrogateescape")
+        return hashlib.sha256(key_bytes).hexdigest()[:40] + _SUFFIX
 
-    def get(self, real_path: str, ident: Identity) -> Scan | None:
-        """The kept scan of the shard with this identity, or None (a miss, whatever is wrong)."""
+    def get(self, real_path: str, ident: Identity, variant: str = "") -> Scan | None:
+        """The kept scan of the shard with this identity (and `variant`), or None (a miss, whatever
+        is wrong)."""
         try:
             fd = os.open(
-                self.name(real_path, ident),
+                self.name(real_path, ident, variant),
                 os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                 dir_fd=self.fd,
             )
@@ -125,7 +134,7 @@ class ScanCache:
             ):
                 return None
             data = read_bounded(fd, MAX_ENTRY_BYTES, self.where, "scan cache entry")
-            scanned = _decode(data, ident)
+            scanned = _decode(data, ident, bool(variant))
             if scanned is not None:
                 with contextlib.suppress(OSError):
                     os.utime(fd)  # recently used (pruning drops the least recently used)
@@ -135,12 +144,12 @@ class ScanCache:
         finally:
             os.close(fd)
 
-    def put(self, real_path: str, ident: Identity, scanned: Scan) -> None:
+    def put(self, real_path: str, ident: Identity, scanned: Scan, variant: str = "") -> None:
         """Keep a scan (never raises: a cache that cannot be written is skipped)."""
         data = _encode(scanned, ident)
         if len(data) > MAX_ENTRY_BYTES:
             return
-        name = self.name(real_path, ident)
+        name = self.name(real_path, ident, variant)
         tmp = f".{name}.{secrets.token_hex(8)}.tmp"
         try:
             fd = os.open(
@@ -195,19 +204,27 @@ class ScanCache:
 def _encode(scanned: Scan, ident: Identity) -> bytes:
     n = int(scanned["labels"].shape[0])
     key_blob = scanned["key_blob"]
-    parts = [_HEAD.pack(_MAGIC, n, int(key_blob.shape[0]), *ident)]
+    fields = "field_offsets" in scanned
+    parts = [_HEAD.pack(_MAGIC_FIELDS if fields else _MAGIC, n, int(key_blob.shape[0]), *ident)]
     for field in ("offsets", "sizes", "labels", "key_offsets"):
         parts.append(np.ascontiguousarray(scanned[field], "<i8").tobytes())
     parts.append(np.ascontiguousarray(key_blob, np.uint8).tobytes())
+    if fields:
+        parts.append(struct.pack("<q", int(scanned["field_sizes"].shape[0])))
+        for field in ("field_offsets", "field_sizes"):
+            parts.append(np.ascontiguousarray(scanned[field], "<i8").tobytes())
     return b"".join(parts)
 
 
-def _decode(data: bytes, ident: Identity) -> Scan | None:
-    """The scan `data` holds, None unless it is well formed, of this shard, and consistent."""
+def _decode(data: bytes, ident: Identity, fields: bool = False) -> Scan | None:
+    """The scan `data` holds, None unless it is well formed, of this shard, and consistent (and
+    of declared fields when `fields`)."""
     magic, n, key_len, *kept = _HEAD.unpack_from(data, 0)
-    if magic != _MAGIC or tuple(kept) != ident or n < 0 or key_len < 0:
+    if magic != (_MAGIC_FIELDS if fields else _MAGIC) or tuple(kept) != ident or n < 0 or key_len < 0:
         return None
-    if len(data) != _HEAD.size + 8 * (4 * n + 1) + key_len:
+    base = _HEAD.size + 8 * (4 * n + 1) + key_len
+    rows = struct.unpack_from("<q", data, base)[0] if fields and len(data) >= base + 8 else 0
+    if not 0 <= rows <= _MAX_FIELD_ROWS or len(data) != base + (8 + 16 * rows * n if fields else 0):
         return None
     at = _HEAD.size
     arrays: Scan = {}
@@ -217,12 +234,26 @@ def _decode(data: bytes, ident: Identity) -> Scan | None:
     arrays["key_blob"] = np.frombuffer(data, np.uint8, key_len, at)
     offsets, sizes, keys = arrays["offsets"], arrays["sizes"], arrays["key_offsets"]
     shard_size = ident[2]
+    if fields:
+        at = base + 8
+        for field in ("field_offsets", "field_sizes"):
+            arrays[field] = np.frombuffer(data, "<i8", rows * n, at).astype(np.int64).reshape(rows, n)
+            at += 8 * rows * n
+        member_offsets, member_sizes = arrays["field_offsets"], arrays["field_sizes"]
+        present = np.maximum(member_sizes, 0)
+        if not (
+            (member_offsets >= 0).all()
+            and ((member_sizes == -1) | ((member_sizes >= 0) & (member_sizes <= MAX_SAMPLE_BYTES))).all()
+            and (member_offsets + present <= shard_size).all()
+            and (arrays["labels"] >= -1).all()
+        ):
+            return None
     if not (
         (offsets >= 0).all()
         and (sizes >= 0).all()
         and (sizes <= MAX_SAMPLE_BYTES).all()
         and (offsets + sizes <= shard_size).all()
-        and (arrays["labels"] >= 0).all()
+        and (fields or (arrays["labels"] >= 0).all())
         and keys[0] == 0
         and keys[-1] == key_len
         and (np.diff(keys) >= 0).all()
