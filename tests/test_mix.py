@@ -353,3 +353,9 @@ def test_a_mix_reads_ahead_through_its_remote_children(
         with _loader(Mix([children[0], remote], weights=[1, 1], epoch_size=16), 0) as loader:
             sources_seen = torch.cat([ids.sources for _, _, ids in loader])
         assert torch.bincount(sources_seen).tolist() == [8, 8]
+
+
+def test_a_child_with_declared_fields_is_refused(tmp_path: Path) -> None:
+    """A Mix of sources with declared fields would drop the fields: refused, saying so."""
+    with pytest.raises(ConfigError, match="declares fields"):
+        Mix([TarShards(str(tmp_path / "a.tar"), fields={"image": "jpg"})])

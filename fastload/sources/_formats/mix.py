@@ -160,6 +160,11 @@ def _child(child: Any, k: int) -> Source:
         raise ConfigError(
             f"Mix source {k} is itself a Mix: give its sources to one Mix, with its weights multiplied in"
         )
+    if getattr(child, "fields", None) is not None:
+        raise ConfigError(
+            f"Mix source {k} declares fields: a Mix of (image, label) sources only, for now; "
+            "leave fields= out of its sources"
+        )
     return child
 
 
