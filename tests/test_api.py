@@ -58,12 +58,12 @@ def test_package_all_is_complete() -> None:
 
 def test_transforms_all_is_the_transforms() -> None:
     # Exactly the transforms (every one the configuration knows, so a new one cannot be left out),
-    # their base, and one function, `from_torchvision`; the compile/config machinery stays out of
-    # `import *`.
+    # their base, and two functions, `from_torchvision` and `three_augment` (a recipe: a chain of
+    # two transforms); the compile/config machinery stays out of `import *`.
     exported = {getattr(T, n) for n in T.__all__}
     own = {d.cls for d in T.declared_transforms().values() if d.cls.__module__.startswith("fastload.")}
-    assert exported == {*own, T.Transform, T.from_torchvision}
-    classes = exported - {T.from_torchvision}
+    assert exported == {*own, T.Transform, T.from_torchvision, T.three_augment}
+    classes = exported - {T.from_torchvision, T.three_augment}
     assert all(isinstance(cls, type) and issubclass(cls, T.Transform) for cls in classes)
     assert len(exported) == len(T.__all__)
 

@@ -324,3 +324,10 @@ def test_a_backend_decoding_one_crop_per_image_is_refused(image_folder: Path) ->
     # DALI (and nvjpeg, which needs device="cuda" first) decode one crop per image.
     with pytest.raises(ConfigError, match="backend='dali' decodes one crop per image"):
         FastLoader(image_folder, transform=VIEWS, device="cpu", backend="dali")
+
+
+def test_the_public_seed_of_a_view_is_the_one_views_draw_from() -> None:
+    """`Views.seed_of` is what the job draws view v from (the users' handle on NOTE [views])."""
+    from fastload._sample_random import view_seed
+
+    assert T.Views.seed_of(7, 3) == view_seed(7, 3) != T.Views.seed_of(7, 2)

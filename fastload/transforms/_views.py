@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fastload._sample_random import view_seed
 from fastload.transforms._base import Transform, reject
 from fastload.transforms._declare import DECODE, declare_transform
 from fastload.transforms._geometric import CenterCrop, RandomHorizontalFlip, RandomResizedCrop
@@ -113,6 +114,12 @@ class Views(Transform):
         if self.decode == "once":
             for v, chain in enumerate(chains):
                 _check_once(v, chain)
+
+    @staticmethod
+    def seed_of(seed: int, view: int) -> int:
+        """The seed view `view` draws from under a loader's `seed`: view v of a batch equals the
+        image of `FastLoader(transform=views[v], seed=Views.seed_of(seed, v))` (NOTE [views])."""
+        return view_seed(seed, view)
 
 
 def _check_once(v: int, chain: tuple[Transform, ...]) -> None:
