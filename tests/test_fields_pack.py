@@ -154,3 +154,15 @@ def test_ray_packing_refuses_fields(field_shards: sources.TarShards, tmp_path: P
     with pytest.raises(ConfigError, match=r"declares fields.*does not keep them yet"):
         sources.pack(field_shards, tmp_path / "pack", ray=True, progress=False)
     assert not (tmp_path / "pack").exists()
+
+
+def test_a_reencoded_pack_keeps_the_fields(field_shards: sources.TarShards, tmp_path: Path) -> None:
+    pytest.importorskip("PIL.Image", reason="max_side re-encodes with Pillow")
+    reduced = sources.pack(field_shards, tmp_path / "pack", progress=False, max_side=16, workers=2)
+    got = _ids_as_lists(epoch(reduced, 0, sample_ids=True))
+    want = _ids_as_lists(epoch(field_shards, 0, sample_ids=True))
+    for a, b in zip(got, want, strict=True):
+        assert [a[k] for k in ("sample_ids", "text", "meta", "raw")] == [
+            b[k] for k in ("sample_ids", "text", "meta", "raw")
+        ]
+        assert a["label"].tolist() == b["label"].tolist()
