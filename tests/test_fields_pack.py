@@ -1,7 +1,8 @@
 """`pack` keeps every declared field (NOTE [packed fields] in `_formats/pack_format.py`).
 
-Protects: a pack of tar shards or of a file list with `fields=` gives the same dict batches as the
-source (images, label, text, JSON, bytes; 0 and 2 workers; through a daemon; resumed mid-epoch);
+Protects: a pack of tar shards, a file list or an HDF5 file with `fields=` gives the same dict
+batches as the source (images, label, text, JSON, bytes; 0 and 2 workers; through a daemon; resumed
+mid-epoch; re-encoded with max_side, the same members);
 its manifest records the declaration and is version 2; a missing member stays missing; an
 interrupted pack with fields finishes byte-identical; a damaged field index is refused; a pack
 without fields is written and read exactly as before (version 1, no field arrays).
@@ -166,3 +167,13 @@ def test_a_reencoded_pack_keeps_the_fields(field_shards: sources.TarShards, tmp_
             b[k] for k in ("sample_ids", "text", "meta", "raw")
         ]
         assert a["label"].tolist() == b["label"].tolist()
+
+
+def test_a_packed_hdf5_file_gives_its_batches(image_folder: Path, tmp_path: Path) -> None:
+    pytest.importorskip("h5py", reason="HDF5 sources need h5py")
+    from test_fields_hdf5 import FIELDS as H5_FIELDS
+    from test_fields_hdf5 import write_h5
+
+    source = sources.HDF5(str(write_h5(image_folder, tmp_path / "data.h5")), fields=H5_FIELDS)
+    packed = sources.pack(source, tmp_path / "pack", progress=False)
+    assert_same_batches(epoch(source, 0), epoch(packed, 0))
