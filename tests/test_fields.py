@@ -141,12 +141,6 @@ def test_mixup_needs_a_label_field(field_shards: str) -> None:
         )  # fmt: skip
 
 
-def test_pack_refuses_fields_it_would_drop(field_shards: str, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="a pack keeps each sample's image and label only"):
-        sources.pack(sources.TarShards(field_shards, fields=FIELDS), tmp_path / "pack")
-    assert not (tmp_path / "pack").exists()
-
-
 def test_normalized_batches_without_a_label(field_shards: str) -> None:
     # Float slots (the workers normalize and erase) and the trainer's stages with no label leaf.
     source = sources.TarShards(field_shards, fields={"image": "jpg;jpeg;png", "text": "txt"})

@@ -15,11 +15,25 @@ A pack is a directory:
                            the index (int64, int64, int32, int64 (N,) or float32 (N, K), a uint8
                            blob of sample names and its int64 offsets), loaded with mmap_mode="r"
                            so forked workers share its pages
+    field_offsets.npy field_sizes.npy
+                           only in a pack of a source with declared fields (`TarShards(fields=...)`,
+                           NOTE [packed fields]): int64 (ragged fields, N) extents of each sample's
+                           text, JSON and bytes members in its data file
     ray-staging/           while `pack(ray=...)` runs: ranges of samples Ray made (`_packing/ray_pack.py`)
 
 A pack made with `max_side` (`fastload pack --max-side N --quality Q`) records `"max_side": N,
 "quality": Q` in its manifest (null in a pack of the source's bytes, and absent in packs made
 before the option: both read the same); nothing per sample says which were re-encoded.
+
+NOTE [packed fields]: a pack of a source with declared fields keeps every one. A sample's ragged
+members (text, JSON, bytes: `_indexes/field_extents.py`) are stored in its data file right after
+its image, in the order declared (a missing member: nothing stored, size -1); `sizes.npy` is the
+image's alone, and `field_offsets.npy`/`field_sizes.npy` place the members, so that the pack's
+index is an `ExtentIndex` whose `FieldExtents` lie in its container files, as a tar's do (the
+label field is `labels.npy`, as any label). The manifest's `fields` records the declaration:
+`names`, `kinds`, `named` (dict or list batches) and each field's `extensions` as declared. Such
+a pack is version 2, which a fastload that would drop its fields refuses; a pack without fields
+is still written as version 1 and read exactly as before.
 
 The alignment costs 2 KiB of zeros per sample on average: ~2% for ImageNet's ~110 KB JPEGs, much
 more for tiny images (a 3 KB PNG becomes 4 KiB on disk).
@@ -36,13 +50,16 @@ import numpy as np
 
 from fastload._errors import DatasetError
 from fastload.sources._indexes.extents import ExtentIndex
+from fastload.sources._indexes.field_extents import MISSING, FieldExtents
 from fastload.sources._storage.bounds import MAX_SAMPLE_BYTES, clip, open_regular, read_bounded
 
 FORMAT = "fastload-packed"
-VERSION = 1
+VERSION = 2  # the newest this reads; a pack without declared fields is written as version 1
+PLAIN_VERSION = 1
 ALIGN = 4096
 MANIFEST = "manifest.json"
 INDEX_FILES = ("offsets", "sizes", "file_ids", "labels", "names", "name_offsets")
+FIELD_FILES = ("field_offsets", "field_sizes")  # a pack with declared fields only
 _MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists classes and data files: ImageNet-21k's is ~1 MB
 
 
@@ -66,6 +83,32 @@ def pack_index(
         arrays["labels"],
         **options,
     )
+
+
+def index_files(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The index arrays a pack with this manifest has."""
+    return INDEX_FILES + (FIELD_FILES if manifest.get("fields") is not None else ())
+
+
+def packed_fields(root: str, manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> FieldExtents | None:
+    """The declared fields of a pack (NOTE [packed fields]) from its manifest's `fields` and its
+    checked field arrays; None for a pack without. DatasetError when the two do not agree."""
+    declared = manifest.get("fields")
+    if declared is None:
+        return None
+    if not isinstance(declared, dict):
+        raise DatasetError(f"pack {root}: the manifest's `fields` is not a declaration, got {clip(declared)}")
+    try:
+        names, kinds = declared["names"], declared["kinds"]
+        if not all(isinstance(v, str) for v in [*names, *kinds]) or not isinstance(declared["named"], bool):
+            raise ValueError("names and kinds are lists of strings, named a boolean")
+        return FieldExtents(
+            tuple(names), tuple(kinds), declared["named"], arrays["field_offsets"], arrays["field_sizes"]
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise DatasetError(
+            f"pack {root}: its fields do not match its manifest's declaration ({clip(str(e))})"
+        ) from e
 
 
 def checked_manifest(root: str, manifest: dict[str, Any]) -> tuple[int, list[str], list[str]]:
@@ -120,6 +163,29 @@ def check_index(root: str, count: int, arrays: dict[str, np.ndarray], file_sizes
         raise DatasetError(f"pack {root}: name_offsets.npy does not index names.npy")
     if labels.ndim == 1 and count and int(labels.min()) < -1:
         raise DatasetError(f"pack {root}: labels.npy holds a negative class index")
+    if "field_sizes" in arrays:
+        _check_field_extents(root, count, arrays, np.asarray(file_sizes, np.int64)[ids] if count else ids)
+
+
+def _check_field_extents(root: str, count: int, arrays: dict[str, np.ndarray], file_ends: np.ndarray) -> None:
+    """DatasetError unless every member's extent (NOTE [packed fields]) lies inside its sample's
+    data file within `MAX_SAMPLE_BYTES`, or is missing (size -1)."""
+    offsets, sizes = arrays["field_offsets"], arrays["field_sizes"]
+    for name, array in (("field_offsets", offsets), ("field_sizes", sizes)):
+        if array.dtype != np.int64 or array.ndim != 2 or array.shape[1] != count:
+            raise DatasetError(f"pack {root}: {name}.npy is not an int64 (fields, {count}) array")
+    if offsets.shape != sizes.shape:
+        raise DatasetError(f"pack {root}: field_offsets.npy and field_sizes.npy differ in shape")
+    if sizes.size and (
+        int(sizes.min()) < MISSING or int(sizes.max()) > MAX_SAMPLE_BYTES or int(offsets.min()) < 0
+    ):
+        raise DatasetError(
+            f"pack {root}: field_sizes.npy or field_offsets.npy holds a negative or oversized extent"
+        )
+    if sizes.size and (offsets + np.maximum(sizes, 0) > file_ends).any():
+        raise DatasetError(
+            f"pack {root}: a field's member runs past the end of its data file (truncated, damaged)"
+        )
 
 
 def read_manifest(root: str) -> dict[str, Any] | None:

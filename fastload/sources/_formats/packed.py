@@ -1,7 +1,8 @@
 """`Packed`, the source of a pack, which reads one back as an `ExtentIndex`: from a local directory
 or from object storage. What a pack is (its files, manifest, index and their checks) is
-`pack_format.py`; a pack is made by `pack` (`_packing/writer.py`) from any source's encoded
-samples, and one for a URL is packed locally and uploaded (`_packing/upload.py`).
+`pack_format.py` (its declared fields too: NOTE [packed fields]); a pack is made by `pack`
+(`_packing/writer.py`) from any source's encoded samples, and one for a URL is packed locally and
+uploaded (`_packing/upload.py`).
 
 A pack at a URL (`s3://bucket/prefix`, `gs://`, `http(s)://`): the manifest and the index arrays
 (a few bytes per sample) are downloaded whole and checked as a local pack's are; the data files
@@ -25,12 +26,13 @@ import numpy as np
 from fastload._errors import DatasetError
 from fastload.sources._base import Naming, Source, absolute
 from fastload.sources._formats.pack_format import (
-    INDEX_FILES,
     MANIFEST,
     check_index,
     checked_manifest,
     checked_manifest_format,
+    index_files,
     pack_index,
+    packed_fields,
     read_manifest,
 )
 from fastload.sources._indexes.extents import ExtentIndex
@@ -81,7 +83,7 @@ class Packed(Source, kind="packed", named_by=Naming(marker=MANIFEST, any_url=Tru
             )
         count, names, classes = checked_manifest(root, manifest)
         arrays = {}
-        for name in INDEX_FILES:
+        for name in index_files(manifest):
             try:
                 arrays[name] = np.load(os.path.join(root, f"{name}.npy"), mmap_mode="r", allow_pickle=False)
             except (OSError, ValueError) as e:
@@ -97,7 +99,8 @@ class Packed(Source, kind="packed", named_by=Naming(marker=MANIFEST, any_url=Tru
             identities.append(identity(info))
         check_index(root, count, arrays, [i[2] for i in identities])
         checked = np.array(identities, np.int64).reshape(len(files), 5)
-        return pack_index(root, classes, files, arrays, file_identities=checked)
+        fields = packed_fields(root, manifest, arrays)
+        return pack_index(root, classes, files, arrays, file_identities=checked, fields=fields)
 
 
 def _open_at_url(root: str, cache_dir: str | None, cache_limit: int | None) -> ExtentIndex:
@@ -118,7 +121,7 @@ def _open_at_url(root: str, cache_dir: str | None, cache_limit: int | None) -> E
         raise DatasetError(f"{root} is an incomplete pack: finish it with the `fastload pack` that made it")
     count, names, classes = checked_manifest(root, manifest)
     arrays = {}
-    for name in INDEX_FILES:
+    for name in index_files(manifest):
         url = remote.join(root, f"{name}.npy")
         try:
             arrays[name] = np.load(io.BytesIO(remote.read_whole(url, _MAX_INDEX_BYTES)), allow_pickle=False)
@@ -134,4 +137,7 @@ def _open_at_url(root: str, cache_dir: str | None, cache_limit: int | None) -> E
         files.append(remote_file(url, size, version, CHUNK_BYTES))
         sizes.append(size)
     check_index(root, count, arrays, sizes)
-    return pack_index(root, classes, files, arrays, cache_dir=cache_dir, cache_limit=cache_limit)
+    fields = packed_fields(root, manifest, arrays)
+    return pack_index(
+        root, classes, files, arrays, cache_dir=cache_dir, cache_limit=cache_limit, fields=fields
+    )

@@ -90,18 +90,20 @@ class DataFiles:
             if number == self.file and have > length:
                 os.truncate(path, length)
 
-    def write(self, blob: Blob) -> None:
+    def write(self, *parts: Blob) -> None:
+        """Append one sample: `parts` (its image, then any members: NOTE [packed fields]) end to end."""
         file = self.file
-        padding = self._place(len(blob))
+        padding = self._place(sum(len(part) for part in parts))
         if self.file != file:
             self._sync()
             self.out.close()
             self.out = open(os.path.join(self.root, data_file_name(self.file)), "wb")  # noqa: SIM115
         elif padding:
             self.out.write(bytes(padding))
-        self.out.write(blob)
+        for part in parts:
+            self.out.write(part)
         self.unsynced += 1
-        self.unsynced_bytes += len(blob) + padding
+        self.unsynced_bytes += self.lengths[-1] + padding
 
     def skip(self, reason: str) -> None:
         """Leave the next position of the order out, for `reason`."""

@@ -1,6 +1,6 @@
 """What a pack's manifest says of how it was made, and whether a `pack` run may go on with the
 pack it finds: the same source (as it was: `source_fingerprint`), order, options, shard size and
-samples left out.
+samples left out; and a source's declared fields (NOTE [packed fields]).
 
 Besides the format's fields (`_formats/pack_format.py`), a pack's manifest records `excluded`, the names of
 the samples `pack(exclude=...)` (`--exclude LIST`) left out, sorted, and, once complete,
@@ -19,8 +19,10 @@ import numpy as np
 
 from fastload._errors import ConfigError, DatasetError
 from fastload.sources._base import Source
-from fastload.sources._formats.pack_format import ALIGN, FORMAT, VERSION
-from fastload.sources._indexes.sample_index import SampleIndex
+from fastload.sources._formats.pack_format import ALIGN, FORMAT, PLAIN_VERSION, VERSION
+from fastload.sources._formats.sample_fields import parse_fields
+from fastload.sources._indexes.field_extents import FieldExtents
+from fastload.sources._indexes.sample_index import SampleIndex, declared_fields
 from fastload.sources._packing.reencode import Reencoding
 
 
@@ -35,9 +37,9 @@ def new_manifest(
 ) -> dict[str, Any]:
     """The manifest of a pack of `count` of `index`'s samples (the others `excluded`), not complete."""
     labels = index.labels
-    return {
+    manifest: dict[str, Any] = {
         "format": FORMAT,
-        "version": VERSION,
+        "version": PLAIN_VERSION,
         "complete": False,
         "count": count,
         "classes": list(index.classes),
@@ -52,6 +54,22 @@ def new_manifest(
         "excluded": excluded,
         "files": [],
     }
+    declaring = declared_fields(index)
+    if declaring is not None and declaring.fields is not None:  # NOTE [packed fields]
+        manifest.update(version=VERSION, fields=_declaration(src, declaring.fields))
+    return manifest
+
+
+def _declaration(src: Source, fields: FieldExtents) -> dict[str, Any]:
+    """The declaration a pack's manifest records: names, kinds, form and each field's extensions
+    as `src` declared them (the name alone where its declaration names no extension)."""
+    declared = getattr(src, "fields", None)
+    extensions = (
+        [list(d.extensions) for d in parse_fields(declared)[0]]
+        if isinstance(declared, tuple)
+        else [[] for _ in fields.names]
+    )
+    return {**fields.declaration(), "extensions": extensions}
 
 
 def left_out(manifest: dict[str, Any]) -> list[tuple[str, str]]:
@@ -71,6 +89,11 @@ def _fingerprint(index: SampleIndex) -> str:
         array = getattr(index, field, None)
         if isinstance(array, np.ndarray):
             digest.update(np.ascontiguousarray(array).tobytes())
+    declaring = declared_fields(index)
+    if declaring is not None and declaring.fields is not None:  # every member's extent, a list's cells
+        for array in (declaring.fields.offsets, declaring.fields.sizes, declaring.fields.blob):
+            if array is not None:
+                digest.update(np.ascontiguousarray(array).tobytes())
     for i in range(len(index)):
         digest.update(index.name(i).encode("utf-8", "surrogateescape") + b"\0")
     return digest.hexdigest()

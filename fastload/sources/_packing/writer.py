@@ -1,7 +1,8 @@
 """Writing a pack (the format: `_formats/pack_format.py`): `pack` copies any source's encoded
 samples, in the source's order or one shuffled once, checked and re-encoded when `max_side` asks
 (`reencode.py`, or Ray tasks: `ray_pack.py`), into aligned data files, then writes the index and
-the manifest (`manifest.py`).
+the manifest (`manifest.py`); a source's declared fields are kept beside its images
+(`members.py`, NOTE [packed fields]).
 
 `pack` is resumable (NOTE [pack checkpoints] in `data_files.py`).
 
@@ -36,13 +37,25 @@ from fastload._errors import ConfigError, DatasetError, FastloadError
 from fastload._exclusion import ExcludeArg, kept_indices
 from fastload._sizes import parse_size
 from fastload.sources._base import Source, as_source
-from fastload.sources._formats.pack_format import ALIGN, INDEX_FILES, MANIFEST, data_file_name, read_manifest
+from fastload.sources._formats.pack_format import (
+    ALIGN,
+    MANIFEST,
+    data_file_name,
+    index_files,
+    read_manifest,
+)
 from fastload.sources._formats.packed import Packed
 from fastload.sources._indexes.arrays import ArrayIndex
 from fastload.sources._indexes.sample_index import SampleIndex, declared_fields, pack_strings
 from fastload.sources._packing import data_files
 from fastload.sources._packing.data_files import DataFiles, drop_checkpoint, load_checkpoint
 from fastload.sources._packing.manifest import check_same, new_manifest
+from fastload.sources._packing.members import (
+    Parts,
+    field_arrays,
+    refuse_with_fields,
+    with_members,
+)
 from fastload.sources._packing.progress import Progress
 from fastload.sources._packing.reencode import (
     DEFAULT_QUALITY,
@@ -127,12 +140,9 @@ def pack(
     if isinstance(index, ArrayIndex):
         raise ConfigError(f"{where} holds arrays: a pack holds encoded samples (images) only")
     declaring = declared_fields(index)
-    if declaring is not None and declaring.fields is not None:
-        raise ConfigError(
-            f"{where} declares fields ({', '.join(declaring.fields.names)}): a pack keeps each sample's "
-            "image and label only, not yet its other fields; load the shards with fields= as they are, "
-            "or pack them without fields="
-        )
+    fields = None if declaring is None else declaring.fields
+    if fields is not None and ray is not False:
+        refuse_with_fields(where, fields, "pack(ray=...) (--ray)")
     order = (
         np.arange(len(index), dtype=np.int64)
         if shuffle_seed is None
@@ -180,8 +190,9 @@ def pack(
     else:
         step = BATCH_SAMPLES if setting is None else None
         batches = made_batches(index, order, start, setting, _worker_count(workers), skip, step)
+    made = batches if declaring is None else with_members(batches, declaring, order, start)
     try:
-        _copy(batches, len(order), writer, Progress(len(order), where, sys.stderr) if progress else None)
+        _copy(made, len(order), writer, Progress(len(order), where, sys.stderr) if progress else None)
     finally:
         batches.close()  # stops the re-encoding pool, after an error too
         writer.out.close()  # after an error too (what came after the checkpoint is cut when resumed)
@@ -236,7 +247,7 @@ def _worker_count(workers: int | None) -> int:
 
 
 def _copy(
-    batches: Iterator[Sequence[Made]], total: int, writer: DataFiles, progress: Progress | None
+    batches: Iterator[Sequence[Made | Parts]], total: int, writer: DataFiles, progress: Progress | None
 ) -> None:
     """Write `batches` (the samples from the writer's position on, in order), checkpointing as it
     goes, until all `total` samples are written or left out."""
@@ -249,8 +260,9 @@ def _copy(
             if isinstance(item, Skipped):
                 writer.skip(item.reason)
             else:
-                writer.write(item)
-                nbytes += len(item)
+                parts = item if isinstance(item, tuple) else (item,)
+                writer.write(*parts)
+                nbytes += sum(len(part) for part in parts)
             if writer.unsynced >= CHECKPOINT_SAMPLES or writer.unsynced_bytes >= CHECKPOINT_BYTES:
                 writer.checkpoint()
         done += len(made)
@@ -264,8 +276,8 @@ def _copy(
 
 
 def _checkpointed_on_error(
-    batches: Iterator[Sequence[Made]], writer: DataFiles
-) -> Generator[Sequence[Made], None, None]:
+    batches: Iterator[Sequence[Made | Parts]], writer: DataFiles
+) -> Generator[Sequence[Made | Parts], None, None]:
     """`batches`; when one cannot be made (a sample unreadable, a Ray task failed), what the writer
     holds is whole samples: checkpointed, so that the same command run again goes on after them."""
     try:
@@ -290,7 +302,13 @@ def _finish(
         "names": names,
         "name_offsets": name_offsets,
     }
-    for name in INDEX_FILES:
+    declaring = declared_fields(index)
+    if declaring is not None and declaring.fields is not None:  # NOTE [packed fields]
+        images, field_offsets, field_sizes = field_arrays(
+            declaring.fields, held, arrays["offsets"], arrays["sizes"]
+        )
+        arrays.update(sizes=images, field_offsets=field_offsets, field_sizes=field_sizes)
+    for name in index_files(manifest):
         data_files.save_durably(os.path.join(root, f"{name}.npy"), arrays[name])
     files = [data_file_name(k) for k in range(writer.file + 1)]
     skipped = [[index.name(int(order[k])), why] for k, why in sorted(writer.skipped.items())]
