@@ -27,6 +27,7 @@ from fastload._loading.running.pipeline import Pipeline
 from fastload._loading.settings.position import Plan, recorded_settings, source_fingerprint
 from fastload._loading.settings.sanity import check_settings_sense
 from fastload._loading.settings.spec import LoaderSpec
+from fastload._loading.slots.layout import BatchLayout
 from fastload._loading.slots.ring_plan import plan_ring
 from fastload.samplers import Sampler
 from fastload.sources._indexes.arrays import ArrayIndex
@@ -147,9 +148,11 @@ class Assembly:
             assert spec.transforms is not None  # compiled here: a chain the daemon cannot run fails first
             self._session = self._connect()
             self.classes, self._num_samples = self._session.welcome.classes, self._session.welcome.num_samples
-            if spec.transforms.batch is not None and self._session.welcome.layout.label_leaf() is None:
-                self.close_session()  # batches of declared fields without a label: nothing to mix
-                raise _unmixable(spec)
+            try:
+                _check_mixable(spec, self._session.welcome.layout)
+            except ConfigError:
+                self.close_session()
+                raise
             return
         if self._index is None:
             self._index = spec.source.open()
@@ -174,6 +177,7 @@ class Assembly:
             normalize=spec.worker_normalize, on_error=spec.on_error, keep=self._keep,
         )
         assert job.layout is not None
+        _check_mixable(spec, job.layout)
         if not spec.decodes_in_trainer:  # the in-process DALI executor needs no ring
             plan_ring(job.layout.slot_bytes, spec.num_workers, spec.prefetch).preflight()  # before any fork
         self._job = job
@@ -269,25 +273,21 @@ class Assembly:
 
 
 def _check_fields(index: SampleIndex, spec: LoaderSpec) -> None:
-    """A source of declared fields (`TarShards(fields=...)`) decodes in its workers (native or PIL)
-    and mixes batches (MixUp/CutMix) only with a label field; ConfigError otherwise."""
-    declaring = declared_fields(index)
-    fields = declaring.fields if declaring is not None else None
-    if fields is None:
-        return
-    if spec.decodes_in_trainer or spec.backend == "dali":
+    """A source of declared fields (`TarShards(fields=...)`) decodes in its workers (native or
+    PIL); ConfigError otherwise."""
+    if declared_fields(index) is not None and (spec.decodes_in_trainer or spec.backend == "dali"):
         raise ConfigError(
             f"backend={spec.backend!r} does not load declared fields yet: use backend='native' or 'pil' "
             "with fields="
         )
+
+
+def _check_mixable(spec: LoaderSpec, layout: BatchLayout) -> None:
+    """MixUp/CutMix mix the batch's labels: ConfigError when its layout has none (declared fields
+    without a label field), whether the job is built here or by a daemon (its welcome's layout)."""
     assert spec.transforms is not None
-    if spec.transforms.batch is not None and not fields.has_label:
-        raise _unmixable(spec)
-
-
-def _unmixable(spec: LoaderSpec) -> ConfigError:
-    assert spec.transforms is not None and spec.transforms.batch is not None
-    return ConfigError(
-        f"{type(spec.transforms.batch).__name__} mixes labels, and fields= declares none: add a label "
-        'field ({"label": "cls"}) or mix in your training step'
-    )
+    if spec.transforms.batch is not None and layout.label_leaf() is None:
+        raise ConfigError(
+            f"{type(spec.transforms.batch).__name__} mixes labels, and fields= declares none: add a label "
+            'field ({"label": "cls"}) or mix in your training step'
+        )
