@@ -28,7 +28,7 @@ FOUNDATIONS, FORMATS, KERNELS = 0, 20, 30
 # storage < index < the `Source` seam < formats < packing.
 SOURCE_STORAGE, SOURCE_INDEX, SOURCE_SEAM, SOURCE_FORMATS, SOURCE_PACKING = 11, 12, 13, 14, 15
 # The rooms of `_loading/`, below its top (`assembly`, `loader`).
-SLOTS, ORDER, JOBS, LINK, SETTINGS, RUNNING, LOADER = 41, 42, 43, 44, 45, 46, 49
+SLOTS, ORDER, JOBS, LINK, SETTINGS, RUNNING, TUNING, LOADER = 41, 42, 43, 44, 45, 46, 47, 49
 SERVICES, ENTRY = 50, 60
 LAYER_NAMES = {
     FOUNDATIONS: "foundations",
@@ -45,6 +45,7 @@ LAYER_NAMES = {
     LINK: "the loader's link room (the trainer's side of the daemon)",
     SETTINGS: "the loader's settings room",
     RUNNING: "the loader's running room",
+    TUNING: "the loader's tuning room",
     LOADER: "the loader's facade",
     SERVICES: "the daemon's server, diagnostics, exporters",
     ENTRY: "the CLI and the public package",
@@ -84,6 +85,7 @@ LAYERS: dict[str, int] = {
     "fastload._loading.link": LINK,
     "fastload._loading.settings": SETTINGS,
     "fastload._loading.running": RUNNING,
+    "fastload._loading.tuning": TUNING,
     "fastload._loading": LOADER,
     "fastload._daemon": SERVICES,
     "fastload._diagnostics": SERVICES,

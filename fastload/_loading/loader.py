@@ -49,12 +49,16 @@ class FastLoader(ImageFolderAttributes):
     (their indices, and file names). `transform` is a list of `fastload.transforms` (crops, colour,
     policies, RandomErasing, MixUp/CutMix: each runs where it is cheapest, NOTE [transform stages];
     or one `Views`: several crops) or a torchvision pipeline (`from_torchvision`; Normalize: `normalize`).
-    Dataset mode yields what `default_collate` would. Samples whose leaves are fixed-shape arrays,
-    tensors or numbers are written straight into shared memory; anything else (strings, ragged
-    shapes, or any `collate_fn`) is collated in the worker and pickled over the local socket,
-    which is slower, as DataLoader is.
+    Dataset mode yields what `default_collate` would; fixed-shape arrays, tensors and numbers go
+    straight into shared memory, anything else (or a `collate_fn`'s batch) is pickled, as DataLoader's.
 
-    Batches depend only on (seed, epoch): the same for every `num_workers`. Once an iteration
+    Tuning (NOTE [what is tuned] in `settings.auto`): given neither `num_workers` nor `prefetch`,
+    a source's loader picks both as it runs (`"auto"` for one tunes that one; a number is obeyed;
+    `autotune=False`: fixed defaults), adding a worker while it is decode-bound and a core is idle,
+    retiring one when the trainer does not wait or processes queue for a CPU, and moving the batches
+    in flight (the ring with them, within /dev/shm). Through a daemon, `priority=` weighs this session.
+
+    Batches depend only on (seed, epoch): the same for every `num_workers`, tuned or not. Once an iteration
     yields its first batch, the next one runs the next epoch, unless `set_epoch` says which (an
     `iter()` never drawn from, like the one Lightning makes to check a loader, uses up none).
 
@@ -119,7 +123,7 @@ class FastLoader(ImageFolderAttributes):
         shuffle: bool | None = None,
         sampler: Iterable[int] | Sampler | None = None,
         batch_sampler: Iterable[Sequence[int]] | None = None,
-        num_workers: int | None = None,
+        num_workers: int | str | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -133,7 +137,7 @@ class FastLoader(ImageFolderAttributes):
         pin_memory_device: str = "",
         in_order: bool = True,
         seed: int | None = None,
-        prefetch: int | None = None,
+        prefetch: int | str | None = None,
         transform: Sequence[Transform] | Transform | Callable[..., Any] | None = None,
         device: str | torch.device | None = None,
         normalize: tuple[Sequence[float], Sequence[float]] | None = None,
@@ -152,6 +156,8 @@ class FastLoader(ImageFolderAttributes):
         max_skipped: float | int = DEFAULT_MAX_SKIPPED,
         exclude: ExcludeArg = None,
         metrics: str | int | None = None,
+        autotune: bool | None = None,
+        priority: float = 1.0,
     ) -> None:
         del pin_memory_device, in_order  # batches are always delivered in order
         spec = build_spec(
@@ -163,7 +169,7 @@ class FastLoader(ImageFolderAttributes):
             dtype=dtype, memory_format=memory_format, backend=backend, daemon=daemon, rank=rank,
             world_size=world_size, summary=summary, hang_timeout=hang_timeout, sample_ids=sample_ids,
             shuffle_block=shuffle_block, shuffle_window=shuffle_window, on_error=on_error,
-            max_skipped=max_skipped, metrics=metrics,
+            max_skipped=max_skipped, metrics=metrics, autotune=autotune, priority=priority,
         )
         self.dataset = dataset
         self._assembly = Assembly(spec, exclude)
@@ -246,21 +252,14 @@ class FastLoader(ImageFolderAttributes):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration resume exactly after the batch `state` was taken at.
 
-        A state is checked against this loader (NOTE [elastic resume] in `_loading.settings.resume`): a
-        changed shuffle, shuffle_block, shuffle_window, drop_last or source is a ConfigError naming
-        it (at an epoch's end only another source is: the next epoch starts afresh); the transform
-        chain may change (it moves no sample: progressive resizing resumes); a mid-epoch position
-        under another batch size or world size is
-        converted where it falls on a batch boundary of the new layout (an unblocked order), and
-        refused otherwise. The state's seed wins over this loader's: the seed given to a loader is
-        where a fresh run starts, and a resumed run goes on with the run it came from (its order and
-        augmentations), as a StatefulDataLoader restores its generator's state. Every field of a
-        state is checked first, and a state no loader could have saved is a ConfigError naming the
-        field, with the loader left as it was (NOTE [checked states]); version 1 states' settings
-        are not checked, as before (they hold none).
-
-        A user's sampler with `set_epoch` is set to the epoch resumed: its order is replayed up to
-        the position, so it must be that epoch's."""
+        A state is checked against this loader first, field by field, and one no loader could
+        have saved, or saved under another shuffle, shuffle_block, shuffle_window, drop_last or
+        source, is a ConfigError naming it, the loader left as it was (NOTE [checked states] and
+        NOTE [elastic resume] in `_loading.settings.resume`: the transform chain may change; a
+        mid-epoch position under another batch or world size is converted where it falls on a
+        batch boundary). The state's seed wins over this loader's (a resumed run goes on with
+        its order and augmentations). A user's sampler with `set_epoch` is set to the epoch
+        resumed: its order is replayed up to the position, so it must be that epoch's."""
         parts = self._assembly
         epoch_over, yielded = resume_point(state, parts.plan, parts.spec, parts.settings())  # checked first
         if state["seed"] != self.seed:

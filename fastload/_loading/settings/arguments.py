@@ -55,10 +55,9 @@ def check_workers(
 ) -> None:
     """Worker counts, timeouts and DataLoader's worker-only options."""
     if isinstance(num_workers, bool) or not isinstance(num_workers, int):
-        said = "is not supported yet" if num_workers == "auto" else "is not a number of processes"
         raise ConfigError(
-            f"num_workers={shown(num_workers)} {said}: pass an int (0 loads in this process), or None "
-            "for the default (the cores this process may use, shared among this machine's ranks)"
+            f"num_workers={shown(num_workers)} is not a number of processes: pass an int (0 loads in "
+            "this process), 'auto' (tuned as the loader runs), or None for the default"
         )
     if num_workers < 0:
         raise ConfigError(f"num_workers must be >= 0, got {num_workers}")

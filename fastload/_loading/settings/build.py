@@ -6,6 +6,7 @@ for every rank]) — into a frozen `LoaderSpec`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
 from multiprocessing.context import BaseContext
@@ -29,6 +30,7 @@ from fastload._loading.settings.arguments import (
     check_workers,
     normalize_values,
 )
+from fastload._loading.settings.auto import check_priority, resolve_tuning
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.delivery import ImageOutput
 from fastload._loading.slots.ring_plan import MAX_IN_FLIGHT
@@ -46,7 +48,7 @@ def build_spec(
     shuffle: bool | None,
     sampler: Iterable[int] | Sampler | None,
     batch_sampler: Iterable[Sequence[int]] | None,
-    num_workers: int | None,
+    num_workers: int | str | None,
     collate_fn: Callable[[list[Any]], Any] | None,
     pin_memory: bool,
     drop_last: bool,
@@ -57,7 +59,7 @@ def build_spec(
     prefetch_factor: int | None,
     persistent_workers: bool,
     seed: int | None,
-    prefetch: int | None,
+    prefetch: int | str | None,
     transform: Sequence[Transform] | Transform | Callable[..., Any] | None,
     device: str | torch.device | None,
     normalize: tuple[Sequence[float], Sequence[float]] | None,
@@ -75,14 +77,22 @@ def build_spec(
     on_error: str = "raise",
     max_skipped: float | int = DEFAULT_MAX_SKIPPED,
     metrics: str | int | None = None,
+    autotune: bool | None = None,
+    priority: float = 1.0,
 ) -> LoaderSpec:
     """Check FastLoader's arguments as DataLoader checks its own (ConfigError, a ValueError, for
     anything DataLoader refuses, and for fastload's own), and resolve their defaults."""
     is_source = isinstance(dataset, (str, os.PathLike, Source))
     if isinstance(dataset, torch.utils.data.IterableDataset):
         check_iterable(shuffle, sampler, batch_sampler, shuffle_block)
+    asked_auto = num_workers == "auto"
+    tuning = resolve_tuning(
+        num_workers, prefetch, prefetch_factor, autotune, is_source=is_source,
+        iterable=isinstance(dataset, torch.utils.data.IterableDataset),
+    )
+    num_workers, prefetch = tuning.num_workers, tuning.prefetch
     if num_workers is None:
-        num_workers = default_workers() if is_source else 0
+        num_workers = default_workers() if is_source or asked_auto else 0
     check_workers(num_workers, timeout, hang_timeout, prefetch_factor, persistent_workers)
     check_mp_context(multiprocessing_context, num_workers)
     check_batching(batch_size, shuffle, sampler, batch_sampler, drop_last)
@@ -98,6 +108,8 @@ def build_spec(
             "sampler (but for fastload.samplers' plans), batch_sampler and collate_fn apply to Dataset "
             "inputs, not to folders and other sources"
         )
+    if check_priority(priority) != 1.0 and daemon is None:
+        raise ConfigError("priority= weighs a daemon session against the daemon's others: pass daemon= too")
     if not is_source and (daemon is not None or rank is not None or world_size is not None):
         raise ConfigError("daemon, rank and world_size apply to image folders and other sources")
     if not is_source and sample_ids:
@@ -181,7 +193,13 @@ def build_spec(
         on_error=on_error,
         max_skipped=max_skipped,
         metrics=metrics_address,
+        priority=float(priority),
     )
+    # NOTE [what is tuned]: no workers of this loader's, no tuning.
+    if num_workers > 0 and daemon is None and not spec.decodes_in_trainer:
+        spec = dataclasses.replace(
+            spec, tune_workers=tuning.tune_workers, tune_in_flight=tuning.tune_in_flight
+        )
     if on_error == "skip" and spec.decodes_in_trainer:
         raise ConfigError(
             f"on_error='skip' is not yet supported with backend={backend!r} decoding in this process "

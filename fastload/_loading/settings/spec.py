@@ -50,7 +50,7 @@ class LoaderSpec:
     rank: int
     world_size: int
     # Who loads them.
-    num_workers: int
+    num_workers: int  # as asked, or where a tuner starts (`tune_workers`)
     prefetch: int | None  # in flight as asked; None: `ring_plan` derives it (NOTE [what "prefetch" names])
     persistent_workers: bool
     timeout_s: float
@@ -75,6 +75,17 @@ class LoaderSpec:
     # Whether `seed` is the shared default of several ranks given no seed (NOTE [one order for
     # every rank]): `sanity` says so once.
     seed_defaulted: bool = False
+    # NOTE [what is tuned] in `settings.build`: whether a tuner (`_loading.tuning`) moves the worker
+    # count and the batches in flight while the loader runs; a daemon session's `priority` (its
+    # weight in the daemon's shares).
+    tune_workers: bool = False
+    tune_in_flight: bool = False
+    priority: float = 1.0
+
+    @property
+    def tuned(self) -> bool:
+        """Whether anything of this loader is tuned as it runs."""
+        return self.tune_workers or self.tune_in_flight
 
     @property
     def iterable(self) -> bool:
