@@ -180,6 +180,17 @@ def test_a_tuned_decode_bound_loader_is_told_what_the_tuner_holds_not_to_set_num
     assert REASON_WORDS[Reason.DECODE_BOUND] in advice
 
 
+def test_a_tuned_augment_bound_loader_on_cuda_is_not_told_to_add_workers(writer: StatsWriter) -> None:
+    before = dataclasses.replace(tuned_once(writer), device="cuda")
+    after = dataclasses.replace(
+        before, updated=before.updated + 1.0, batches=10, samples=80, read_s=0.1, read_cpu_s=0.1,
+        decode_s=0.8, augment_s=2.0, trainer_wait_s=0.6, next_calls=10,
+    )
+    r = classify_into(loader_rates("block", before, after, 1.0), cores=4)
+    assert r.verdict == "augment-bound"
+    assert "more workers" not in r.advice[0] and "the tuner holds num_workers at 3" in r.advice[0]
+
+
 def test_a_loader_whose_workers_are_not_tuned_is_still_told_to_set_them(writer: StatsWriter) -> None:
     writer.tuning(2, 6, 6, tunes_workers=False)  # an IterableDataset's streams: only the window is tuned
     r = classify_into(decode_bound(writer.snapshot(), 2), cores=4)

@@ -99,7 +99,11 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
             "they run in the workers because batches stay on the CPU: with device='cuda' they run "
             "batched on the GPU after the copy"
             if r.device == "cpu"
-            else "fewer or cheaper ones (a hue shift costs the most), or more workers"
+            else "fewer or cheaper ones (a hue shift costs the most)" + (
+                f"; {_tuner_holds_workers(r.tuner)}"
+                if r.tuner is not None and r.tuner.tunes_workers
+                else ", or more workers"
+            )
         )
         return "augment-bound", [
             f"augment-bound: the pixel transforms (colour, policies) take {ms['augment']:.2f} ms/sample "
