@@ -285,3 +285,20 @@ def test_the_summary_has_a_tuner_line_only_when_tuned(writer: StatsWriter) -> No
     assert line.startswith(ended)
     assert line.endswith(f"1 change, the last 0 s before the end: {REASON_WORDS[Reason.DECODE_BOUND]}")
     assert format_summary(stats).splitlines()[-1].endswith("reason 1")  # no words given: its code
+
+
+def test_the_plot_draws_the_workers_a_tuner_ran(writer: StatsWriter, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from fastload._diagnostics.plot import plot_history, tuned_loaders
+
+    untuned = dataclasses.asdict(decode_bound(writer.snapshot(), 2))
+    tuned = dataclasses.asdict(decode_bound(tuned_once(writer), 3))
+    history = [
+        {"time": float(t), "cpu": {"user": 50.0}, "loaders": [
+            {**untuned, "name": "pid 1 a"}, *([{**tuned, "name": "pid 2 b"}] if t else []),
+        ]}
+        for t in range(3)
+    ]
+    assert tuned_loaders(history) == ["pid 2 b"]
+    plot_history(history, str(tmp_path / "run.png"))
+    assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
