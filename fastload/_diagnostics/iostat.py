@@ -153,7 +153,7 @@ def format_report(
     return "\n".join(lines) + "\n"
 
 
-TUNER_WIDTH = 28  # "w16 f32 undo 59m oversubscribed" fits, nearly
+TUNER_WIDTH = 28  # "w12 f32 +w 59s decode-bound"; a longer cell pushes the verdict right
 
 
 def tuner_cell(r: LoaderRates, now: float) -> str:
