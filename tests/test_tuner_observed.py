@@ -302,3 +302,14 @@ def test_the_plot_draws_the_workers_a_tuner_ran(writer: StatsWriter, tmp_path: P
     assert tuned_loaders(history) == ["pid 2 b"]
     plot_history(history, str(tmp_path / "run.png"))
     assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_loader_not_tuned_prints_its_summary_without_a_tuner_line(
+    image_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FastLoader(
+        image_folder, batch_size=4, transform=RESIZE, num_workers=0, autotune=False, summary=True
+    ) as loader:
+        assert sum(len(labels) for _, labels in loader) == 24
+    err = capsys.readouterr().err
+    assert "fastload summary:" in err and "tuner" not in err
