@@ -50,7 +50,7 @@ class Machine:
         rate = self._jitter(steady)
         busy = workers * seconds * min(rate / supply, 1.0)  # blocked on storage counts as busy
         workers_cores = rate / self.per_worker
-        trainer_cores = self.trainer_cpu * min(rate / self.trainer_rate * 100, 1.0)
+        trainer_cores = self.trainer_cpu
         runnable = steady / (self.per_worker * share) + trainer_cores + self.burner  # noise-free
         wait = max(0.0, 1 - steady / self.trainer_rate) + abs(self.rng.gauss(0, 0.005))
         decoding = min(workers, in_flight)
@@ -166,6 +166,33 @@ def test_a_cpu_burner_coming_and_going_is_followed() -> None:
     assert after[after.index(4) :].count(4) == len(after) - after.index(4)
 
 
+def test_the_trainers_own_cores_are_left_to_it() -> None:
+    machine = Machine(trainer_cpu=2.0, seed=9)  # the trainer's threads use two of the four cores
+    ctl = Controller(limits(), workers=1, in_flight=3)
+    assert max(ctl.workers for _ in run(machine, ctl, 100)) == 2
+
+
+def test_without_pressure_figures_it_still_adds_only_onto_an_idle_core() -> None:
+    machine = Machine(burner=3.0, seed=10)  # three of four cores taken; this kernel has no PSI
+    ctl = Controller(limits(), workers=1, in_flight=3)
+    for _ in range(60):
+        ctl.observe(replace(machine.interval(ctl.workers, ctl.in_flight), pressure=None))
+        assert ctl.workers == 1
+    machine.burner = 0.0  # the cores free again: it grows
+    for _ in range(20):
+        ctl.observe(replace(machine.interval(ctl.workers, ctl.in_flight), pressure=None))
+    assert ctl.workers == 4
+
+
+def test_the_same_intervals_give_the_same_decisions() -> None:
+    def decisions() -> list[Decision | None]:
+        ctl = Controller(limits(), workers=1, in_flight=3)
+        machine = Machine(noise=0.1, trainer_rate=100.0, seed=11)
+        return [d for _, d in run(machine, ctl, 150)]
+
+    assert decisions() == decisions()
+
+
 def test_a_worker_that_buys_nothing_is_undone_and_tried_ever_more_rarely() -> None:
     machine = Machine(storage_rate=60.0, seed=4)  # storage-bound: 60 batches/s, whatever the workers
     ctl = Controller(limits(), workers=2, in_flight=8)
@@ -207,6 +234,21 @@ def test_short_intervals_are_merged_and_long_pauses_dropped() -> None:
     ctl = Controller(limits(), workers=1, in_flight=3)
     paused = replace(machine.interval(1, 3), batches=0, seconds=policy.MAX_MERGE_S)
     assert ctl.observe(paused) is None and ctl._merging is None
+
+
+def test_a_change_the_pipeline_could_not_take_is_no_trial() -> None:
+    machine = Machine(cores=2, per_worker=40.0, window_rate=8.0, seed=12)  # wants a larger window
+    ctl = Controller(limits(cores=2), workers=2, in_flight=4)
+    refused = 0
+    for _ in range(60):
+        decision = ctl.observe(machine.interval(ctl.workers, ctl.in_flight))
+        if decision is not None and decision.reason is Reason.BURSTY:
+            refused += 1
+            ctl.settled(workers=2, in_flight=4)  # the ring cannot hold more: nothing taken
+        assert ctl.in_flight == 4
+    assert 2 <= refused <= 4  # asked again ever more rarely (held off 4, 8, 16, ... intervals)
+    ctl.settled(workers=2, in_flight=5)  # a clamp that took part of it: that is the setting now
+    assert (ctl.workers, ctl.in_flight) == (2, 5)
 
 
 def test_limits_must_be_ranges() -> None:

@@ -237,8 +237,8 @@ class _Trial:
 
 class Controller:
     """The damped policy (NOTE [the tuner's policy]): `observe` one interval, get the setting to
-    move to (a `Decision`) or None. It assumes a decision it returns is applied before the next
-    interval is observed (the tuner clamps nothing: the limits are kept here)."""
+    move to (a `Decision`) or None. A decision it returns is applied before the next interval is
+    observed; what was taken of it, if a bound outside `Limits` clamped it, is told by `settled`."""
 
     def __init__(self, limits: Limits, workers: int, in_flight: int) -> None:
         self.limits = limits
@@ -273,6 +273,16 @@ class Controller:
         self._baseline.append(obs)
         self._quiet = self._quiet + 1 if obs.wait_fraction < WAIT_QUIET else 0
         return self._decide(obs)
+
+    def settled(self, workers: int, in_flight: int) -> None:
+        """What the tuner could apply of the last decision: a bound beyond `Limits` (the ring's
+        slots, the engine's) may have clamped it. A change not taken at all is no trial: that
+        direction is held off as if it had failed."""
+        trial = self._trial
+        if trial is not None and (workers, in_flight) == (trial.workers_before, trial.in_flight_before):
+            self._trial = None
+            self._hold_off(trial.direction)
+        self.workers, self.in_flight = workers, in_flight
 
     # -- the rules -------------------------------------------------------------------------
 
@@ -354,14 +364,18 @@ class Controller:
         if not failed:
             self._next_hold[trial.direction] = BASE_HOLD
             return None
-        self._hold[trial.direction] = self._next_hold[trial.direction]
-        self._next_hold[trial.direction] = min(2 * self._next_hold[trial.direction], MAX_HOLD)
+        self._hold_off(trial.direction)
         detail = (
             f"{trial.direction}: rate {trial.rate_before:.2f} -> {obs.rate:.2f} batches/s ({change:+.1%}), "
             f"trainer waits {trial.wait_before:.0%} -> {obs.wait_fraction:.0%} (needed {needed:+.1%}); "
             f"held off {self._hold[trial.direction]} intervals"
         )
         return self._apply(trial.workers_before, trial.in_flight_before, Reason.NO_GAIN, obs, detail)
+
+    def _hold_off(self, direction: str) -> None:
+        """A change in `direction` failed: none for a while, twice as long as the last time."""
+        self._hold[direction] = self._next_hold[direction]
+        self._next_hold[direction] = min(2 * self._next_hold[direction], MAX_HOLD)
 
     def _apply(self, workers: int, window: int, reason: Reason, obs: Observation, detail: str) -> Decision:
         self.workers, self.in_flight = workers, window
