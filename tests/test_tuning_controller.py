@@ -251,6 +251,25 @@ def test_a_change_the_pipeline_could_not_take_is_no_trial() -> None:
     assert (ctl.workers, ctl.in_flight) == (2, 5)
 
 
+def test_a_slow_spawn_is_waited_for_before_the_verdict() -> None:
+    machine = Machine(seed=13)
+    ctl = Controller(limits(), workers=1, in_flight=3)
+    decision = None
+    while decision is None:
+        decision = ctl.observe(machine.interval(ctl.workers, ctl.in_flight))
+    assert decision.workers == 2
+    for _ in range(3):  # the second worker still starting: the first one alone delivers
+        assert ctl.observe(machine.interval(1, ctl.in_flight)) is None
+    verdict = ctl.observe(machine.interval(2, ctl.in_flight))  # running now: this interval judges it
+    assert verdict is not None and verdict.reason is Reason.DECODE_BOUND  # kept, and on to a third
+    assert verdict.workers == 3
+    # A worker that never comes: after `MAX_SETTLE_INTERVALS` it is judged, and undone.
+    for _ in range(policy.MAX_SETTLE_INTERVALS):
+        assert ctl.observe(machine.interval(2, ctl.in_flight)) is None
+    undo = ctl.observe(machine.interval(2, ctl.in_flight))
+    assert undo is not None and undo.reason is Reason.NO_GAIN and undo.workers == 2
+
+
 def test_limits_must_be_ranges() -> None:
     with pytest.raises(ConfigError, match="min_workers <= max_workers"):
         Limits(min_workers=3, max_workers=2, min_in_flight=1, max_in_flight=4)

@@ -20,7 +20,8 @@ one is merged with the next) is read as follows, and at most one change is made:
   - else, batches sit ready (at least half the window) and the window is wider than workers +
     `WINDOW_MARGIN`: half the excess off the window (WINDOW_UNUSED), its slots' memory back.
 Every change is verified: the interval after it is discarded (`SETTLE_INTERVALS`: it straddles
-the change, a new worker starts), the next is compared with the rate before (the mean of up to
+the change), and those until the workers observed are those asked for (a new one spawning, up to
+`MAX_SETTLE_INTERVALS`); the next is compared with the rate before (the mean of up to
 `BASELINE_INTERVALS` judged intervals at the old setting). A +worker that did not buy
 `MIN_GAIN`, nor a quarter of what one worker more could (1/workers), a larger window that bought
 less than `MIN_GAIN`, a retired worker or a smaller window that added more than `LOSS_TOLERANCE`
@@ -56,6 +57,9 @@ MAX_MERGE_S = 10 * INTERVAL_S
 # Intervals discarded after a change: the one straddling it (a new worker starting, a window
 # filling) measures neither setting.
 SETTLE_INTERVALS = 1
+# ...and more while the observed workers are not yet those asked for (`Observation.workers`: the
+# workers running), up to this many: a spawn on a loaded machine takes a second or two.
+MAX_SETTLE_INTERVALS = 4
 # Judged intervals at one setting averaged for the rate before a change: fewer is noisier, more
 # remembers a machine that has since changed (a burner come or gone).
 BASELINE_INTERVALS = 4
@@ -113,7 +117,7 @@ class Observation:
     ready_batches: int  # gauge at the end: decoded, waiting for the trainer
     decoding_batches: int  # gauge at the end: submitted, being decoded
     in_flight_limit: int  # the window: batches kept submitted and not yet delivered
-    workers: int  # workers running
+    workers: int  # workers running (a spawned one once it takes tasks; a retiring one until it exits)
     usable_cores: int  # cores this process may use
     machine_busy_cores: float  # every process's busy cores, on the usable CPUs
     trainer_cores: float  # the trainer's process (its own threads and the loader's)
@@ -246,6 +250,7 @@ class Controller:
         self.in_flight = in_flight
         self._merging: Observation | None = None
         self._settling = SETTLE_INTERVALS  # the first interval holds the workers' start
+        self._settled_for = 0  # intervals discarded since the last change
         self._trial: _Trial | None = None
         self._baseline: deque[Observation] = deque(maxlen=BASELINE_INTERVALS)
         self._quiet = 0
@@ -262,8 +267,13 @@ class Controller:
         self._merging = None
         for direction in self._hold:
             self._hold[direction] = max(self._hold[direction] - 1, 0)
-        if self._settling:
-            self._settling -= 1
+        starting = obs.workers != self.workers and self._settled_for < MAX_SETTLE_INTERVALS
+        if self._settling or starting:
+            # The interval straddling a change, then any until the workers asked for run (a
+            # spawning one is not decoding yet; a retiring one finishes its task), for at most
+            # `MAX_SETTLE_INTERVALS`: a worker that never comes is judged by the rate it did not buy.
+            self._settling = max(self._settling - 1, 0)
+            self._settled_for += 1
             return None
         if self._trial is not None:
             undo = self._verdict(self._trial, obs)
@@ -308,7 +318,10 @@ class Controller:
                 if lim.tune_in_flight:
                     window = max(window, min(self.workers + 1 + WINDOW_MARGIN, lim.max_in_flight))
                 return self._change(obs, _ADD, self.workers + 1, window, Reason.DECODE_BOUND)
-            full = obs.slot_wait_s > 0 or obs.ready_batches + obs.decoding_batches >= obs.in_flight_limit
+            # The gauges are set as a batch is handed over, before its place is refilled: a full
+            # window reads one short.
+            in_window = obs.ready_batches + obs.decoding_batches + 1
+            full = obs.slot_wait_s > 0 or in_window >= obs.in_flight_limit
             if (
                 lim.tune_in_flight
                 and self.in_flight < lim.max_in_flight
@@ -379,7 +392,7 @@ class Controller:
 
     def _apply(self, workers: int, window: int, reason: Reason, obs: Observation, detail: str) -> Decision:
         self.workers, self.in_flight = workers, window
-        self._settling = SETTLE_INTERVALS
+        self._settling, self._settled_for = SETTLE_INTERVALS, 0
         self._baseline.clear()
         self._quiet = 0
         return Decision(workers=workers, in_flight=window, reason=reason, detail=detail)
