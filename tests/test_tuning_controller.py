@@ -166,6 +166,13 @@ def test_a_cpu_burner_coming_and_going_is_followed() -> None:
     assert after[after.index(4) :].count(4) == len(after) - after.index(4)
 
 
+def test_more_workers_than_usable_cores_are_retired() -> None:
+    machine = Machine(cores=2, seed=14)  # e.g. a cpuset shrunk under a running job
+    ctl = Controller(limits(cores=8), workers=4, in_flight=6)
+    reasons = [d.reason for _, d in run(machine, ctl, 12) if d is not None]
+    assert ctl.workers == 2 and reasons[:2] == [Reason.OVERSUBSCRIBED] * 2
+
+
 def test_the_trainers_own_cores_are_left_to_it() -> None:
     machine = Machine(trainer_cpu=2.0, seed=9)  # the trainer's threads use two of the four cores
     ctl = Controller(limits(), workers=1, in_flight=3)
