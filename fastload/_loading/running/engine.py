@@ -205,6 +205,13 @@ class Engine:
             if worker.ready and not worker.lost:
                 self._send(worker, [proto.DROP, proto.JOB_HEAD.pack(job_id)])
 
+    def forget_slot(self, name: str) -> None:
+        """Tell every worker to unmap a ring slot that was unlinked (a shrunk ring), so that its
+        memory comes back; a worker started later never maps it."""
+        for worker in list(self._workers.values()):
+            if worker.ready and not worker.lost and not worker.stopped:
+                self._send(worker, [proto.FORGET, name.encode()])
+
     def submit(self, task: Task) -> None:
         """Queue a task and send it to a worker now: the trainer may not poll again for a while
         (it finds the next batch ready), and workers must not idle meanwhile."""
