@@ -224,6 +224,21 @@ def test_a_retiring_worker_killed_with_tasks_has_them_redone_and_is_not_replaced
         engine.close()
 
 
+def test_close_stops_a_retiring_worker_still_holding_tasks(tmp_path: Path) -> None:
+    job = DatasetJob(GatedDataset(tmp_path / "never"), None, seed=0, batch_size=4)  # it never opens
+    engine = Engine({0: job}, num_workers=2, mp_context=None, worker_init_fn=None)
+    try:
+        assert wait_until(lambda: _all_ready(engine), WAIT_S)
+        for k in range(4):
+            engine.submit(Task(k, 0, k, np.asarray([k], np.int64), "", probe=True))
+        assert engine.retire_worker() == 1
+        pids = engine.worker_pids
+        assert len(pids) == 2 and engine.active_workers == 1
+    finally:
+        engine.close()  # STOP is not read by a worker stuck in a sample: it is killed
+    assert not any(pid_alive(pid) for pid in pids)
+
+
 class SecondWorkerGated(Dataset[dict[str, Any]]):
     """Worker 1's samples each take 20 ms and wait while the gate file is missing (so it holds
     the tasks it was given for as long as the test needs); sample i is i and random draws."""
