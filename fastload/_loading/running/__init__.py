@@ -1,8 +1,8 @@
 """Running: the machinery that executes an epoch.
 
-- `engine` (the worker pool, which grows and shrinks: NOTE [retiring workers]), `dispatch` (which worker runs which task), `supervision` (why a
-  worker died, whom to blame, the hang bound), `worker` and `worker_link` (the worker's side and
-  the wire);
+- `engine` (the worker pool, which grows and shrinks: NOTE [retiring workers]), `dispatch`
+  (which worker runs which task), `supervision` (why a worker died, whom to blame, the hang
+  bound), `worker` and `worker_link` (the worker's side and the wire);
 - `inline` (tasks on the trainer's thread), `dali_executor` (GPU decoding in this process), and
   `executors` (which of them, or a daemon session, runs a loader's tasks);
 - `pipeline` (executor, ring and delivery of one loader, across its epochs; `set_workers` and
