@@ -23,6 +23,8 @@ new, it finishes what it holds, and once it holds nothing it is sent STOP; a lat
 `supervise`/`poll` reaps it (never a join that waits). A retiring worker that dies holding
 tasks has them run again at the front of the queue, in order, like any death, but is not
 replaced; one that ends holding nothing (exit 0 after STOP) is retired, not counted as a death.
+Tasks that name their worker (an iterable stream's) would wait for a retired one forever: a pool
+running streams is never shrunk (`Pipeline.set_workers` refuses).
 """
 
 from __future__ import annotations
