@@ -164,6 +164,22 @@ def test_workers_added_and_retired_mid_epoch_give_the_same_batches(kind: str, im
         assert sorted(indices.tolist()) == list(range(len(source)))  # each sample exactly once
 
 
+class Streams(torch.utils.data.IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(8))
+
+
+def test_an_iterable_datasets_workers_are_its_streams_and_never_moved() -> None:
+    with FastLoader(Streams(), batch_size=4, num_workers=2) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        pipeline = loader._runs.pipeline
+        assert pipeline is not None
+        assert pipeline.set_workers(1) == 2 == pipeline.set_workers(3)
+        assert _engine(pipeline).active_workers == 2
+        assert len(list(iterator)) == 3  # two streams of 8: four batches in all
+
+
 class GatedDataset(Dataset[tuple[np.int64, np.ndarray]]):
     """Sample i is (i, [i, i]); every sample waits until the gate file exists (a worker holding
     its tasks for as long as the test needs)."""
