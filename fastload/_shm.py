@@ -339,14 +339,25 @@ def _in_container() -> bool:
     return any(word in text for word in ("docker", "kubepods", "containerd", "lxc"))
 
 
-def preflight(required_bytes: int) -> None:
-    """Raise SharedMemoryError, saying how big /dev/shm must be, if the ring cannot fit."""
+def _shm_space() -> tuple[int, int]:
+    """(free, total) bytes of /dev/shm; SharedMemoryError where it is not mounted."""
     try:
         st = os.statvfs(SHM_DIR)
     except OSError as e:
         raise SharedMemoryError(f"{SHM_DIR} is not available ({e}); fastload needs it") from e
-    free = st.f_bavail * st.f_frsize
-    total = st.f_blocks * st.f_frsize
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def shm_room() -> int:
+    """The bytes `preflight` lets new segments take now: /dev/shm's free space less its
+    head-room (0 when there is none)."""
+    free, total = _shm_space()
+    return max(0, free - shm_margin(total))
+
+
+def preflight(required_bytes: int) -> None:
+    """Raise SharedMemoryError, saying how big /dev/shm must be, if the ring cannot fit."""
+    free, total = _shm_space()
     margin = shm_margin(total)
     if free >= required_bytes + margin:
         return

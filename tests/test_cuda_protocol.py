@@ -9,6 +9,7 @@ unregisters. The real-GPU behaviour is tested in tests/gpu/.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from fastload._loading.slots.delivery import CudaDelivery, ImageOutput
 from fastload._loading.slots.layout import BatchLayout
 from fastload._loading.slots.ring import Ring
+from fastload._shm import SHM_DIR
 
 
 class FakeEvent:
@@ -126,6 +128,26 @@ def test_every_slot_registered_once_and_unregistered_on_close() -> None:
         delivery.close()
         assert cuda.rt.registered == {}
         assert "sync:side" in cuda.log
+    finally:
+        ring.close()
+
+
+def test_a_slot_the_ring_lets_go_of_is_unregistered_first() -> None:
+    ring, _, cuda, delivery = _setup()
+    try:
+        held = ring.acquire()  # a slot in use is never let go of
+        removed: list[str] = []
+
+        def unlinking(segment: Any) -> None:
+            assert os.path.exists(os.path.join(SHM_DIR, segment.name))  # told before it is unlinked
+            delivery.on_slot_removed(segment)
+            removed.append(segment.name)
+
+        assert ring.shrink(5, unlinking) == 2
+        assert len(removed) == 2 and list(ring.segments) == [held]
+        assert len(cuda.rt.registered) == 1
+        delivery.close()
+        assert cuda.rt.registered == {}
     finally:
         ring.close()
 

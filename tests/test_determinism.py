@@ -22,6 +22,9 @@ from fastload import transforms as T
 
 AUGMENT = [T.RandomResizedCrop(40), T.RandomHorizontalFlip()]
 WORKER_COUNTS = (0, 1, 2, 3)
+# Ten samples a batch: 2 and 3 workers split each batch into parts (NOTE [split batches]), whose
+# draws must be those of one task.
+DATASET_BATCH = 10
 
 
 class RandomDataset(Dataset[dict[str, Any]]):
@@ -50,7 +53,7 @@ def _folder_epochs(
 
 def _dataset_epochs(num_workers: int, seed: int, epochs: int = 2) -> list[list[dict[str, torch.Tensor]]]:
     with FastLoader(
-        RandomDataset(), batch_size=4, shuffle=True, num_workers=num_workers, seed=seed
+        RandomDataset(), batch_size=DATASET_BATCH, shuffle=True, num_workers=num_workers, seed=seed
     ) as loader:
         return [[{k: v.clone() for k, v in b.items()} for b in loader] for _ in range(epochs)]
 
@@ -131,7 +134,9 @@ def test_set_epoch_reproduces_that_epoch(image_folder: Path, folder_runs: dict[i
 
 
 def test_dataset_set_epoch_reproduces_that_epoch(dataset_runs: dict[int, Any]) -> None:
-    with FastLoader(RandomDataset(), batch_size=4, shuffle=True, num_workers=1, seed=11) as loader:
+    with FastLoader(
+        RandomDataset(), batch_size=DATASET_BATCH, shuffle=True, num_workers=1, seed=11
+    ) as loader:
         loader.set_epoch(1)
         epoch1 = [{k: v.clone() for k, v in b.items()} for b in loader]
     assert_same(epoch1, dataset_runs[0][1])

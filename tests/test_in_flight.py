@@ -51,6 +51,20 @@ def test_the_engines_per_worker_cap_bounds_a_window_without_a_ring() -> None:
     assert unbounded.ceiling is None and unbounded.resize(500) == Resized(500)
 
 
+def test_the_bounds_follow_the_workers_and_the_ring_and_clamp_without_opening() -> None:
+    window = InFlightWindow(2, workers=2, engine=True)
+    window.fit_ring(20 + EXTRA_SLOTS)
+    assert window.resize(20).limit == 20
+    assert window.set_workers(1) == Resized(20)  # 1 x MAX_TASKS_PER_WORKER still holds 20
+    assert window.ceiling == min(20, MAX_TASKS_PER_WORKER)
+    assert window.set_ring(8 + EXTRA_SLOTS).limit == 8  # shrunk: clamped
+    assert window.set_ring(30 + EXTRA_SLOTS).limit == 8  # grown: not opened
+    assert window.slots_for(12) == 12 + EXTRA_SLOTS and window.slots_for(0) == 1 + EXTRA_SLOTS
+    assert window.slots_for(10**6) == MAX_TASKS_PER_WORKER + EXTRA_SLOTS  # the engine's bound
+    with pytest.raises(ConfigError, match="whole number"):
+        window.slots_for(True)
+
+
 class Numbers(Dataset[int]):
     def __len__(self) -> int:
         return 96

@@ -18,10 +18,12 @@ from fastload import FastLoader, SharedMemoryError
 from fastload._loading.slots.ring_plan import (
     EXTRA_SLOTS,
     MAX_IN_FLIGHT,
+    TUNED_RING_BUDGET_BYTES,
     RingPlan,
     default_in_flight,
     in_flight_without_ring,
     plan_ring,
+    ring_ceiling_slots,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -64,6 +66,20 @@ def test_preflight_names_the_whole_ring(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(SharedMemoryError, match="needs 100 MiB"):
         plan.check()
     RingPlan(slot_bytes=1 << 20, in_flight=8).check()  # 10 MiB fits
+
+
+def test_a_tuners_ceiling_is_the_least_of_shm_room_most_in_flight_and_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_shm(monkeypatch, free_mib=4096, total_mib=8192)  # 64 MiB head-room: 4032 MiB of room
+    assert ring_ceiling_slots(1 << 10) == MAX_IN_FLIGHT + EXTRA_SLOTS
+    assert ring_ceiling_slots(32 << 20) == TUNED_RING_BUDGET_BYTES // (32 << 20) == 32  # 1 GiB
+    _fake_shm(monkeypatch, free_mib=1024, total_mib=2048)  # 960 MiB of room
+    assert ring_ceiling_slots(100 << 20) == 9
+    assert ring_ceiling_slots(100 << 20, held=1) == 10  # what it holds is counted as used
+    assert ring_ceiling_slots(600 << 20, held=3) == 3  # never below what it holds: it stops growth
+    _fake_shm(monkeypatch, free_mib=10, total_mib=2048)  # within the head-room: no room
+    assert ring_ceiling_slots(1 << 20, held=5) == 5
 
 
 class Rows(Dataset[np.ndarray]):

@@ -1,6 +1,6 @@
 """`DatasetJob`: what a worker does with a task of a map-style torch Dataset — call it for the
-task's samples (seeding the global random states per batch) and write them into a slot, or
-collate them for the slow path.
+task's samples (seeding the global random states per sample, by its row in the batch) and write
+them into a slot, or collate them for the slow path.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fastload._loading.jobs.contract import (
     write_samples,
 )
 from fastload._loading.jobs.executor import Done, Task
-from fastload._loading.order.plan import batch_seed
+from fastload._loading.order.plan import row_seeds
 from fastload._loading.slots.layout import BatchLayout
 from fastload._machine import run_delay_since, thread_run_delay_ns
 
@@ -31,9 +31,12 @@ from fastload._machine import run_delay_since, thread_run_delay_ns
 class DatasetJob:
     """Loads batches of a map-style Dataset: fast path into a slot, or collated and pickled.
 
-    The global random state (torch, numpy, random) is seeded per batch from (seed, epoch, batch
-    index), so random augmentations inside `__getitem__` give the same batches for any worker
-    count; in the trainer's process (`num_workers=0`) the caller's random state is restored after.
+    The global random state (torch, numpy, random) is seeded before each sample from (seed,
+    epoch, batch index, its row in the batch) (`row_seeds`), so random augmentations inside
+    `__getitem__` give the same batches for any worker count, however a batch is split into
+    parts; in the trainer's process (`num_workers=0`) the caller's random state is restored
+    after. A Dataset's `__getitems__` loads a task's samples in one call, under its first row's
+    seed: its draws follow how the batch was split (the worker count) unless it seeds per sample.
     """
 
     layout: BatchLayout | None = None  # known only once a sample is probed
@@ -78,17 +81,22 @@ class DatasetJob:
         """The samples; with on_error="skip" (and `skipped` to record them), a sample that raises
         gets a stand-in (NOTE [bad samples]), and `__getitems__` is not used (it names no sample)."""
         states = rng_state() if restore_rng else None
-        seed_rng(batch_seed(self.seed, task.epoch, task.batch_index))
+        seeds = row_seeds(self.seed, task.epoch, task.batch_index, task.row, len(indices))
         skipping = self.on_error == "skip" and skipped is not None
         try:
             getitems = getattr(self.dataset, "__getitems__", None)
             if callable(getitems) and not skipping:
+                seed_rng(seeds[0])
                 try:
                     return list(getitems([int(i) for i in indices]))
                 except Exception as e:
                     raise JobFailed(failure_of(task.seq, e, int(indices[0]), "", "samples starting")) from e
             record = skipped if skipping else None
-            return [self._sample(task, row, int(i), record) for row, i in enumerate(indices)]
+            loaded = []
+            for row, i in enumerate(indices):
+                seed_rng(seeds[row])  # per sample: the same draws whichever part loads it
+                loaded.append(self._sample(task, row, int(i), record))
+            return loaded
         finally:
             if states is not None:
                 set_rng_state(states)

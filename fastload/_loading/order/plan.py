@@ -1,10 +1,11 @@
 """The epoch plan: which samples form which batch, from (seed, epoch) alone.
 
 Batches are enumerated lazily (`iter_batches`) so a resumed epoch can start at any batch without
-replaying the ones before it. A batch's global random state is seeded with numpy's SeedSequence
-from (seed, epoch, batch index), and a sample's augmentation from (seed, epoch, index)
-(`_sample_random`): never from worker identity or timing, which is what makes every worker count
-give the same batches bit for bit.
+replaying the ones before it. The global random state a Dataset's sample is loaded under is
+seeded from (seed, epoch, batch index, its row in the batch) (`row_seeds`), and a sample's
+augmentation from (seed, epoch, index) (`_sample_random`): never from worker identity, timing, or
+which part of a split batch loads it, which is what makes every worker count give the same
+batches bit for bit.
 
 `ShuffledPlan(..., block=R)` orders an epoch by runs of R consecutive samples instead of single
 samples, so that reads stay sequential on chunked storage; `window` batches at a time are then
@@ -22,6 +23,7 @@ import torch
 import torch.utils.data
 
 from fastload._errors import ConfigError
+from fastload._sample_random import SPLITMIX_GAMMA, splitmix64
 
 _ORDER_STREAM = 0x0D
 _BATCH_STREAM = 0xBA
@@ -33,6 +35,16 @@ def batch_seed(seed: int, epoch: int, batch_index: int) -> int:
     """A 63-bit seed for the global random state while a batch's samples are loaded."""
     state = np.random.SeedSequence([seed, epoch, batch_index, _BATCH_STREAM]).generate_state(1, np.uint64)
     return int(state[0] >> np.uint64(1))
+
+
+def row_seeds(seed: int, epoch: int, batch_index: int, first_row: int, count: int) -> list[int]:
+    """63-bit seeds for the global random state while rows `first_row ..` of a batch are loaded,
+    one per row: keyed by the row in the whole batch, so a batch split into parts across workers
+    (NOTE [split batches] in `running.split_batches`) draws what one task would."""
+    base = np.array([batch_seed(seed, epoch, batch_index)], dtype=np.uint64)
+    rows = np.arange(first_row + 1, first_row + count + 1, dtype=np.uint64)
+    mixed = splitmix64(base + rows * SPLITMIX_GAMMA) >> np.uint64(1)
+    return [int(v) for v in mixed]
 
 
 @runtime_checkable

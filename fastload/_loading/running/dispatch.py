@@ -1,9 +1,10 @@
 """Dispatch: which worker of the pool runs which queued task.
 
 The least busy ready worker gets the next task, up to `MAX_TASKS_PER_WORKER`; a task that names
-its worker (an iterable stream's batch) waits for that worker; a suspect task (NOTE [blame] in
-`supervision`) runs alone on an idle worker, and a worker running one takes nothing else, so
-that its death is that task's. Tasks keep their order in the queue otherwise.
+its worker (an iterable stream's batch) waits for that worker; a retiring worker takes none; a
+suspect task (NOTE [blame] in `supervision`) runs alone on an idle worker, and a worker running
+one takes nothing else, so that its death is that task's. Tasks keep their order in the queue
+otherwise.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class PoolWorker:
     busy_since: float | None = None  # when the task it runs now started
     lost: bool = False  # unreachable: killed by the engine, sent nothing more
     hung: bool = False  # killed by the engine: its task ran past the hang bound
+    retiring: bool = False  # retired (NOTE [retiring workers] in `engine`): takes no new task
+    stopped: bool = False  # retiring, held nothing and was sent STOP (or killed if unreachable)
 
 
 def dispatch(
@@ -49,7 +52,11 @@ def dispatch(
     each (`send`: False when a worker cannot be reached, which then takes nothing more); the
     tasks still queued."""
     # A worker running a suspect task takes nothing else, so that its death is that task's.
-    ready = [w for w in workers if w.ready and not w.lost and not any(t.suspect for t in w.tasks.values())]
+    # A retiring worker takes nothing new (NOTE [retiring workers] in `engine`).
+    ready = [
+        w for w in workers
+        if w.ready and not w.lost and not w.retiring and not any(t.suspect for t in w.tasks.values())
+    ]
     if queue and queue[0].worker is not None:
         return _dispatch_pinned(queue, ready, send)
     while queue and ready:

@@ -15,6 +15,16 @@ than load-balanced by ZeroMQ, because supervision must know which tasks died wit
 The socket lives in a fresh 0700 directory (`engine_socket_dir`), so other users cannot connect.
 A send to a worker whose connection is gone (ROUTER_MANDATORY: EHOSTUNREACH) or whose queue is
 full (EAGAIN: it stopped reading) never raises: that worker is killed and treated as dead.
+
+NOTE [retiring workers]: the pool grows and shrinks while it runs (a tuner's handles).
+`add_worker` spawns one more (the lowest free id; it is told every job and layout when READY,
+as a replacement is). `retire_worker` marks the highest id retiring: dispatch gives it nothing
+new, it finishes what it holds, and once it holds nothing it is sent STOP; a later
+`supervise`/`poll` reaps it (never a join that waits). A retiring worker that dies holding
+tasks has them run again at the front of the queue, in order, like any death, but is not
+replaced; one that ends holding nothing (exit 0 after STOP) is retired, not counted as a death.
+Tasks that name their worker (an iterable stream's) would wait for a retired one forever: a pool
+running streams is never shrunk (`Pipeline.set_workers` refuses).
 """
 
 from __future__ import annotations
@@ -109,7 +119,48 @@ class Engine:
 
     @property
     def worker_pids(self) -> list[int]:
+        """Every worker process the engine holds now, retiring ones included until reaped."""
         return [w.process.pid for w in self._workers.values() if w.process.pid is not None]
+
+    @property
+    def active_workers(self) -> int:
+        """The workers that take tasks: all but the retiring ones (NOTE [retiring workers])."""
+        return sum(1 for w in self._workers.values() if not w.retiring)
+
+    def add_worker(self) -> int:
+        """Spawn one more worker (the lowest id not in use) and return its id; it takes tasks
+        once READY, after every job and layout announced so far (NOTE [retiring workers])."""
+        used = {w.worker_id for w in self._workers.values()}
+        worker_id = next(i for i in itertools.count() if i not in used)
+        self._num_workers = self.active_workers + 1
+        self._spawn(worker_id)
+        return worker_id
+
+    def retire_worker(self) -> int | None:
+        """Retire the active worker of the highest id and return its id (None when one active
+        worker is left): it takes no new task, finishes what it holds, then is stopped and reaped
+        without blocking (NOTE [retiring workers])."""
+        active = [w for w in self._workers.values() if not w.retiring]
+        if len(active) <= 1:
+            return None
+        worker = max(active, key=lambda w: w.worker_id)
+        worker.retiring = True
+        self._num_workers = len(active) - 1
+        log.debug("worker %d (pid %s) retiring", worker.worker_id, worker.process.pid)
+        self._stop_if_idle(worker)
+        return worker.worker_id
+
+    def _stop_if_idle(self, worker: PoolWorker) -> None:
+        """Send STOP to a retiring worker that holds nothing (killed if it cannot be reached: it
+        holds nothing to lose)."""
+        if not worker.retiring or worker.stopped or worker.tasks or worker.lost:
+            return
+        worker.stopped = True
+        try:
+            self._sock.send_multipart([worker.identity, proto.STOP], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:  # not connected (yet, or any more)
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                worker.process.kill()
 
     def _spawn(self, worker_id: int) -> None:
         identity = f"w{worker_id}.{next(self._generation)}".encode()
@@ -156,6 +207,13 @@ class Engine:
             if worker.ready and not worker.lost:
                 self._send(worker, [proto.DROP, proto.JOB_HEAD.pack(job_id)])
 
+    def forget_slot(self, name: str) -> None:
+        """Tell every worker to unmap a ring slot that was unlinked (a shrunk ring), so that its
+        memory comes back; a worker started later never maps it."""
+        for worker in list(self._workers.values()):
+            if worker.ready and not worker.lost and not worker.stopped:
+                self._send(worker, [proto.FORGET, name.encode()])
+
     def submit(self, task: Task) -> None:
         """Queue a task and send it to a worker now: the trainer may not poll again for a while
         (it finds the next batch ready), and workers must not idle meanwhile."""
@@ -180,7 +238,8 @@ class Engine:
         if worker.lost:
             return
         worker.lost = True
-        log.warning("worker %d (pid %s): %s; replacing it", worker.worker_id, worker.process.pid, why)
+        then = "it was retiring: not replaced" if worker.retiring else "replacing it"
+        log.warning("worker %d (pid %s): %s; %s", worker.worker_id, worker.process.pid, why, then)
         with contextlib.suppress(OSError, ValueError, AttributeError):  # already gone
             worker.process.kill()
 
@@ -248,6 +307,7 @@ class Engine:
         except ValueError as e:
             raise WorkerError(f"{e} (worker {identity.decode()})") from e
         self._finished(worker, event.seq)
+        self._stop_if_idle(worker)
         return event
 
     def _finished(self, worker: PoolWorker, seq: int) -> None:
@@ -285,6 +345,10 @@ class Engine:
                 continue
             del self._workers[identity]
             worker.process.join(0)
+            if worker.retiring and not worker.tasks:  # NOTE [retiring workers]: nothing lost
+                log.debug("worker %d (pid %s) retired: %s", worker.worker_id, worker.process.pid,
+                          describe_exit(code))
+                continue
             if oom_now is None:
                 oom_now = oom_kill_count()
             cause = classify(
@@ -292,8 +356,9 @@ class Engine:
             )
             self.deaths[cause] += 1
             log.info(
-                "worker %d (pid %s) %s: %s; replacing it", worker.worker_id, worker.process.pid,
+                "worker %d (pid %s) %s: %s; %s", worker.worker_id, worker.process.pid,
                 cause.name.lower(), describe_exit(code),
+                "retiring, not replaced" if worker.retiring else "replacing it",
                 extra={"event": "worker_replaced", "fields": {
                     "worker": worker.worker_id, "pid": worker.process.pid, "cause": cause.name.lower(),
                     "exit": describe_exit(code), "tasks_redone": len(worker.tasks),
@@ -311,7 +376,8 @@ class Engine:
                     f"worker {worker.worker_id} pid {worker.process.pid}, with {describe_exit(code)}); "
                     "see their output above"
                 )
-            self._spawn(worker.worker_id)
+            if not worker.retiring:
+                self._spawn(worker.worker_id)
         if oom_now is not None:
             self._oom_kills, self._oom_checked = oom_now, time.monotonic()
 

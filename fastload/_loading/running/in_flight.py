@@ -9,6 +9,7 @@ bounds and says why it did not take a value:
   the extra ones are the batch the user holds and a spare;
 - with the local engine, at most `MAX_TASKS_PER_WORKER` x workers: a batch in flight is at least
   one task, and past that, tasks would wait in the engine rather than in a worker.
+`set_ring` and `set_workers` move the last two bounds as a tuner resizes the ring and the pool.
 The epoch loop (`epoch`) submits while its lanes hold fewer batches than `limit`; it reads the
 limit before every submission, so a change applies from the next one: a smaller window submits
 nothing until enough batches are delivered, a larger one submits at once. Either way no batch is
@@ -61,11 +62,32 @@ class InFlightWindow:
         self._ring_bound = max(1, slots - EXTRA_SLOTS)
         return self.resize(self._ring_bound)
 
+    def set_ring(self, slots: int) -> Resized:
+        """The ring grew or shrank to `slots` slots: the bound follows, the limit is clamped to it
+        (never opened: a tuner asks for the limit it wants with `resize`)."""
+        self._ring_bound = max(1, slots - EXTRA_SLOTS)
+        return self.resize(self._limit)
+
+    def set_workers(self, workers: int) -> Resized:
+        """The local pool now has `workers` workers taking tasks: the engine's bound follows
+        (`MAX_TASKS_PER_WORKER` x workers) and the limit is clamped to it (never opened)."""
+        if self._engine_bound is not None:
+            self._engine_bound = MAX_TASKS_PER_WORKER * max(1, workers)
+        return self.resize(self._limit)
+
+    def slots_for(self, wanted: int) -> int:
+        """The ring slots `wanted` batches in flight need, within every bound but the ring's
+        own: what a tuner grows (or shrinks) the ring to before it resizes the window."""
+        _check_whole(wanted)
+        limit = max(1, wanted)
+        if self._engine_bound is not None:
+            limit = min(limit, self._engine_bound)
+        return limit + EXTRA_SLOTS
+
     def resize(self, wanted: int) -> Resized:
         """Keep `wanted` batches in flight from the next submission on, clamped to the bounds;
         the result says what was taken and, if not `wanted`, why."""
-        if isinstance(wanted, bool) or not isinstance(wanted, int):
-            raise ConfigError(f"batches in flight must be a whole number, got {wanted!r}")
+        _check_whole(wanted)
         limit, refused = wanted, ""
         if wanted < 1:
             limit, refused = 1, f"{wanted} batches in flight would never load one: at least 1"
@@ -86,3 +108,8 @@ class InFlightWindow:
 
     def __repr__(self) -> str:
         return f"InFlightWindow(limit={self._limit}, ceiling={self.ceiling})"
+
+
+def _check_whole(wanted: object) -> None:
+    if isinstance(wanted, bool) or not isinstance(wanted, int):
+        raise ConfigError(f"batches in flight must be a whole number, got {wanted!r}")

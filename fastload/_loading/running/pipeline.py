@@ -41,7 +41,7 @@ from fastload._loading.jobs.executor import (
 from fastload._loading.order.sampling import RepeatCopies
 from fastload._loading.running.engine import Engine
 from fastload._loading.running.executors import RingSlots, make_executor
-from fastload._loading.running.in_flight import InFlightWindow
+from fastload._loading.running.in_flight import InFlightWindow, Resized
 from fastload._loading.running.split_batches import SplitBatches, part_count
 from fastload._loading.running.stats import StatsWriter
 from fastload._loading.settings.spec import LoaderSpec
@@ -49,7 +49,15 @@ from fastload._loading.slots.delivery import CpuDelivery, CudaDelivery, make_del
 from fastload._loading.slots.identity import SampleIds
 from fastload._loading.slots.layout import BatchLayout
 from fastload._loading.slots.ring import Ring
-from fastload._loading.slots.ring_plan import RingPlan, in_flight_without_ring, plan_ring
+from fastload._loading.slots.ring_plan import (
+    EXTRA_SLOTS,
+    RingPlan,
+    in_flight_without_ring,
+    plan_ring,
+    ring_ceiling_slots,
+)
+from fastload._loading.slots.ring_resize import add_slot, resize_ring
+from fastload._machine import usable_cores
 from fastload._paths import reap_engine_dirs
 from fastload._shm import install_signal_cleanup, reap_orphans
 
@@ -122,6 +130,7 @@ class Pipeline:
             self.workers, spec.slot_batch_size,
         )
         self._slot_wait_since: float | None = None
+        self._owns_ring = session is None  # a daemon session's ring is the daemon's to size
         # Closed in reverse order of creation: delivery, ring, then the executor's workers.
         # NOTE [no reference back]: nothing in this list may refer to the pipeline itself (no
         # bound methods of it), or the finalizer would keep it alive and a loader dropped without
@@ -359,9 +368,52 @@ class Pipeline:
             gc.collect()
             self._collect_at = 2 * len(self.ring)
         if self.ring.free_count == 0:
-            self.delivery.on_new_slot(self.ring.segments[self.ring.grow()])  # type: ignore[union-attr]
+            add_slot(self.ring, self.delivery)  # type: ignore[arg-type]
             self.stats.ring_sized(len(self.ring))
         return True
+
+    def set_workers(self, n: int) -> int:
+        """Add or retire local workers until `n` take tasks (clamped to 1 .. `max_workers`); the
+        count now. Batches are split for it from the next submission (any split gives the same
+        bytes), and the window's bound follows. Nothing else has workers of its own to move
+        (inline, DALI, a daemon's pool), nor may an iterable stream's (a worker is a stream)."""
+        engine = self.executor
+        if not isinstance(engine, Engine) or self.spec.iterable:
+            return self.workers
+        n = max(1, min(int(n), self.max_workers))
+        while engine.active_workers < n:
+            engine.add_worker()
+        while engine.active_workers > n and engine.retire_worker() is not None:
+            pass
+        self.workers = engine.active_workers
+        self.window.set_workers(self.workers)
+        return self.workers
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers `set_workers` starts: twice the cores this process may use (past
+        that, workers only queue for a CPU), or the count asked for if more."""
+        return max(self.spec.num_workers, 2 * usable_cores())
+
+    def set_in_flight(self, n: int) -> Resized:
+        """Keep `n` batches in flight: a local ring grows to `n + EXTRA_SLOTS` slots (pre-flighted,
+        a slot at a time, within `ring_ceiling_slots`) or lets go of its free slots (workers unmap
+        them), then the window is resized; what was taken and why not more. A ring not made yet
+        is planned for `n`; a daemon's ring is the daemon's: only the window moves within it."""
+        slots, why = self.window.slots_for(n), ""
+        if self.ring is not None and self.delivery is not None and self._owns_ring:
+            resized = resize_ring(self.ring, self.delivery, slots)
+            if isinstance(self.executor, Engine):
+                for name in resized.removed:
+                    self.executor.forget_slot(name)
+            self.window.set_ring(resized.slots)
+            why = resized.refused
+        elif self.ring is None and self._ring_plan is not None:
+            plan = self._ring_plan
+            slots = min(slots, ring_ceiling_slots(plan.slot_bytes))
+            self._ring_plan = RingPlan(plan.slot_bytes, max(1, slots - EXTRA_SLOTS))
+        taken = self.window.resize(n)
+        return Resized(taken.limit, taken.refused or why)
 
     @property
     def worker_pids(self) -> list[int]:

@@ -5,6 +5,7 @@ State machine (one task at a time, in arrival order):
     start ──► READY sent ──► wait ──TASK──► run job ──► DONE / FAILED ──► wait
                               │ └─PROBE─► load one sample ──► PROBED ──► wait
                               │ └─LAYOUT► remember the batch layout ──► wait
+                              │ └─FORGET► unmap a slot the ring let go of ──► wait
                               └─STOP, or the parent is gone (checked every second) ──► exit
 
 A worker ignores SIGINT (Ctrl-C reaches the whole process group; the trainer decides) and never
@@ -144,6 +145,14 @@ def _serve(sock: zmq.Socket, spec: WorkerSpec) -> None:  # type: ignore[type-arg
         kind = frames[0][:1]
         if kind == proto.STOP:
             return
+        if kind == proto.FORGET:  # the ring shrank: its memory comes back once nobody maps it
+            name = frames[1].decode()
+            forgotten = segments.pop(name, None)
+            if forgotten is not None:
+                forgotten.close()
+            for names in job_slots.values():
+                names.discard(name)
+            continue
         if kind in (proto.JOB, proto.DROP, proto.LAYOUT):
             (job_id,) = proto.JOB_HEAD.unpack(frames[1])
             if kind == proto.JOB:

@@ -7,6 +7,7 @@ Engine (ROUTER) -> worker (DEALER):
     JOB     [b"J", JOB_HEAD(job), job JSON]        (a daemon's jobs; local mode forks job 0 in)
     DROP    [b"X", JOB_HEAD(job)]                  (forget a job)
     LAYOUT  [b"L", JOB_HEAD(job), layout JSON]
+    FORGET  [b"F", slot-name]                      (a slot the ring let go of: unmap it)
     STOP    [b"S"]
 Worker -> engine:
     READY   [b"R", READY_HEAD(pid)]
@@ -49,6 +50,7 @@ JOB = b"J"
 DROP = b"X"
 LAYOUT = b"L"
 STOP = b"S"
+FORGET = b"F"
 READY = b"R"
 DONE = b"D"
 FAILED = b"E"

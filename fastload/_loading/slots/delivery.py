@@ -134,6 +134,9 @@ class CpuDelivery:
     def on_new_slot(self, segment: Segment) -> None:
         """CPU batches need nothing per slot."""
 
+    def on_slot_removed(self, segment: Segment) -> None:
+        """Nothing was kept per slot (`on_new_slot`'s counterpart)."""
+
     def deliver(self, slot: int, count: int, ids: SampleIds | None = None) -> Any:
         """The batch in `slot` (its first `count` rows); `ids` key the trainer-side random draws."""
         base, arrays = _slot_arrays(self._ring, slot, self._layout, count)
@@ -199,7 +202,7 @@ class CudaDelivery:
         self._on_copied = on_copied
         # (copy-start event, copy-done event, slot), in copy order
         self._pending: deque[tuple[Any, Any, int]] = deque()
-        self._registered: list[int] = []
+        self._registered: dict[str, int] = {}  # a registered slot's segment name -> its address
         self._cudart: Any = cuda.cudart()
         for segment in ring.segments.values():
             self.on_new_slot(segment)
@@ -214,7 +217,13 @@ class CudaDelivery:
         ptr = ctypes.addressof(ctypes.c_char.from_buffer(segment.buf))
         err = self._cudart.cudaHostRegister(ptr, segment.size, 0)
         if int(err) == 0:
-            self._registered.append(ptr)
+            self._registered[segment.name] = ptr
+
+    def on_slot_removed(self, segment: Segment) -> None:
+        """Unregister a slot the ring is about to unlink (a free one: no copy reads it)."""
+        ptr = self._registered.pop(segment.name, None)
+        if ptr is not None:
+            self._cudart.cudaHostUnregister(ptr)
 
     def deliver(self, slot: int, count: int, ids: SampleIds | None = None) -> Any:
         """The batch in `slot` copied to the device; `ids` key the trainer-side random draws."""
@@ -260,7 +269,7 @@ class CudaDelivery:
         """Wait for copies in flight, then unregister the pinned slots."""
         self._stream.synchronize()
         self.poll()
-        for ptr in self._registered:
+        for ptr in self._registered.values():
             self._cudart.cudaHostUnregister(ptr)
         self._registered.clear()
 

@@ -5,7 +5,8 @@ delivered so far (`list(loader)`), without moving the slots already handed out. 
 free, in flight (a worker is writing it), ready, or held (the user can see it); it returns to
 free only through `release`, which the delivery side calls when nothing can see the slot any
 more. `release` may be called from any thread (a garbage-collection finalizer), so it only
-appends to a deque the ring drains on the engine's thread.
+appends to a deque the ring drains on the engine's thread. A tuner grows it a slot at a time
+(`grow`) and shrinks it by free slots only (`shrink`); a slot's id is never reused.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Ring:
         self._free: deque[int] = deque()
         self._released: deque[int] = deque()
         self._allocate = allocate
+        self._next_id = 0  # slot ids are never reused: a shrunk ring's ids have gaps
         try:
             for segment in (
                 initial if initial is not None else (Segment.create(slot_bytes) for _ in range(num_slots))
@@ -64,11 +66,27 @@ class Ring:
         return self._add(self._allocate(self.slot_bytes))
 
     def _add(self, segment: Segment) -> int:
-        slot = len(self.segments)
+        slot, self._next_id = self._next_id, self._next_id + 1
         self.segments[slot] = segment
         self._by_name[segment.name] = segment
         self._free.append(slot)
         return slot
+
+    def shrink(self, count: int, on_removed: Callable[[Segment], None] | None = None) -> int:
+        """Unlink up to `count` free slots (never one in flight, ready or held by the user), the
+        newest first; `on_removed(segment)` hears each before it is unlinked (the delivery's
+        `on_slot_removed`). Returns how many went."""
+        self._drain()
+        removed = 0
+        for slot in sorted(self._free, reverse=True)[: max(0, count)]:
+            self._free.remove(slot)
+            segment = self.segments.pop(slot)
+            del self._by_name[segment.name]
+            if on_removed is not None:
+                on_removed(segment)
+            segment.close()
+            removed += 1
+        return removed
 
     def name(self, slot: int) -> str:
         return self.segments[slot].name

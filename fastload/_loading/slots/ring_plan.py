@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastload._shm import ensure_fd_room, preflight
+from fastload._shm import ensure_fd_room, preflight, shm_room
 
 # Ring slots beyond the batches in flight: the batch the user holds while asking for the next,
 # and one spare.
@@ -51,6 +51,24 @@ def default_in_flight(workers: int, slot_bytes: int, budget_bytes: int = DEFAULT
     workers = max(1, workers)
     affordable = budget_bytes // max(1, slot_bytes) - EXTRA_SLOTS
     return int(min(MAX_IN_FLIGHT, max(workers + 1, min(PER_WORKER_DEFAULT * workers, affordable))))
+
+
+# The most ring a tuner may grow one loader's ring to (`ring_ceiling_slots`): twice the default
+# budget. The default plan keeps every worker busy within the budget; a tuner grows the window
+# past that only to absorb bursty batch times, and doubling is room for that (a window twice the
+# default's) without one loader taking the /dev/shm its trainer's other loaders and processes use.
+TUNED_RING_BUDGET_BYTES = 2 * DEFAULT_RING_BUDGET_BYTES
+
+
+def ring_ceiling_slots(slot_bytes: int, held: int = 0) -> int:
+    """The most slots a tuner may grow a ring of `slot_bytes` slots to, when it `held` slots
+    already (which /dev/shm counts as used): what the pre-flight allows now (`shm_room`), never
+    more than MAX_IN_FLIGHT + EXTRA_SLOTS nor `TUNED_RING_BUDGET_BYTES`, and never fewer than it
+    holds (a ceiling only stops growth)."""
+    slot_bytes = max(1, slot_bytes)
+    room = held + shm_room() // slot_bytes
+    budget = TUNED_RING_BUDGET_BYTES // slot_bytes
+    return max(held, min(MAX_IN_FLIGHT + EXTRA_SLOTS, budget, room))
 
 
 def in_flight_without_ring(workers: int, asked: int | None) -> int:
