@@ -18,7 +18,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -58,6 +58,13 @@ _POLL_S = 0.05
 
 # (slot, count, samples replaced in it: NOTE [bad samples]) | failure | opaque batch
 Outcome = tuple[int, int, tuple[SkippedSample, ...]] | Failure | Opaque
+
+
+class Steers(Protocol):
+    """What turns a pipeline's handles as it runs (`_loading.tuning.tuner.Tuner`), called after
+    each `next()`; handed the pipeline each time, it keeps no reference to it."""
+
+    def tick(self, pipeline: Pipeline) -> None: ...
 
 
 class Pipeline:
@@ -122,6 +129,7 @@ class Pipeline:
             self.workers, spec.slot_batch_size,
         )
         self._slot_wait_since: float | None = None
+        self.tuner: Steers | None = None  # set by the assembly for a tuned loader (NOTE [what is tuned])
         # Closed in reverse order of creation: delivery, ring, then the executor's workers.
         # NOTE [no reference back]: nothing in this list may refer to the pipeline itself (no
         # bound methods of it), or the finalizer would keep it alive and a loader dropped without
