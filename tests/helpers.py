@@ -415,3 +415,30 @@ def split_outcomes(outcomes: list[Any]) -> tuple[list[Any], list[Any]]:
 
     errors = [o for o in outcomes if isinstance(o, SampleError)]
     return [o for o in outcomes if not isinstance(o, SampleError)], errors
+
+
+def loader_series(stats: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A loader's Prometheus series as a scrape reads them, labelled rank 0, loader 0:
+    (name, sorted labels) -> value. Skips the test without prometheus-client."""
+    import pytest
+
+    prometheus_client = pytest.importorskip("prometheus_client")
+    parser = pytest.importorskip("prometheus_client.parser")
+    from fastload._diagnostics.metrics.families import Families
+    from fastload._diagnostics.metrics.loader_series import add_loader
+
+    families = Families()
+    add_loader(families, {"rank": "0", "loader": "0"}, stats, None)
+
+    class Scrape:
+        def collect(self) -> Any:
+            return iter(families)
+
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    registry.register(Scrape())
+    text = prometheus_client.generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in parser.text_string_to_metric_families(text)
+        for s in family.samples
+    }

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
+from helpers import loader_series
 
 from fastload._batch_counters import (
     BatchCounters,
@@ -32,7 +32,13 @@ from fastload._loading.running import stats, worker_link
 from fastload._loading.running.stats import LoaderStats, StatsWriter
 
 # Every layout the statistics block has had since counters were declared: VERSION -> counters.
-LAYOUTS = {6: stats.VERSION_6}
+LAYOUTS = {
+    6: stats.VERSION_6,
+    7: (  # the tuner's state and the ring's slots (issue 32)
+        *stats.VERSION_6, "tuner_workers", "tuner_in_flight", "tuned", "ring_slots", "tuner_reason",
+        "tuner_changes", "tuner_changed_ns",
+    ),
+}
 # The `done` counters a daemon link of version 1 requires: a counter required later would be
 # refused by every older trainer (NOTE [counters on the link]).
 REQUIRED_ON_THE_LINK = {"count", "read_ns", "decode_ns", "bytes", "read_cpu_ns"}
@@ -121,26 +127,7 @@ def test_every_counter_is_in_the_block_and_loader_stats(snapshot: LoaderStats) -
 
 
 def test_every_counter_is_a_prometheus_series(snapshot: LoaderStats) -> None:
-    prometheus_client = pytest.importorskip("prometheus_client")
-    parser = pytest.importorskip("prometheus_client.parser")
-    from fastload._diagnostics.metrics.families import Families
-    from fastload._diagnostics.metrics.loader_series import add_loader
-
-    families = Families()
-    add_loader(families, {"rank": "0", "loader": "0"}, snapshot, None)
-
-    class Scrape:
-        def collect(self) -> Iterator[Any]:
-            return iter(families)
-
-    registry = prometheus_client.CollectorRegistry(auto_describe=False)
-    registry.register(Scrape())
-    text = prometheus_client.generate_latest(registry).decode()
-    series = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in parser.text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    series = loader_series(snapshot)
     for name, c in declared():
         labels = {"rank": "0", "loader": "0", **dict([c.series_label] if c.series_label else [])}
         key = (series_name(name, c), tuple(sorted(labels.items())))

@@ -5,7 +5,9 @@ configuration: they are found in /dev/shm by name), subtracts the previous readi
 machine's figures (the dataset's block device from /proc/diskstats, CPU from /proc/stat, page
 cache, /dev/shm, GPU utilisation when there is one) and classifies each loader:
 storage-bound, decode-bound, augment-bound, transport-bound, host-to-device-bound, or not the
-bottleneck.
+bottleneck. When a loader is tuned (issue 32) a "tuner" column shows what its tuner runs and its
+last change ("w3 f12 +w 4s decode-bound": 3 workers, 12 batches in flight, a worker added 4 s
+ago, decode-bound), and a line under the loader says it in words.
 
 The room's other modules: `loader_rates` (a loader's rates over an interval) and `verdict` (the
 classification and its advice), which the Prometheus exporter's verdict shares.
@@ -22,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from types import FrameType
 from typing import Any, TextIO
 
@@ -81,7 +83,7 @@ class Sampler:
                     f"{r.skipped} broken sample(s) replaced by stand-ins so far (on_error='skip'): list them "
                     "with `fastload verify PATH -o LIST` and load with exclude=LIST"
                 )
-            classified.append(LoaderRates(**{**asdict(r), "verdict": verdict, "advice": advice}))
+            classified.append(replace(r, verdict=verdict, advice=advice))
         self._loaders, self._disk, self._cpu, self._time = loaders, disks, cpu, now
         return classified, machine
 
@@ -92,7 +94,12 @@ def display_name(r: LoaderRates) -> str:
     return f"pid {r.pid} {dataset}" if dataset else f"pid {r.pid}"
 
 
-def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: bool) -> str:
+def format_report(
+    loaders: list[LoaderRates], machine: MachineRates, extended: bool, now: float | None = None
+) -> str:
+    """The report of one interval; `now` (unix time, by default the clock's) dates the tuners'
+    last changes."""
+    now = time.time() if now is None else now
     lines = [time.strftime("%H:%M:%S")]
     c = machine.cpu
     cpu = f"cpu user {c['user']:.0f}% sys {c['system']:.0f}% iowait {c['iowait']:.0f}%" if c else "cpu -"
@@ -120,6 +127,9 @@ def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: b
     if extended:
         head += f" {'read':>7} {'net':>7} {'decode':>7} {'augment':>7} {'slot':>7} {'h2d':>7}"
         head += "".join(f" {heading:>9}" for heading, _ in _own_columns()) + "  (ms/sample)"
+    tuned = any(r.tuner is not None for r in loaders)
+    if tuned:  # only then: an untuned loader's table is as it was
+        head += f"  {'tuner':<{TUNER_WIDTH}}"
     lines.append(head + "  verdict")
     for r in loaders:
         row = (
@@ -134,9 +144,56 @@ def format_report(loaders: list[LoaderRates], machine: MachineRates, extended: b
             row += f" {ms['read']:>7.3f} {ms['net_wait']:>7.3f} {ms['decode']:>7.3f} {ms['augment']:>7.3f}"
             row += f" {ms['slot_wait']:>7.3f} {ms['h2d']:>7.3f}"
             row += "".join(f" {value(r):>9.3f}" for _, value in _own_columns())
+        if tuned:
+            row += f"  {tuner_cell(r, now):<{TUNER_WIDTH}}"
         lines.append(f"{row}  {r.verdict}")
+        if r.tuner is not None:
+            lines.append(f"{'':>9}- {tuner_line(r, now)}")
         lines.extend(f"{'':>9}- {a}" for a in r.advice)
     return "\n".join(lines) + "\n"
+
+
+TUNER_WIDTH = 28  # "w12 f32 +w 59s decode-bound"; a longer cell pushes the verdict right
+
+
+def tuner_cell(r: LoaderRates, now: float) -> str:
+    """The tuner column: "w3 f12 +w 4s decode-bound" (workers, batches in flight, the last change,
+    its age and reason), "w3 f12" before any change, "-" for a loader not tuned."""
+    t = r.tuner
+    if t is None:
+        return "-"
+    cell = f"w{t.workers} f{t.in_flight}"
+    if t.last_change is None:
+        return cell
+    return f"{cell} {t.change} {_age(now - t.last_change)} {t.reason}"
+
+
+def tuner_line(r: LoaderRates, now: float) -> str:
+    """A tuned loader's line under its row: its tuner's state, and its last change in words."""
+    t = r.tuner
+    if t is None:
+        return ""
+    moved = (("workers", t.tunes_workers), ("batches in flight", t.tunes_in_flight))
+    moves = " and ".join(what for what, tuned in moved if tuned)
+    state = (
+        f"tuner ({moves or 'nothing'} tuned): {t.workers} workers, {t.in_flight} batches in flight, "
+        f"a ring of {r.ring_slots} slots"
+    )
+    if t.last_change is None:
+        return f"{state}; no change yet"
+    return (
+        f"{state}; {t.changes} change{'s' if t.changes != 1 else ''}, the last {_age(now - t.last_change)} "
+        f"ago: {t.reason_words}"
+    )
+
+
+def _age(seconds: float) -> str:
+    """An age in its largest whole unit: 4s, 12m, 3h, 2d."""
+    seconds = max(seconds, 0.0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
 
 
 # The table's columns a per-batch counter may name as the one that shows it (`Counter.column`).

@@ -2,9 +2,10 @@
 
 The history is a list of per-interval records:
 `{"time": s since start, "loaders": [{"name", "samples_per_s", "ms_per_sample": {stage: ms},
-"trainer_wait_percent"}], "cpu": {"user", "system", "iowait"}}`. The figure has throughput per
-loader on top, one stacked per-stage ms-per-sample panel per loader in the middle, and CPU use at
-the bottom. It is drawn on an Agg canvas without pyplot, so no global backend state is touched.
+"trainer_wait_percent", "tuner": {"workers", ...} or None}], "cpu": {"user", "system", "iowait"}}`.
+The figure has throughput per loader on top (with the workers a tuned loader's tuner ran, dotted),
+one stacked per-stage ms-per-sample panel per loader in the middle, and CPU use at the bottom.
+It is drawn on an Agg canvas without pyplot, so no global backend state is touched.
 """
 
 from __future__ import annotations
@@ -100,6 +101,28 @@ def _throughput_panel(ax: Any, history: list[dict[str, Any]], times: list[float]
     ax.set_ylim(bottom=0)
     if names:
         ax.legend(loc="upper left", fontsize="small")
+    tuned = tuned_loaders(history)
+    if tuned:  # the workers each tuner ran, beside the throughput they bought
+        ax.set_title("throughput; dotted: the workers the tuner ran")
+        workers = ax.twinx()
+        for name in tuned:
+            workers.step(times, _series(history, name, _tuner_workers), where="post", linestyle=":")
+        workers.set_ylabel("workers (tuned)")
+        workers.set_ylim(bottom=0)
+
+
+def tuned_loaders(history: list[dict[str, Any]]) -> list[str]:
+    """The loaders a tuner ran at some point of the history, in order of first appearance."""
+    return [
+        name
+        for name in loader_names(history)
+        if any(not math.isnan(w) for w in _series(history, name, _tuner_workers))
+    ]
+
+
+def _tuner_workers(loader: dict[str, Any]) -> float:
+    tuner = loader.get("tuner")
+    return float(tuner["workers"]) if tuner else math.nan
 
 
 def _stage_panel(ax: Any, history: list[dict[str, Any]], times: list[float], name: str) -> None:

@@ -5,7 +5,10 @@ Each `log(step)` reads the loader's statistics block (the counters `iostat` read
 difference from the previous call, and writes: images per second, each stage's share of the
 loader's time per sample (read, decode, augment, slot wait, host-to-device), the share of the
 time the trainer waited in `next()`, the batches that failed and the samples skipped, and
-iostat's verdict as its index in `metrics.VERDICTS` (a scalar plot cannot hold a word).
+iostat's verdict as its index in `metrics.VERDICTS` (a scalar plot cannot hold a word). A tuned
+loader adds its tuner's: `tuner/workers`, `tuner/in_flight` and `tuner/ring_slots` now,
+`tuner/changes` since the previous call, and `tuner/reason`, its last change's
+`tuning.decisions.Reason` code.
 """
 
 from __future__ import annotations
@@ -70,6 +73,14 @@ class ScalarLogger:
             "skipped": float(stats.skipped - (before[1].skipped if before else 0)),
             "verdict": float(VERDICTS.index(verdict)),
         }
+        if stats.is_tuned:
+            figures |= {
+                "tuner/workers": stats.tuner_workers,
+                "tuner/in_flight": stats.tuner_in_flight,
+                "tuner/ring_slots": stats.ring_slots,
+                "tuner/changes": stats.tuner_changes - (before[1].tuner_changes if before else 0),
+                "tuner/reason": stats.tuner_reason,
+            }
         return {self.prefix + name: float(value) for name, value in figures.items()}
 
     def log(self, step: int) -> dict[str, float]:

@@ -2,12 +2,14 @@
 
 `classify` names one of storage-bound, decode-bound, augment-bound, transport-bound,
 host-to-device-bound, epoch-start-bound, not the bottleneck or idle (`metrics.VERDICTS`), with the
-advice lines that say what to change; the thresholds it judges by are named here.
+advice lines that say what to change; the thresholds it judges by are named here. What a tuner
+moves (`r.tuner`: the worker count, the batches in flight) is never advice to set by hand: the
+advice says what the tuner holds it at, and why.
 """
 
 from __future__ import annotations
 
-from fastload._diagnostics.loader_rates import LoaderRates, MachineRates
+from fastload._diagnostics.loader_rates import LoaderRates, MachineRates, TunerState
 from fastload._loading.order import read_ahead
 
 # The trainer waiting less than this share of the time means the loader keeps up.
@@ -83,6 +85,8 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
             tip = "move the data to an SSD/NVMe, or pack it into shards so reads are sequential"
         elif disk_busy:
             tip = "the disk is saturated: a faster disk, or data that fits the page cache"
+        elif r.tuner is not None and r.tuner.tunes_workers:
+            tip = _tuner_holds_workers(r.tuner)
         else:
             tip = f"more workers keep more reads in flight (now {r.workers})"
         return "storage-bound", [
@@ -95,7 +99,11 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
             "they run in the workers because batches stay on the CPU: with device='cuda' they run "
             "batched on the GPU after the copy"
             if r.device == "cpu"
-            else "fewer or cheaper ones (a hue shift costs the most), or more workers"
+            else "fewer or cheaper ones (a hue shift costs the most)" + (
+                f"; {_tuner_holds_workers(r.tuner)}"
+                if r.tuner is not None and r.tuner.tunes_workers
+                else ", or more workers"
+            )
         )
         return "augment-bound", [
             f"augment-bound: the pixel transforms (colour, policies) take {ms['augment']:.2f} ms/sample "
@@ -110,6 +118,8 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
                 "are oversubscribed (other processes, or more workers than cores), so more workers "
                 "will not help; give the loader cores of its own, or add cores"
             )
+        elif r.workers < cores and r.tuner is not None and r.tuner.tunes_workers:
+            tip = _tuner_holds_workers(r.tuner)
         elif r.workers < cores:
             tip = f"{cores - r.workers} core(s) are free: raise num_workers to {cores}"
         elif r.device == "cuda":
@@ -124,18 +134,44 @@ def classify(r: LoaderRates, m: MachineRates, cores: int) -> tuple[str, list[str
             f"{r.worker_busy_percent:.0f}% busy; {tip}",
             *advice,
         ]
+    window = r.tuner if r.tuner is not None and r.tuner.tunes_in_flight else None
     if ms["slot_wait"] > 0.5 * work:
         return "transport-bound", [
-            "every slot is held while workers could work: release batches sooner (don't keep references), "
-            "or raise prefetch",
+            "every slot is held while workers could work: release batches sooner (don't keep references)"
+            + (f"; {_tuner_holds_window(window)}" if window else ", or raise prefetch"),
             *advice,
         ]
-    return "transport-bound", [
+    wait = (
         f"the trainer waits {r.trainer_wait_percent:.0f}% of the time while workers are only "
-        f"{r.worker_busy_percent:.0f}% busy: raise prefetch "
-        f"(now {r.in_flight + r.ready_batches} batches ahead)",
+        f"{r.worker_busy_percent:.0f}% busy"
+    )
+    if window is not None:
+        return "transport-bound", [f"{wait}; {_tuner_holds_window(window)}", *advice]
+    return "transport-bound", [
+        f"{wait}: raise prefetch (now {r.in_flight + r.ready_batches} batches ahead)",
         *advice,
     ]
+
+
+def _last_change(t: TunerState) -> str:
+    return f"its last change: {t.reason_words}" if t.changes else "no change made yet"
+
+
+def _tuner_holds_workers(t: TunerState) -> str:
+    """Why a tuned loader runs the workers it does, instead of advice to set num_workers."""
+    return (
+        f"the tuner holds num_workers at {t.workers} ({_last_change(t)}); it adds one only while the "
+        "trainer waits, the workers are busy and a core is idle (counting the trainer's own threads "
+        "and other processes), and keeps it only if it buys batches"
+    )
+
+
+def _tuner_holds_window(t: TunerState) -> str:
+    """Why a tuned loader keeps the batches in flight it does, instead of advice to set prefetch."""
+    return (
+        f"the tuner holds the batches in flight at {t.in_flight} ({_last_change(t)}); it adds more "
+        "while the trainer waits and the workers idle between tasks, within what /dev/shm allows"
+    )
 
 
 def _remote_advice(r: LoaderRates) -> str:

@@ -12,9 +12,10 @@ The room, one job a module:
     collectors.py     what a scrape calls: `DaemonCollector`, `LoaderCollector`
     servers.py        the HTTP servers; `export_loader` (the loader's seam, `_metrics_seam`)
 
-It may import the foundations, the loader's statistics blocks (`_loading.running.stats`) and iostat's
-rates and verdict (`_diagnostics.loader_rates`, `_diagnostics.verdict`); nothing imports it but
-the daemon's server, the package's composition root and `_diagnostics.scalars`.
+It may import the foundations, the loader's statistics blocks (`_loading.running.stats`), the
+tuner's reasons (`_loading.tuning.decisions`) and iostat's rates and verdict
+(`_diagnostics.loader_rates`, `_diagnostics.verdict`); nothing imports it but the daemon's server,
+the package's composition root and `_diagnostics.scalars`.
 """
 
 from fastload._diagnostics.metrics.collectors import DaemonCollector, LoaderCollector

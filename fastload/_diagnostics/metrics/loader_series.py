@@ -9,6 +9,13 @@ over the time since the previous scrape at least 1 s back) is `fastload_verdict{
 
 The per-batch counters' series are the declaration's (`_batch_counters`: each counter's family,
 help and label): a counter declared there is exported with no edit here.
+
+A tuned loader's tuner (issue 32) is `fastload_tuner_workers`, `fastload_tuner_in_flight`,
+`fastload_tuner_changes_total`, `fastload_tuner_last_change_timestamp_seconds` and the reason of
+its last change as `fastload_tuner_reason{reason=...}`, 1 for it and 0 for the others: a state
+set, like the verdict, so a dashboard or an alert names the reason (`{reason="oversubscribed"}
+== 1`) without a table of codes, and the set of series is fixed (`tuning.decisions.Reason`). A
+loader not tuned has none of these; every loader has `fastload_ring_slots`.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from fastload._batch_counters import STAGE_HELP, STAGE_SECONDS, declared, series
 from fastload._diagnostics.loader_rates import LoaderRates
 from fastload._diagnostics.metrics.families import Families
 from fastload._loading.running.stats import LoaderStats
+from fastload._loading.tuning.decisions import Reason, reason_tag
 
 VERDICTS = (
     "idle",
@@ -62,6 +70,9 @@ def add_loader(f: Families, labels: Mapping[str, str], s: LoaderStats, r: Loader
         "fastload_ring_ready_batches", "Batches decoded and waiting for the trainer.", labels, s.ready_batches
     )
     f.gauge("fastload_ring_in_flight_batches", "Batches being decoded.", labels, s.in_flight)
+    f.gauge("fastload_ring_slots", "Slots of the loader's shared-memory ring now.", labels, s.ring_slots)
+    if s.is_tuned:
+        add_tuner(f, labels, s)
     if r is None:
         return
     f.gauge(
@@ -100,3 +111,26 @@ def add_loader(f: Families, labels: Mapping[str, str], s: LoaderStats, r: Loader
             float(r.verdict == verdict),
         )
 
+
+
+def add_tuner(f: Families, labels: Mapping[str, str], s: LoaderStats) -> None:
+    """A tuned loader's tuner: what it runs now, its changes, and the reason of the last one."""
+    f.gauge("fastload_tuner_workers", "Workers the tuner runs now.", labels, s.tuner_workers)
+    f.gauge(
+        "fastload_tuner_in_flight", "Batches in flight the tuner allows now (the window's limit).",
+        labels, s.tuner_in_flight,
+    )
+    f.counter("fastload_tuner_changes_total", "Changes the tuner made.", labels, s.tuner_changes)
+    f.gauge(
+        "fastload_tuner_last_change_timestamp_seconds",
+        "Unix time of the tuner's last change (0: none yet).",
+        labels,
+        s.tuner_changed,
+    )
+    for reason in Reason:
+        f.gauge(
+            "fastload_tuner_reason",
+            "The reason of the tuner's last change: 1 for it (none: no change yet).",
+            {**labels, "reason": reason_tag(reason)},
+            float(s.tuner_reason == reason),
+        )

@@ -115,7 +115,7 @@ class Iterations:
         if self.pipeline is not None and not self.pipeline.closed:
             self.last_stats = self.pipeline.stats.snapshot()
             if self.summary:
-                sys.stderr.write(format_summary(self.last_stats))
+                sys.stderr.write(format_summary(self.last_stats, self.pipeline.stats.last_change))
             self.pipeline.close()
             self.pipeline = None
 

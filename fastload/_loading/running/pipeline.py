@@ -199,6 +199,7 @@ class Pipeline:
         self.ring = ring
         self._resources.append(ring)
         self.window.fit_ring(len(ring))
+        self.stats.ring_sized(len(ring))
         self._slots.ring = ring
         plan, spec = self.spec.transforms, self.spec
         stages = (  # one per view (NOTE [views] in transforms), each drawing from its seed
@@ -367,6 +368,7 @@ class Pipeline:
             self._collect_at = 2 * len(self.ring)
         if self.ring.free_count == 0:
             self.delivery.on_new_slot(self.ring.segments[self.ring.grow()])  # type: ignore[union-attr]
+            self.stats.ring_sized(len(self.ring))
         return True
 
     @property

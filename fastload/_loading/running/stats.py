@@ -16,6 +16,12 @@ into the batch slot (one fused pass in the native backend, so it is not split fu
 `slot_wait` is time the pipeline had a batch to start but no free slot; `h2d` is the
 host-to-device copy (+ normalize) measured by CUDA events; `trainer_wait` is time the trainer
 spent inside `next()`.
+
+The tuner's state (issue 32, `_loading.tuning`) is in the block too: what it runs now
+(`tuner_workers`: 0 when nothing is tuned; `tuner_in_flight`; `tuned`: what it moves), the ring's
+slots (every loader's, tuned or not), and its last change (`tuner_reason`: a
+`tuning.decisions.Reason` code, which this room stores and does not word: the readers above
+it, iostat and the exporters, do; `tuner_changes`; `tuner_changed_ns`).
 """
 
 from __future__ import annotations
@@ -33,11 +39,14 @@ from fastload._machine import pid_alive
 from fastload._shm import STATS_TAG, Segment, own_segments
 
 MAGIC = b"FLSTATS1"
-VERSION = 6  # 2: read_runq_ns; 3: epochs, epoch_start_wait_ns; 4: augment_ns; 5: skipped; 6: net_*, cache_*
+# 2: read_runq_ns; 3: epochs, epoch_start_wait_ns; 4: augment_ns; 5: skipped; 6: net_*, cache_*;
+# 7: the tuner's state and the ring's slots (VERSION_7)
+VERSION = 7
 _HEAD = struct.Struct("<8sqqqqqqq")
 # NOTE [the block's counters]: the per-batch counters (`_batch_counters.BatchCounters`: samples,
 # bytes_read, read_ns, decode_ns, read_cpu_ns, read_runq_ns, augment_ns, net_*, cache_*) and the
-# trainer's own, in version 6's order; a per-batch counter declared since goes after them. The
+# trainer's own, in version 6's order, then version 7's tuner gauges and counters; a per-batch
+# counter declared since goes after them. The
 # layout is what other processes (iostat, the exporters, another version's) read: a change is a
 # new VERSION, which `tests/test_batch_counters.py` holds to the layout it records.
 VERSION_6 = (
@@ -66,9 +75,22 @@ VERSION_6 = (
     "cache_hits",
     "cache_misses",
 )
-COUNTERS = VERSION_6 + tuple(name for name in counter_names() if name not in VERSION_6)
-# Each counter's `LoaderStats` field: a time (ns) in seconds (`stats_field`), the others as they are.
-_FIELDS = {name: "updated" if name == "updated_ns" else stats_field(name) for name in COUNTERS}
+VERSION_7 = (
+    *VERSION_6,
+    "tuner_workers",  # gauge: the workers a tuner runs now; 0: nothing of the loader is tuned
+    "tuner_in_flight",  # gauge: the in-flight window's limit a tuner set
+    "tuned",  # gauge: what a tuner moves (TUNES_WORKERS | TUNES_IN_FLIGHT); 0: not tuned
+    "ring_slots",  # gauge: the ring's slots now (tuned or not; 0 before the ring exists)
+    "tuner_reason",  # gauge: the `tuning.decisions.Reason` code of the last change (0: none yet)
+    "tuner_changes",  # changes the tuner made
+    "tuner_changed_ns",  # wall clock (time.time_ns) of the last change; 0: none yet
+)
+COUNTERS = VERSION_7 + tuple(name for name in counter_names() if name not in VERSION_7)
+TUNES_WORKERS, TUNES_IN_FLIGHT = 1, 2  # the bits of `tuned`
+# Each counter's `LoaderStats` field: a time (ns) in seconds (`stats_field`), a wall clock in unix
+# seconds under its own name, the others as they are.
+_WALL_CLOCKS = {"updated_ns": "updated", "tuner_changed_ns": "tuner_changed"}
+_FIELDS = {name: _WALL_CLOCKS.get(name) or stats_field(name) for name in COUNTERS}
 _INDEX = {name: i for i, name in enumerate(COUNTERS)}
 _PATH_BYTES = 256
 BLOCK_BYTES = _HEAD.size + 8 * len(COUNTERS) + _PATH_BYTES
@@ -114,6 +136,19 @@ class LoaderStats:
     net_wait_s: float = 0.0  # of read_s, waiting for chunks not in the node cache
     cache_hits: int = 0  # chunk reads of remote objects answered by the node cache
     cache_misses: int = 0  # ...and those that waited for a download
+    # The tuner (issue 32): what it runs now, what it moves, and its last change.
+    tuner_workers: int = 0  # active workers now; 0: nothing of this loader is tuned
+    tuner_in_flight: int = 0  # the in-flight window's limit now (0: not tuned)
+    tuned: int = 0  # TUNES_WORKERS | TUNES_IN_FLIGHT: what the tuner moves
+    ring_slots: int = 0  # the ring's slots now, tuned or not (0: no ring yet, or none: DALI)
+    tuner_reason: int = 0  # the last change's `tuning.decisions.Reason` code (0: none yet)
+    tuner_changes: int = 0
+    tuner_changed: float = 0.0  # unix time of the last change (0: none yet)
+
+    @property
+    def is_tuned(self) -> bool:
+        """Whether a tuner moves this loader's workers or batches in flight."""
+        return self.tuner_workers > 0
 
 
 class StatsWriter:
@@ -137,6 +172,7 @@ class StatsWriter:
         start = _HEAD.size + 8 * len(COUNTERS)
         self.segment.buf[start : start + len(encoded)] = encoded
         self._c = np.ndarray((len(COUNTERS),), np.int64, buffer=self.segment.buf, offset=_HEAD.size)
+        self.last_change = ""  # the words of the tuner's last change (`tuner_changed`), for the summary
 
     def add(self, name: str, value: int) -> None:
         self._c[_INDEX[name]] += value
@@ -150,6 +186,31 @@ class StatsWriter:
 
     def set(self, name: str, value: int) -> None:
         self._c[_INDEX[name]] = value
+
+    def tuning(
+        self, workers: int, in_flight: int, ring_slots: int, *, tunes_workers: bool = True,
+        tunes_in_flight: bool = True,
+    ) -> None:
+        """What a tuner runs now: its active workers (at least 1: a tuned loader's `tuner_workers`
+        is never 0), the in-flight window's limit and the ring's slots; and what it moves. Called
+        at its start and after each change."""
+        self.set("tuner_workers", max(workers, 1))
+        self.set("tuner_in_flight", in_flight)
+        self.set("tuned", TUNES_WORKERS * tunes_workers | TUNES_IN_FLIGHT * tunes_in_flight)
+        self.ring_sized(ring_slots)
+
+    def tuner_changed(self, reason_code: int, words: str = "") -> None:
+        """A tuner changed something, for the reason whose code (`tuning.decisions.Reason`) is
+        `reason_code`; `words` (its `REASON_WORDS`) are kept here for this process's summary
+        (`last_change`): the block holds the code, which other processes word themselves."""
+        self.set("tuner_reason", int(reason_code))
+        self.add("tuner_changes", 1)
+        self.set("tuner_changed_ns", time.time_ns())
+        self.last_change = words
+
+    def ring_sized(self, slots: int) -> None:
+        """The ring has `slots` slots now (made, grown or shrunk; every loader's)."""
+        self.set("ring_slots", slots)
 
     def copied(self, seconds: float) -> None:
         """One host-to-device copy completed, taking `seconds` (timed by CUDA events)."""
@@ -211,8 +272,10 @@ def read_block(path: str) -> LoaderStats | None:
         return None
 
 
-def format_summary(stats: LoaderStats) -> str:
-    """A profiler-style table of a loader's stages: total time, average per batch, count."""
+def format_summary(stats: LoaderStats, last_change: str = "") -> str:
+    """A profiler-style table of a loader's stages: total time, average per batch, count; and a
+    tuned loader's line on its tuner (`last_change`: the words of its last change's reason, as
+    `StatsWriter.last_change` keeps them; this room cannot word a reason's code)."""
     batches = max(stats.batches, 1)
     rows = [
         ("read (storage / __getitem__)", stats.read_s, stats.batches),
@@ -233,4 +296,20 @@ def format_summary(stats: LoaderStats) -> str:
         f"(read and decode are summed over workers; per batch of {stats.batch_size}: "
         f"{1000 * (stats.read_s + stats.decode_s) / batches:.1f} ms of worker time)"
     )
+    if stats.is_tuned:
+        lines.append(_tuner_line(stats, last_change))
     return "\n".join(lines) + "\n"
+
+
+def _tuner_line(stats: LoaderStats, last_change: str) -> str:
+    """What the tuner ended at, from where, and its last change."""
+    ended = (
+        f"tuner: ended at {stats.tuner_workers} workers (started at {stats.num_workers}) and "
+        f"{stats.tuner_in_flight} batches in flight, a ring of {stats.ring_slots} slots"
+    )
+    if not stats.tuner_changes:
+        return f"{ended}; no change made"
+    why = last_change or f"reason {stats.tuner_reason}"
+    before_end = max(stats.updated - stats.tuner_changed, 0.0)
+    changes = f"{stats.tuner_changes} change{'s' if stats.tuner_changes != 1 else ''}"
+    return f"{ended}; {changes}, the last {before_end:.0f} s before the end: {why}"

@@ -1,5 +1,6 @@
 """What a tuner decides, and why: the one list of reasons, whose codes the statistics block
-stores (`tuner_reason`), `fastload iostat` words and the metrics export."""
+stores (`tuner_reason`), `fastload iostat` words (`REASON_WORDS`, and `REASON_CHANGES`: what each
+moved) and the metrics export (each reason's name in kebab case: `reason_tag`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,18 @@ REASON_WORDS = {
     Reason.NO_GAIN: "the last change bought nothing: undone",
 }
 
+# What each change moved, as `fastload iostat`'s tuner column shows it: +w/-w a worker, +f/-f the
+# batches in flight, "undo" back to the setting before the last change.
+REASON_CHANGES = {
+    Reason.NONE: "",
+    Reason.DECODE_BOUND: "+w",
+    Reason.TRAINER_BOUND: "-w",
+    Reason.OVERSUBSCRIBED: "-w",
+    Reason.BURSTY: "+f",
+    Reason.WINDOW_UNUSED: "-f",
+    Reason.NO_GAIN: "undo",
+}
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -38,3 +51,8 @@ class Decision:
     in_flight: int
     reason: Reason
     detail: str = ""  # the figures behind it, for the debug log
+
+
+def reason_tag(reason: Reason) -> str:
+    """A reason in a word or two, as iostat's column and the metrics' label show it: "decode-bound"."""
+    return reason.name.lower().replace("_", "-")

@@ -1,0 +1,407 @@
+"""The tuner's policy, pure: one interval's observations in (`Observation`, made from two snapshots
+of a loader's counters and of the machine by `from_stats`), a damped decision out
+(`Controller.observe` -> `decisions.Decision` or None). No clock, no I/O: the same observations give
+the same decisions, so it is tested on recorded and simulated intervals.
+
+NOTE [the tuner's policy]: each judged interval (one with at least `MIN_BATCHES` batches; a shorter
+one is merged with the next) is read as follows, and at most one change is made:
+- CPU pressure high (PSI "some" >= `PRESSURE_HIGH`) and the machine saturated (under
+  `SATURATED_IDLE` cores idle): -1 worker (OVERSUBSCRIBED), even while the trainer waits: a worker
+  more only adds run-queue delay to everyone's; adding is then held off for `PRESSURE_HOLD`.
+- The trainer waits (>= `WAIT_CLEAR` of the interval) and
+  - the workers are busy (>= `BUSY_HIGH`) and a core is idle (usable cores less every process's
+    busy cores, the trainer's own included, >= `IDLE_CORE_MIN`) with no CPU pressure: +1 worker
+    (DECODE_BOUND), and the window raised to workers + `WINDOW_MARGIN` if it is smaller;
+  - the workers idle between tasks (busy < `BUSY_LOW`) while the window is full (the pipeline
+    waited for a slot, or every batch of the window is submitted): a larger window (BURSTY).
+- The trainer has not waited (< `WAIT_QUIET`) for `QUIET_INTERVALS` intervals and
+  - the other workers could do this one's work (busy / (workers - 1) < `RETIRE_BUSY_MAX`): -1
+    worker (TRAINER_BOUND), its core back to the trainer's threads;
+  - else, batches sit ready (at least half the window) and the window is wider than workers +
+    `WINDOW_MARGIN`: half the excess off the window (WINDOW_UNUSED), its slots' memory back.
+Every change is verified: the interval after it is discarded (`SETTLE_INTERVALS`: it straddles
+the change), and those until the workers observed are those asked for (a new one spawning, up to
+`MAX_SETTLE_INTERVALS`); the next is compared with the rate before (the mean of up to
+`BASELINE_INTERVALS` judged intervals at the old setting). A +worker that did not buy
+`MIN_GAIN`, nor a quarter of what one worker more could (1/workers), a larger window that bought
+less than `MIN_GAIN`, a retired worker or a smaller window that added more than `LOSS_TOLERANCE`
+of the interval to the trainer's wait, is undone (NO_GAIN), and that direction is held off for
+`BASE_HOLD` judged intervals, doubling on each failure up to `MAX_HOLD` (a verified gain resets it). Hence
+never two changes without a measured interval between them. Workers stay within
+`Limits.min_workers`..min(`Limits.max_workers`, usable cores), the window within
+`Limits.min_in_flight`..`Limits.max_in_flight`; what `Limits` does not tune is never moved.
+What it cannot see: without PSI (None) it never retires for pressure (it still adds only onto an
+idle core); a user's sampler or collate in the trainer's process is only time the trainer waits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+from fastload._errors import ConfigError
+from fastload._loading.running.stats import LoaderStats
+from fastload._loading.tuning.decisions import Decision, Reason
+from fastload._loading.tuning.machine_load import MachineSample, load_between
+
+# The cadence the tuner is meant to call `observe` at: tens of batches at the rates we see (so
+# one batch more or less is a few per cent), /proc's 10 ms tick 1% of it, and short enough that
+# 1 -> 4 workers (two intervals a step) converges in under 10 s of the 30 s target.
+INTERVAL_S = 1.0
+# Fewer batches than this and the interval is merged with the next: one batch more or less is then
+# at most ~6% of the rate, under the gain a worker is asked to buy on a small machine.
+MIN_BATCHES = 16
+# Merged intervals longer than this (no batches: an evaluation, a checkpoint, a stalled store)
+# are dropped, not judged: a paused trainer says nothing about the setting.
+MAX_MERGE_S = 10 * INTERVAL_S
+# Intervals discarded after a change: the one straddling it (a new worker starting, a window
+# filling) measures neither setting.
+SETTLE_INTERVALS = 1
+# ...and more while the observed workers are not yet those asked for (`Observation.workers`: the
+# workers running), up to this many: a spawn on a loaded machine takes a second or two.
+MAX_SETTLE_INTERVALS = 4
+# Judged intervals at one setting averaged for the rate before a change: fewer is noisier, more
+# remembers a machine that has since changed (a burner come or gone).
+BASELINE_INTERVALS = 4
+# The trainer waits "clearly" past 10% of the interval (loader-bound); "not at all" under 2%
+# (next()'s own bookkeeping and an odd late batch stay under it).
+WAIT_CLEAR = 0.10
+WAIT_QUIET = 0.02
+# Intervals of quiet before retiring or shrinking: one quiet interval may be a lucky one.
+QUIET_INTERVALS = 3
+# Workers' busy fraction (read + decode + augment time of the batches delivered, per worker-second):
+# past 80% they are the bottleneck; under 60% they idle between tasks.
+BUSY_HIGH = 0.80
+BUSY_LOW = 0.60
+# A worker is added only onto this much idle core: most of a core, so a trainer using a tenth of
+# one does not strand the last core, yet the new worker is not born into a queue.
+IDLE_CORE_MIN = 0.7
+# PSI "some" fractions: under 10% calm (a busy machine's background), past 30% tasks queue for a
+# CPU a third of the time (a run-queue storm in the making).
+PRESSURE_CALM = 0.10
+PRESSURE_HIGH = 0.30
+# The machine is saturated with under half a core idle.
+SATURATED_IDLE = 0.5
+# A worker is retired only when the rest would be under 85% busy doing its share: headroom for
+# bursts, below the 100% at which the trainer would start to wait.
+RETIRE_BUSY_MAX = 0.85
+# A change must buy at least 3% (above the noise of a judged interval), a +worker at least a quarter
+# of the 1/workers one more worker could (a core spent for less is better left to the trainer); a
+# retire or a shrink may add at most 3% of the interval to the trainer's wait (while the trainer
+# does not wait, the rate is the trainer's own: its noise is not the change's cost).
+MIN_GAIN = 0.03
+ADD_GAIN_SHARE = 0.25
+LOSS_TOLERANCE = 0.03
+# Judged intervals a direction is held off after a change in it failed: 4, doubling up to 64
+# (a minute at `INTERVAL_S`: a storage-bound loader tries a worker more about once a minute).
+BASE_HOLD = 4
+MAX_HOLD = 64
+# After retiring for pressure, intervals before a worker may be added again (not doubled: a
+# burner that goes should be answered within a few intervals).
+PRESSURE_HOLD = 3
+# Batches in flight beyond one per worker: the one being delivered and one to cover a late one.
+WINDOW_MARGIN = 2
+
+_ADD, _RETIRE, _GROW, _SHRINK = "add a worker", "retire a worker", "grow the window", "shrink the window"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One interval of a loader and of its machine (`from_stats` makes one from counters)."""
+
+    seconds: float  # wall time of the interval
+    batches: int  # batches delivered to the trainer
+    trainer_wait_s: float  # the trainer's time inside next(), less each epoch's first batch
+    workers_busy_s: float  # workers' read + decode + augment time of the batches delivered
+    slot_wait_s: float  # time the pipeline had a batch to start but no free slot
+    ready_batches: int  # gauge at the end: decoded, waiting for the trainer
+    decoding_batches: int  # gauge at the end: submitted, being decoded
+    in_flight_limit: int  # the window: batches kept submitted and not yet delivered
+    workers: int  # workers running (a spawned one once it takes tasks; a retiring one until it exits)
+    usable_cores: int  # cores this process may use
+    machine_busy_cores: float  # every process's busy cores, on the usable CPUs
+    trainer_cores: float  # the trainer's process (its own threads and the loader's)
+    workers_cores: float  # the workers' processes
+    pressure: float | None  # PSI "some" fraction 0..1, None where the kernel has none
+
+    @property
+    def rate(self) -> float:
+        """Batches delivered per second."""
+        return self.batches / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def wait_fraction(self) -> float:
+        return self.trainer_wait_s / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def busy_fraction(self) -> float:
+        """Of the workers' wall time, the share spent on batches (1.0: never between tasks)."""
+        return self.workers_busy_s / (max(self.workers, 1) * self.seconds) if self.seconds > 0 else 0.0
+
+    @property
+    def idle_cores(self) -> float:
+        return self.usable_cores - self.machine_busy_cores
+
+    def merged(self, later: Observation) -> Observation:
+        """This interval and the next as one: counts summed, rates weighted by time, the gauges
+        and the setting the later one's."""
+        total = self.seconds + later.seconds
+
+        def mean(a: float, b: float) -> float:
+            return (a * self.seconds + b * later.seconds) / total if total > 0 else b
+
+        pressure = None
+        if self.pressure is not None and later.pressure is not None:
+            pressure = mean(self.pressure, later.pressure)
+        return replace(
+            later,
+            seconds=total,
+            batches=self.batches + later.batches,
+            trainer_wait_s=self.trainer_wait_s + later.trainer_wait_s,
+            workers_busy_s=self.workers_busy_s + later.workers_busy_s,
+            slot_wait_s=self.slot_wait_s + later.slot_wait_s,
+            machine_busy_cores=mean(self.machine_busy_cores, later.machine_busy_cores),
+            trainer_cores=mean(self.trainer_cores, later.trainer_cores),
+            workers_cores=mean(self.workers_cores, later.workers_cores),
+            pressure=pressure,
+        )
+
+
+def from_stats(
+    prev: LoaderStats,
+    now: LoaderStats,
+    machine_prev: MachineSample,
+    machine_now: MachineSample,
+    *,
+    workers: int,
+    in_flight_limit: int,
+) -> Observation:
+    """The one place counters become an interval: two snapshots of a loader's statistics block
+    and of the machine (the wall time is the machine samples' monotonic clock), with the setting
+    that ran between them. Each epoch's wait for its first batch is left out of the trainer's
+    wait (the pipeline filling, which no setting removes)."""
+    load = load_between(machine_prev, machine_now)
+
+    def grew(field: str) -> float:
+        return max(float(getattr(now, field)) - float(getattr(prev, field)), 0.0)
+
+    busy = grew("read_s") + grew("decode_s") + grew("augment_s")  # augment is timed apart from decode
+    return Observation(
+        seconds=load.seconds,
+        batches=int(grew("batches")),
+        trainer_wait_s=max(grew("trainer_wait_s") - grew("epoch_start_wait_s"), 0.0),
+        workers_busy_s=busy,
+        slot_wait_s=grew("slot_wait_s"),
+        ready_batches=now.ready_batches,
+        decoding_batches=now.in_flight,
+        in_flight_limit=in_flight_limit,
+        workers=workers,
+        usable_cores=machine_now.cores,
+        machine_busy_cores=load.busy_cores,
+        trainer_cores=load.own_cores,
+        workers_cores=load.workers_cores,
+        pressure=load.pressure,
+    )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the tuner may move, and within which bounds."""
+
+    min_workers: int
+    max_workers: int
+    min_in_flight: int
+    max_in_flight: int
+    tune_workers: bool = True
+    tune_in_flight: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_workers <= self.max_workers:
+            raise ConfigError(
+                f"tuning limits: workers {self.min_workers}..{self.max_workers} is not a range of at "
+                "least one worker: pass 1 <= min_workers <= max_workers"
+            )
+        if not 1 <= self.min_in_flight <= self.max_in_flight:
+            raise ConfigError(
+                f"tuning limits: batches in flight {self.min_in_flight}..{self.max_in_flight} is not a "
+                "range of at least one batch: pass 1 <= min_in_flight <= max_in_flight"
+            )
+
+
+@dataclass(frozen=True)
+class _Trial:
+    """A change awaiting its verdict: which way, and the rate before it."""
+
+    direction: str
+    rate_before: float
+    wait_before: float  # the trainer's wait fraction before
+    workers_before: int
+    in_flight_before: int
+
+
+class Controller:
+    """The damped policy (NOTE [the tuner's policy]): `observe` one interval, get the setting to
+    move to (a `Decision`) or None. A decision it returns is applied before the next interval is
+    observed; what was taken of it, if a bound outside `Limits` clamped it, is told by `settled`."""
+
+    def __init__(self, limits: Limits, workers: int, in_flight: int) -> None:
+        self.limits = limits
+        self.workers = workers
+        self.in_flight = in_flight
+        self._merging: Observation | None = None
+        self._settling = SETTLE_INTERVALS  # the first interval holds the workers' start
+        self._settled_for = 0  # intervals discarded since the last change
+        self._trial: _Trial | None = None
+        self._baseline: deque[Observation] = deque(maxlen=BASELINE_INTERVALS)
+        self._quiet = 0
+        self._hold = {d: 0 for d in (_ADD, _RETIRE, _GROW, _SHRINK)}
+        self._next_hold = {d: BASE_HOLD for d in self._hold}
+
+    def observe(self, obs: Observation) -> Decision | None:
+        """One interval; a decision (the new workers and in-flight window, and why) or None."""
+        if self._merging is not None:
+            obs = self._merging.merged(obs)
+        if obs.batches < MIN_BATCHES:  # too few to judge: merged with the next, unless paused
+            self._merging = obs if obs.seconds < MAX_MERGE_S else None
+            return None
+        self._merging = None
+        for direction in self._hold:
+            self._hold[direction] = max(self._hold[direction] - 1, 0)
+        starting = obs.workers != self.workers and self._settled_for < MAX_SETTLE_INTERVALS
+        if self._settling or starting:
+            # The interval straddling a change, then any until the workers asked for run (a
+            # spawning one is not decoding yet; a retiring one finishes its task), for at most
+            # `MAX_SETTLE_INTERVALS`: a worker that never comes is judged by the rate it did not buy.
+            self._settling = max(self._settling - 1, 0)
+            self._settled_for += 1
+            return None
+        if self._trial is not None:
+            undo = self._verdict(self._trial, obs)
+            self._trial = None
+            if undo is not None:
+                return undo
+        self._baseline.append(obs)
+        self._quiet = self._quiet + 1 if obs.wait_fraction < WAIT_QUIET else 0
+        return self._decide(obs)
+
+    def settled(self, workers: int, in_flight: int) -> None:
+        """What the tuner could apply of the last decision: a bound beyond `Limits` (the ring's
+        slots, the engine's) may have clamped it. A change not taken at all is no trial: that
+        direction is held off as if it had failed."""
+        trial = self._trial
+        if trial is not None and (workers, in_flight) == (trial.workers_before, trial.in_flight_before):
+            self._trial = None
+            self._hold_off(trial.direction)
+        self.workers, self.in_flight = workers, in_flight
+
+    # -- the rules -------------------------------------------------------------------------
+
+    def _decide(self, obs: Observation) -> Decision | None:
+        lim = self.limits
+        max_workers = min(lim.max_workers, max(obs.usable_cores, lim.min_workers))
+        calm = obs.pressure is None or obs.pressure < PRESSURE_CALM
+        if lim.tune_workers and self.workers > lim.min_workers:
+            storm = obs.pressure is not None and obs.pressure >= PRESSURE_HIGH
+            if self.workers > max_workers or (storm and obs.idle_cores < SATURATED_IDLE):
+                self._hold[_ADD] = max(self._hold[_ADD], PRESSURE_HOLD)
+                return self._change(obs, _RETIRE, self.workers - 1, self.in_flight, Reason.OVERSUBSCRIBED)
+        if obs.wait_fraction >= WAIT_CLEAR:
+            if (
+                lim.tune_workers
+                and self.workers < max_workers
+                and not self._hold[_ADD]
+                and obs.busy_fraction >= BUSY_HIGH
+                and obs.idle_cores >= IDLE_CORE_MIN
+                and calm
+            ):
+                window = self.in_flight
+                if lim.tune_in_flight:
+                    window = max(window, min(self.workers + 1 + WINDOW_MARGIN, lim.max_in_flight))
+                return self._change(obs, _ADD, self.workers + 1, window, Reason.DECODE_BOUND)
+            # The gauges are set as a batch is handed over, before its place is refilled: a full
+            # window reads one short.
+            in_window = obs.ready_batches + obs.decoding_batches + 1
+            full = obs.slot_wait_s > 0 or in_window >= obs.in_flight_limit
+            if (
+                lim.tune_in_flight
+                and self.in_flight < lim.max_in_flight
+                and not self._hold[_GROW]
+                and obs.busy_fraction < BUSY_LOW
+                and full
+            ):
+                window = min(self.in_flight + max(1, self.in_flight // 2), lim.max_in_flight)
+                return self._change(obs, _GROW, self.workers, window, Reason.BURSTY)
+        if self._quiet >= QUIET_INTERVALS:
+            if (
+                lim.tune_workers
+                and self.workers > lim.min_workers
+                and not self._hold[_RETIRE]
+                and obs.workers_busy_s / ((self.workers - 1) * obs.seconds) < RETIRE_BUSY_MAX
+            ):
+                return self._change(obs, _RETIRE, self.workers - 1, self.in_flight, Reason.TRAINER_BOUND)
+            target = max(lim.min_in_flight, min(self.workers + WINDOW_MARGIN, lim.max_in_flight))
+            if (
+                lim.tune_in_flight
+                and self.in_flight > target
+                and not self._hold[_SHRINK]
+                and 2 * obs.ready_batches >= self.in_flight
+            ):
+                window = self.in_flight - max(1, (self.in_flight - target) // 2)
+                return self._change(obs, _SHRINK, self.workers, window, Reason.WINDOW_UNUSED)
+        return None
+
+    def _change(
+        self, obs: Observation, direction: str, workers: int, window: int, reason: Reason
+    ) -> Decision:
+        """Move to a new setting; verified after it settles, unless it was forced by pressure."""
+        verified = reason is not Reason.OVERSUBSCRIBED
+        seconds = sum(o.seconds for o in self._baseline)
+        rate = sum(o.batches for o in self._baseline) / seconds
+        wait = sum(o.trainer_wait_s for o in self._baseline) / seconds
+        if verified:
+            self._trial = _Trial(direction, rate, wait, self.workers, self.in_flight)
+        return self._apply(workers, window, reason, obs, f"{direction}: {_figures(obs)}")
+
+    def _verdict(self, trial: _Trial, obs: Observation) -> Decision | None:
+        """The change under trial judged on this interval: None if kept, else the undo."""
+        change = obs.rate / trial.rate_before - 1 if trial.rate_before > 0 else 0.0
+        if trial.direction == _ADD:
+            needed = max(MIN_GAIN, ADD_GAIN_SHARE / trial.workers_before)
+            failed = change < needed
+        elif trial.direction == _GROW:
+            needed = MIN_GAIN
+            failed = change < needed
+        else:  # a retire or a shrink costs what it makes the trainer wait (its rate is its own)
+            needed = -LOSS_TOLERANCE
+            failed = trial.wait_before - obs.wait_fraction < needed
+        if not failed:
+            self._next_hold[trial.direction] = BASE_HOLD
+            return None
+        self._hold_off(trial.direction)
+        detail = (
+            f"{trial.direction}: rate {trial.rate_before:.2f} -> {obs.rate:.2f} batches/s ({change:+.1%}), "
+            f"trainer waits {trial.wait_before:.0%} -> {obs.wait_fraction:.0%} (needed {needed:+.1%}); "
+            f"held off {self._hold[trial.direction]} intervals"
+        )
+        return self._apply(trial.workers_before, trial.in_flight_before, Reason.NO_GAIN, obs, detail)
+
+    def _hold_off(self, direction: str) -> None:
+        """A change in `direction` failed: none for a while, twice as long as the last time."""
+        self._hold[direction] = self._next_hold[direction]
+        self._next_hold[direction] = min(2 * self._next_hold[direction], MAX_HOLD)
+
+    def _apply(self, workers: int, window: int, reason: Reason, obs: Observation, detail: str) -> Decision:
+        self.workers, self.in_flight = workers, window
+        self._settling, self._settled_for = SETTLE_INTERVALS, 0
+        self._baseline.clear()
+        self._quiet = 0
+        return Decision(workers=workers, in_flight=window, reason=reason, detail=detail)
+
+
+def _figures(obs: Observation) -> str:
+    pressure = "n/a" if obs.pressure is None else f"{obs.pressure:.0%}"
+    return (
+        f"{obs.rate:.2f} batches/s, trainer waits {obs.wait_fraction:.0%}, workers busy "
+        f"{obs.busy_fraction:.0%}, {obs.idle_cores:.1f} of {obs.usable_cores} cores idle, "
+        f"pressure {pressure}, {obs.ready_batches} ready of {obs.in_flight_limit} in flight"
+    )
