@@ -17,7 +17,7 @@ from fastload._loading.running.pipeline import Pipeline
 from fastload._loading.running.stats import LoaderStats
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.ring_plan import EXTRA_SLOTS, ring_ceiling_slots
-from fastload._loading.tuning.controller import INTERVAL_S, Controller, Limits, observe_interval
+from fastload._loading.tuning.controller import INTERVAL_S, Controller, Limits, from_stats
 from fastload._loading.tuning.decisions import REASON_WORDS, Decision
 from fastload._loading.tuning.machine_load import MachineSample, sample_machine
 from fastload._machine import usable_cores
@@ -46,14 +46,14 @@ class Tuner:
             self._controller = self._start(pipeline)
         stats, machine = pipeline.stats.snapshot(), sample_machine(pipeline.worker_pids)
         if self._stats is not None and self._machine is not None:
-            observed = observe_interval(
+            observed = from_stats(
                 self._stats, stats, self._machine, machine,
-                workers=pipeline.workers, in_flight=pipeline.window.limit, cores=usable_cores(),
+                workers=pipeline.running_workers, in_flight_limit=pipeline.window.limit,
             )
             decision = self._controller.observe(observed)
             if decision is not None:
                 self._apply(pipeline, decision)
-        self._stats, self._machine = pipeline.stats.snapshot(), machine
+        self._stats, self._machine = stats, machine
         self._publish(pipeline)
 
     def _start(self, pipeline: Pipeline) -> Controller:
@@ -89,7 +89,7 @@ class Tuner:
             if resized.refused:
                 log.debug("fastload tuner: %s", resized.refused)
         self._controller.settled(workers=workers, in_flight=in_flight)
-        pipeline.stats.tuner_changed(int(decision.reason))
+        pipeline.stats.tuner_changed(int(decision.reason), REASON_WORDS[decision.reason])
         log.debug(
             "fastload tuner: %s -> %d workers, %d in flight (%s)",
             REASON_WORDS[decision.reason], workers, in_flight, decision.detail,
@@ -99,5 +99,8 @@ class Tuner:
         )
 
     def _publish(self, pipeline: Pipeline) -> None:
-        ring = pipeline.ring
-        pipeline.stats.tuning(pipeline.workers, pipeline.window.limit, len(ring) if ring is not None else 0)
+        ring, spec = pipeline.ring, self._spec
+        pipeline.stats.tuning(
+            pipeline.workers, pipeline.window.limit, len(ring) if ring is not None else 0,
+            tunes_workers=spec.tune_workers, tunes_in_flight=spec.tune_in_flight,
+        )
