@@ -28,9 +28,9 @@ log = logging.getLogger("fastload")
 class Tuner:
     """Feeds one loader's `Controller` and applies what it decides (see the module docstring)."""
 
-    def __init__(self, spec: LoaderSpec, interval_s: float = INTERVAL_S) -> None:
+    def __init__(self, spec: LoaderSpec, interval_s: float | None = None) -> None:
         self._spec = spec
-        self._interval_s = interval_s
+        self._interval_s = INTERVAL_S if interval_s is None else interval_s
         self._controller: Controller | None = None  # made once the pipeline's ring exists
         self._next_tick = 0.0
         self._stats: LoaderStats | None = None
