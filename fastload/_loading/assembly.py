@@ -23,12 +23,14 @@ from fastload._loading.link.daemon_client import DaemonSession
 from fastload._loading.order.mixture import MixturePlan
 from fastload._loading.order.plan import BatchSampler, SamplerPlan, ShuffledPlan
 from fastload._loading.order.sampling import RepeatCopies, RepeatedPlan, WeightedPlan, drawn_plan
+from fastload._loading.running.engine import Engine
 from fastload._loading.running.pipeline import Pipeline
 from fastload._loading.settings.position import Plan, recorded_settings, source_fingerprint
 from fastload._loading.settings.sanity import check_settings_sense
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.layout import BatchLayout
 from fastload._loading.slots.ring_plan import plan_ring
+from fastload._loading.tuning.tuner import Tuner
 from fastload.samplers import Sampler
 from fastload.sources._indexes.arrays import ArrayIndex
 from fastload.sources._indexes.mixed import MixIndex
@@ -107,10 +109,13 @@ class Assembly:
             session, self._session = self._session or self._connect(), None
         name_of = self._index.name if self._index is not None else None
         source_of = self._index.source_of if isinstance(self._index, MixIndex) else None
-        return Pipeline(
+        pipeline = Pipeline(
             self._job, self._spec, session=session, name_of=name_of, source_of=source_of, skips=self.skips,
             copies=self._copies,
         )
+        if self._spec.tuned and isinstance(pipeline.executor, Engine):  # NOTE [what is tuned]
+            pipeline.tuner = Tuner(self._spec)
+        return pipeline
 
     def settings(self) -> dict[str, Any]:
         """What a state's position depends on besides the seed, batch size, rank and world size

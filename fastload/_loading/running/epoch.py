@@ -149,6 +149,8 @@ class EpochIterator(Iterator[Any]):
                 stats.add("next_calls", 1)
                 stats.set("ready_batches", len(self._lane.ready))
                 stats.set("in_flight", self._in_window() - len(self._lane.ready))
+                if self._pipeline.tuner is not None:
+                    self._pipeline.tuner.tick(self._pipeline)
 
     def _next(self) -> Any:
         pipe = self._pipeline

@@ -18,7 +18,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -66,6 +66,12 @@ _POLL_S = 0.05
 
 # (slot, count, samples replaced in it: NOTE [bad samples]) | failure | opaque batch
 Outcome = tuple[int, int, tuple[SkippedSample, ...]] | Failure | Opaque
+
+
+class Steers(Protocol):
+    """What turns a pipeline's handles after each `next()` (`tuning.tuner.Tuner`): no reference kept."""
+
+    def tick(self, pipeline: Pipeline) -> None: ...
 
 
 class Pipeline:
@@ -131,6 +137,7 @@ class Pipeline:
         )
         self._slot_wait_since: float | None = None
         self._owns_ring = session is None  # a daemon session's ring is the daemon's to size
+        self.tuner: Steers | None = None  # set by the assembly for a tuned loader (NOTE [what is tuned])
         # Closed in reverse order of creation: delivery, ring, then the executor's workers.
         # NOTE [no reference back]: nothing in this list may refer to the pipeline itself (no
         # bound methods of it), or the finalizer would keep it alive and a loader dropped without
@@ -373,10 +380,9 @@ class Pipeline:
         return True
 
     def set_workers(self, n: int) -> int:
-        """Add or retire local workers until `n` take tasks (clamped to 1 .. `max_workers`); the
-        count now. Batches are split for it from the next submission (any split gives the same
-        bytes), and the window's bound follows. Nothing else has workers of its own to move
-        (inline, DALI, a daemon's pool), nor may an iterable stream's (a worker is a stream)."""
+        """Add or retire local workers until `n` take tasks (1 .. `max_workers`); the count now.
+        Batches are split for it from the next submission (any split gives the same bytes); the
+        window's bound follows. Not for inline, DALI, a daemon's pool or iterable streams."""
         engine = self.executor
         if not isinstance(engine, Engine) or self.spec.iterable:
             return self.workers
@@ -391,8 +397,7 @@ class Pipeline:
 
     @property
     def max_workers(self) -> int:
-        """The most workers `set_workers` starts: twice the cores this process may use (past
-        that, workers only queue for a CPU), or the count asked for if more."""
+        """The most workers `set_workers` starts: twice the usable cores, or the count asked for."""
         return max(self.spec.num_workers, 2 * usable_cores())
 
     def set_in_flight(self, n: int) -> Resized:
