@@ -36,7 +36,7 @@ LAYOUTS = {
     6: stats.VERSION_6,
     7: (  # the tuner's state and the ring's slots (issue 32)
         *stats.VERSION_6, "tuner_workers", "tuner_in_flight", "tuned", "ring_slots", "tuner_reason",
-        "tuner_changes", "tuner_changed_ns",
+        "tuner_changes", "tuner_changed_ns", "starved_ns",
     ),
 }
 # The `done` counters a daemon link of version 1 requires: a counter required later would be

@@ -295,6 +295,7 @@ def test_from_stats_turns_two_snapshots_into_an_interval() -> None:
             writer.add("augment_ns", 5_000_000)
         writer.add("trainer_wait_ns", 400_000_000)
         writer.add("epoch_start_wait_ns", 100_000_000)
+        writer.add("starved_ns", 300_000_000)  # of trainer_wait: the rest is handing batches over
         writer.add("slot_wait_ns", 20_000_000)
         writer.set("ready_batches", 3)
         writer.set("in_flight", 2)
@@ -308,7 +309,7 @@ def test_from_stats_turns_two_snapshots_into_an_interval() -> None:
     assert obs.seconds == pytest.approx(2.0)
     assert obs.batches == 20 and obs.rate == pytest.approx(10.0)
     assert obs.workers_busy_s == pytest.approx(20 * 0.045)  # read + decode + augment
-    assert obs.trainer_wait_s == pytest.approx(0.3)  # less the epoch's first batch
+    assert obs.trainer_wait_s == pytest.approx(0.3)  # starved: not handing over, not an epoch's first
     assert obs.slot_wait_s == pytest.approx(0.02)
     assert (obs.ready_batches, obs.decoding_batches, obs.in_flight_limit) == (3, 2, 6)
     assert obs.machine_busy_cores == pytest.approx(2.5)

@@ -65,6 +65,8 @@ class Assembly:
             self.close_session()  # the one a daemon opened above, not left to the garbage collector
             raise
         self._fingerprint: dict[str, Any] | None = None  # the source's, for state_dict (computed once)
+        # Kept across pipelines: each starts at the setting learned so far (NOTE [what is tuned]).
+        self._tuner = Tuner(spec) if spec.tuned else None
 
     @property
     def spec(self) -> LoaderSpec:
@@ -109,12 +111,13 @@ class Assembly:
             session, self._session = self._session or self._connect(), None
         name_of = self._index.name if self._index is not None else None
         source_of = self._index.source_of if isinstance(self._index, MixIndex) else None
+        spec = self._tuner.next_spec(self._spec) if self._tuner is not None else self._spec
         pipeline = Pipeline(
-            self._job, self._spec, session=session, name_of=name_of, source_of=source_of, skips=self.skips,
+            self._job, spec, session=session, name_of=name_of, source_of=source_of, skips=self.skips,
             copies=self._copies,
         )
-        if self._spec.tuned and isinstance(pipeline.executor, Engine):  # NOTE [what is tuned]
-            pipeline.tuner = Tuner(self._spec)
+        if isinstance(pipeline.executor, Engine):
+            pipeline.tuner = self._tuner
         return pipeline
 
     def settings(self) -> dict[str, Any]:

@@ -172,7 +172,10 @@ class EpochIterator(Iterator[Any]):
                     raise StopIteration
                 if pipe.grow_if_starved(len(self._lane.ready)):
                     continue  # a slot is free again: submit into it rather than wait for nothing
+                waited = time.perf_counter()
                 pipe.poll_once(deadline)
+                if self._started:  # not the epoch's first batch (NOTE in `stats`: starved)
+                    pipe.stats.add("starved_ns", int((time.perf_counter() - waited) * 1e9))
                 self._take_outcomes()
             outcome = self._lane.ready.pop(self._next_yield)
             samples = self._lane.samples.pop(self._next_yield, None)

@@ -15,7 +15,9 @@ into the batch slot (one fused pass in the native backend, so it is not split fu
 `net_wait` (of `read`) is time waiting for chunks of remote objects not in the node cache;
 `slot_wait` is time the pipeline had a batch to start but no free slot; `h2d` is the
 host-to-device copy (+ normalize) measured by CUDA events; `trainer_wait` is time the trainer
-spent inside `next()`.
+spent inside `next()`, of which `starved` is time waiting for a batch not loaded yet (the rest is
+handing a batch over; an epoch's first batch is counted in `epoch_start_wait` instead): the
+tuner's measure of a loader-bound trainer.
 
 The tuner's state (issue 32, `_loading.tuning`) is in the block too: what it runs now
 (`tuner_workers`: 0 when nothing is tuned; `tuner_in_flight`; `tuned`: what it moves), the ring's
@@ -84,6 +86,7 @@ VERSION_7 = (
     "tuner_reason",  # gauge: the `tuning.decisions.Reason` code of the last change (0: none yet)
     "tuner_changes",  # changes the tuner made
     "tuner_changed_ns",  # wall clock (time.time_ns) of the last change; 0: none yet
+    "starved_ns",  # of trainer_wait_ns, waiting for a batch not yet loaded (not an epoch's first)
 )
 COUNTERS = VERSION_7 + tuple(name for name in counter_names() if name not in VERSION_7)
 TUNES_WORKERS, TUNES_IN_FLIGHT = 1, 2  # the bits of `tuned`
@@ -144,6 +147,7 @@ class LoaderStats:
     tuner_reason: int = 0  # the last change's `tuning.decisions.Reason` code (0: none yet)
     tuner_changes: int = 0
     tuner_changed: float = 0.0  # unix time of the last change (0: none yet)
+    starved_s: float = 0.0  # of trainer_wait_s, waiting for a batch not yet loaded (epochs' first excepted)
 
     @property
     def is_tuned(self) -> bool:

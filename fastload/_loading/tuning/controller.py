@@ -178,8 +178,9 @@ def from_stats(
 ) -> Observation:
     """The one place counters become an interval: two snapshots of a loader's statistics block
     and of the machine (the wall time is the machine samples' monotonic clock), with the setting
-    that ran between them. Each epoch's wait for its first batch is left out of the trainer's
-    wait (the pipeline filling, which no setting removes)."""
+    that ran between them. The trainer's wait is its `starved` time: waiting for a batch not yet
+    loaded, leaving out handing batches over (the loader's own work in `next()`, which no setting
+    removes) and each epoch's wait for its first batch (the pipeline filling)."""
     load = load_between(machine_prev, machine_now)
 
     def grew(field: str) -> float:
@@ -189,7 +190,7 @@ def from_stats(
     return Observation(
         seconds=load.seconds,
         batches=int(grew("batches")),
-        trainer_wait_s=max(grew("trainer_wait_s") - grew("epoch_start_wait_s"), 0.0),
+        trainer_wait_s=grew("starved_s"),
         workers_busy_s=busy,
         slot_wait_s=grew("slot_wait_s"),
         ready_batches=now.ready_batches,
@@ -293,6 +294,13 @@ class Controller:
             self._trial = None
             self._hold_off(trial.direction)
         self.workers, self.in_flight = workers, in_flight
+
+    def restarted(self) -> None:
+        """The loader's workers were started afresh at the current setting (a new pipeline: a
+        Dataset's epoch without persistent_workers): the interval holding their start is not
+        judged, nor merged with one before it; a change under trial is judged after it."""
+        self._merging = None
+        self._settling = max(self._settling, SETTLE_INTERVALS)
 
     # -- the rules -------------------------------------------------------------------------
 

@@ -6,10 +6,13 @@ in-flight window, the ring), counted in the statistics block and logged at debug
 It runs on the trainer's thread, from the epoch loop's `next()` (`Pipeline.tuner`), and costs a
 clock read per call and, once an interval, a snapshot of the block and a few /proc reads. It holds
 no reference to the pipeline (it is handed one per tick: NOTE [no reference back] in `pipeline`).
+The loader's assembly keeps one across its pipelines: a new pipeline (a Dataset's epoch without
+persistent workers) starts at the setting learned so far (`next_spec`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -36,6 +39,19 @@ class Tuner:
         self._stats: LoaderStats | None = None
         self._machine: MachineSample | None = None
 
+    def next_spec(self, spec: LoaderSpec) -> LoaderSpec:
+        """The spec a new pipeline of this loader starts with: at the setting tuned so far (a
+        Dataset's next epoch without persistent_workers starts fresh workers, at the count the
+        last epoch ended with, not at the default again); its first interval is not judged."""
+        self._stats = self._machine = None
+        self._next_tick = 0.0
+        if self._controller is None:
+            return spec
+        self._controller.restarted()
+        return dataclasses.replace(
+            spec, num_workers=self._controller.workers, prefetch=self._controller.in_flight
+        )
+
     def tick(self, pipeline: Pipeline) -> None:
         """Called after each `next()`: once an interval has passed, observe, decide and apply."""
         now = time.monotonic()
@@ -54,7 +70,16 @@ class Tuner:
             if decision is not None:
                 self._apply(pipeline, decision)
         self._stats, self._machine = stats, machine
+        self._trim_ring(pipeline)
         self._publish(pipeline)
+
+    @staticmethod
+    def _trim_ring(pipeline: Pipeline) -> None:
+        """A smaller window lets go of the ring's free slots only; those that were in flight or
+        held then are let go of here, on a later interval, once they are free again."""
+        ring = pipeline.ring
+        if ring is not None and len(ring) > pipeline.window.limit + EXTRA_SLOTS and ring.free_count:
+            pipeline.set_in_flight(pipeline.window.limit)
 
     def _start(self, pipeline: Pipeline) -> Controller:
         """The controller for this pipeline, within its bounds: workers 1..the cores this process
