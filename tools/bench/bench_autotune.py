@@ -31,8 +31,9 @@ tuner_reason) are printed where the loader has them, and read as absent before.
         [--rounds 3] [--workers-grid 1,2] [--prefetch-grid 2,4,8,16,32] [--step cpu|sleep] [--json F]
 
 The folder: tools/bench/make_bench_dataset.py DIR --images 2000, or --make-with PYTHON (a python
-with scikit-image) makes it where missing. About 11 minutes on 2 cores at the defaults (the grid is
-most of it), about 1.5 with --quick. On a shared machine the figures move with what else runs.
+with scikit-image) makes it where missing. 11 to 15 minutes on 2 cores at the defaults (the grid is
+half of it), about 1.5 with --quick. The header gives the machine's CPU pressure before the run: on
+a shared machine (pressure well above 0%) rates move with what else runs, and paired ratios less.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -327,6 +329,20 @@ def _shares(values: list[float | None]) -> str:
     return ", ".join("n/a" if v is None else f"{100 * v:.0f}%" for v in values)
 
 
+def machine_pressure(seconds: float = 3.0) -> str:
+    """How busy the machine is before a measurement: the share of `seconds` during which a runnable
+    task waited for a CPU (PSI "some"; near 0% on a quiet machine: rates from a busy one are noise)."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            before = int(f.readline().rsplit("total=", 1)[1])
+        time.sleep(seconds)
+        with open("/proc/pressure/cpu") as f:
+            after = int(f.readline().rsplit("total=", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return "CPU pressure unknown (no /proc/pressure/cpu)"
+    return f"CPU pressure {100 * (after - before) / 1e6 / seconds:.0f}% over {seconds:g} s idle"
+
+
 def numbers(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -376,14 +392,16 @@ def main() -> int:
             str(args.images),
         ]
         subprocess.run(make, check=True)
-    print(f"{args.folder}, batch {args.batch_size}, {args.size}px, {args.cores} cores, "
-          f"{args.rounds} rounds (burner {args.burner_rounds})", flush=True)  # fmt: skip
+    print(f"{args.folder}, batch {args.batch_size}, {args.size}px, {args.cores} cores, {args.rounds} "
+          f"rounds (burner {args.burner_rounds}); {machine_pressure()}", flush=True)  # fmt: skip
+    started = time.perf_counter()
     scenarios = {"decode": decode_bound, "trainer": trainer_bound, "burner": burner_mid_run}
     results = {}
     for name in args.scenarios.split(","):
         if name not in scenarios:
             parser.error(f"unknown scenario {name!r}: pick from {', '.join(scenarios)}")
         results[name] = scenarios[name](args)
+    print(f"\n{time.perf_counter() - started:.0f} s in all; after it, {machine_pressure()}")
     if args.json:
         args.json.write_text(json.dumps(results))
     return 0
