@@ -46,10 +46,12 @@ from fastload._daemon.shares import (
     FLOOR_PER_SESSION,
     NEED_GAIN,
     PoolMeter,
+    Served,
     StrideShares,
     floored_shares,
     need_of,
     policy_from_environment,
+    reserves,
 )
 from fastload._loading.link import daemon_link as wire
 from fastload._loading.link.need_report import NeedReport
@@ -60,6 +62,14 @@ HANG_S = 60.0
 
 # ---------------------------------------------------------------------------------------------
 # The policy
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def run_picks(weights: dict[int, float], picks: int, samples: int = 4) -> list[int]:
@@ -126,6 +136,29 @@ def test_an_idle_session_banks_no_credit() -> None:
         shares.charge(chosen, 4, share)
         order.append(chosen)
     assert order.count(2) == 5, order  # equal weights: it alternates, rather than taking 10 in a row
+
+
+def test_a_satisfied_session_keeps_what_it_was_served_up_to_an_equal_share() -> None:
+    kept = reserves({1: False, 2: True}, {1: 0.8, 2: 0.2})
+    assert kept == pytest.approx({2: 0.25})  # HEADROOM x what it was served; a starving one keeps none
+    assert floored_shares({1: 4.0, 2: 1.0}, kept) == pytest.approx({1: 0.75, 2: 0.25})  # weights: 0.2
+    assert reserves({1: True, 2: True}, {1: 0.9, 2: 0.1}) == pytest.approx({1: 0.5, 2: 0.125})
+    shares = floored_shares({1: 1.0, 2: 1.0, 3: 1.0, 4: 9.0}, {1: 0.5, 2: 0.5, 3: 0.5})
+    assert sum(shares.values()) == pytest.approx(1.0) and shares[4] >= FLOOR_PER_SESSION / 4
+    assert shares[1] == shares[2] == shares[3] > shares[4]  # reserves scaled down to fit
+
+
+def test_what_a_session_was_served_is_forgotten_over_time() -> None:
+    clock = Clock()
+    served = Served(clock, half_life_s=1.0)
+    served.add(1, 300)
+    served.add(2, 100)
+    assert served.fractions() == pytest.approx({1: 0.75, 2: 0.25})
+    clock.now = 2.0  # two half-lives: 75 and 25 left
+    served.add(2, 50)
+    assert served.fractions() == pytest.approx({1: 0.5, 2: 0.5})
+    served.forget(1)
+    assert served.fractions() == {2: 1.0}
 
 
 def test_a_starving_session_needs_more_and_a_report_wins_over_the_slots() -> None:
@@ -241,14 +274,6 @@ def test_a_need_report_of_values_no_trainer_sends_is_refused() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # The trainer's reports
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_trainer_reports_only_to_a_daemon_that_reads_it_and_only_what_changed() -> None:

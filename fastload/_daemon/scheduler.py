@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastload._daemon.sessions import Session
-from fastload._daemon.shares import PoolMeter, StrideShares, policy_from_environment
+from fastload._daemon.shares import PoolMeter, Served, StrideShares, policy_from_environment, reserves
 from fastload._loading.jobs.executor import Done, Event, Failure, Task
 from fastload._loading.link import daemon_link as wire
 from fastload._loading.running.engine import Engine
@@ -41,6 +41,7 @@ class Scheduler:
         self.policy = policy_from_environment() if policy is None else policy
         self._shares = StrideShares()
         self._meter = PoolMeter()
+        self._served = Served()
 
     def accept(self, session: Session, fields: dict[str, Any], extra: list[bytes]) -> None:
         """Check a `task` message against its session and queue it (WireError when it is wrong)."""
@@ -92,20 +93,23 @@ class Scheduler:
         """Submit queued tasks of `sessions` by their shares while the pool has room."""
         waiting = {s.id: s for s in sessions if s.pending}
         weights = {k: s.weight for k, s in waiting.items()}
+        reserved = reserves({k: s.satisfied for k, s in waiting.items()}, self._served.fractions())
         while waiting and self._engine.in_flight < self._limit:
             if self.policy == "round-robin":
                 self._rr = (self._rr + 1) % len(waiting)
                 session = list(waiting.values())[self._rr]
                 share = 1.0
             else:
-                chosen, share = self._shares.pick(weights)
+                chosen, share = self._shares.pick(weights, reserved)
                 session = waiting[chosen]
             task = session.pending.popleft()
             self._engine.submit(task)
             self._shares.charge(session.id, len(task.indices), share)
             session.scheduled += len(task.indices)
+            self._served.add(session.id, len(task.indices))
             if not session.pending:
                 del waiting[session.id], weights[session.id]
+                reserved.pop(session.id, None)
 
     def pool_shares(self, sessions: list[Session]) -> dict[int, float]:
         """Session id -> its fraction of the pool's work over the last interval (`status`)."""
@@ -131,4 +135,5 @@ class Scheduler:
         session.client_seq.clear()
         session.pending.clear()
         self._shares.forget(session.id)
+        self._served.forget(session.id)
         session.rows_out = 0

@@ -20,7 +20,7 @@ from typing import Any
 from fastload._bad_samples import ON_ERROR
 from fastload._batch_counters import BatchCounters
 from fastload._daemon.peers import Peer
-from fastload._daemon.shares import need_of
+from fastload._daemon.shares import NEED_GAIN, SATISFIED_WAIT, need_of
 from fastload._errors import ConfigError, DaemonError
 from fastload._loading.jobs.executor import Done, Failure, Task
 from fastload._loading.link.daemon_link import MAX_BATCH, PRIORITY_RANGE, WireError
@@ -92,6 +92,11 @@ class Session:
     def need(self) -> tuple[float, str]:
         """(need 1..1+NEED_GAIN, "trainer" or "slots": NOTE [shares by need])."""
         return need_of(self.reported_wait, self.rows_out, len(self.segments) * self.batch_size)
+
+    @property
+    def satisfied(self) -> bool:
+        """Whether its trainer barely waits (NOTE [shares by need]: it keeps what it was served)."""
+        return self.need[0] <= 1.0 + NEED_GAIN * SATISFIED_WAIT
 
     @property
     def weight(self) -> float:
