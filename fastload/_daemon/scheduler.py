@@ -92,6 +92,8 @@ class Scheduler:
     def feed(self, sessions: list[Session]) -> None:
         """Submit queued tasks of `sessions` by their shares while the pool has room."""
         waiting = {s.id: s for s in sessions if s.pending}
+        if not waiting or self._engine.in_flight >= self._limit:
+            return
         weights = {k: s.weight for k, s in waiting.items()}
         reserved = reserves({k: s.satisfied for k, s in waiting.items()}, self._served.fractions())
         while waiting and self._engine.in_flight < self._limit:

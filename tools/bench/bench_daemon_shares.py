@@ -10,6 +10,8 @@ Two set-ups, each on a daemon with W workers (2), trainers in processes of their
 Each round runs both policies (`FASTLOAD_DAEMON_SHARES`, read by `fastload serve` at start: a
 benchmarking aid), in alternating order; each trainer is timed over the same steady window
 (opened once both have attached); ratios are per round (paired), medians over the rounds.
+Absolute rates move with whatever else loads the machine; each trainer's fraction of the images
+the pool delivered in the same window (`*_fraction`) is what the policy decides, and is steadier.
 
     PYTHONPATH=. .venv/bin/python tools/bench/bench_daemon_shares.py --rounds 3 [--data DIR]
 
@@ -191,6 +193,10 @@ def main() -> None:
                     "bound_steps_s": bound["batches"] / bound["seconds"],
                     "training_img_s": training["images"] / training["seconds"],
                     "validation_img_s": validation["images"] / validation["seconds"],
+                    # what the policy decides, whatever else loads the machine: the fraction of the
+                    # pool's output (images in the window) the starving / training trainer got
+                    "starving_fraction": starving["images"] / (starving["images"] + bound["images"]),
+                    "training_fraction": training["images"] / (training["images"] + validation["images"]),
                 }
                 results[policy].append(row)
                 print(
