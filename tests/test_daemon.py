@@ -2,11 +2,11 @@
 
 Protects the daemon-mode contract: a trainer attached to a daemon gets the same batches, bit for
 bit, as the same loader in local mode; ranks get DistributedSampler's disjoint, equal shards
-(from arguments or RANK/WORLD_SIZE); trainers attached at once are served round-robin, so none
-waits for another's whole epoch; a session over the memory budget is refused saying how much it
-needs and how much is left; `fastload status` lists sessions and fails without a daemon; a loader
-with no daemon to talk to fails at once, saying to run `fastload serve`; and a second daemon on
-the same socket directory refuses to start.
+(from arguments or RANK/WORLD_SIZE); trainers attached at once are served by their shares
+(test_daemon_shares.py), so none waits for another's whole epoch; a session over the memory
+budget is refused saying how much it needs and how much is left; `fastload status` lists
+sessions and fails without a daemon; a loader with no daemon to talk to fails at once, saying to
+run `fastload serve`; and a second daemon on the same socket directory refuses to start.
 
 The tests wait for events (a reply, a queue length, a worker reaching a task), never for a time:
 their bounds are hang guards, so a machine busy with other work only makes them slower.

@@ -200,6 +200,7 @@ class Admission:
             key=peer.key,
             index_key=entry.path,
             layout=job.layout,
+            priority=float(f.get("priority", 1.0)),
         )
         try:
             for _ in range(slots):

@@ -249,16 +249,25 @@ def status(address: str | None, out: TextIO | None = None, as_json: bool = False
     if s["sessions"]:
         out.write(
             f"{'session':>7} {'pid':>7} {'rank':>7} {'epoch.batch':>11} {'images':>9} {'img/s':>8} "
-            f"{'MiB':>6}  dataset\n"
+            f"{'MiB':>6} {'weight':>6} {'need':>5} {'share':>5}  dataset\n"
         )
         for x in s["sessions"]:
             position = f"{x['epoch']}.{x['batch']}" if x["batch"] >= 0 else "-"
             out.write(
                 f"{x['session']:>7} {x['pid']:>7} {x['rank']:>3}/{x['world_size']:<3} {position:>11} "
-                f"{x['images']:>9} {x['images_per_s']:>8.0f} {x['memory_bytes'] / 2**20:>6.0f}  "
-                f"{label(x['dataset'])}\n"
+                f"{x['images']:>9} {x['images_per_s']:>8.0f} {x['memory_bytes'] / 2**20:>6.0f} "
+                f"{_share_columns(x)}  {label(x['dataset'])}\n"
             )
     return 0 if healthy else 1
+
+
+def _share_columns(row: dict[str, Any]) -> str:
+    """A session's weight, need (`*`: inferred from its slots, no report from its trainer yet) and
+    share of the pool over the last interval (NOTE [shares by need]); dashes from an older daemon."""
+    if "weight" not in row:
+        return f"{'-':>6} {'-':>5} {'-':>5}"
+    need = f"{row['need']:.1f}{'*' if row.get('need_from') == 'slots' else ''}"
+    return f"{row['weight']:>6.2f} {need:>5} {row['share']:>5.0%}"
 
 
 def stop(address: str | None, wait_s: float = 40.0) -> int:

@@ -1,7 +1,8 @@
 """The daemon's scheduling: every session's tasks, validated as they arrive and queued per session,
-are fed to the shared pool round-robin across sessions (so a trainer that queued its whole epoch
-cannot starve one that just arrived), and each finished task's event is traced back to its
-session and the seq its trainer knows it by.
+are fed to the shared pool by each session's weighted fair share (NOTE [shares by need] in
+`shares`: a trainer that waits gets more, one that never waits gives way, none stalls, and a
+trainer that queued its whole epoch cannot starve one that just arrived), and each finished
+task's event is traced back to its session and the seq its trainer knows it by.
 
 NOTE [tasks bounded by slots]: what a session may make the daemon hold is bounded by its ring. A
 trainer sends a batch's tasks only into a slot it holds, one per part (NOTE [split batches]: at
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastload._daemon.sessions import Session
+from fastload._daemon.shares import PoolMeter, Served, StrideShares, policy_from_environment, reserves
 from fastload._loading.jobs.executor import Done, Event, Failure, Task
 from fastload._loading.link import daemon_link as wire
 from fastload._loading.running.engine import Engine
@@ -27,7 +29,7 @@ from fastload._loading.running.engine import Engine
 class Scheduler:
     """Queues, feeds and traces back the tasks of all sessions on one `Engine`."""
 
-    def __init__(self, engine: Engine, workers: int) -> None:
+    def __init__(self, engine: Engine, workers: int, policy: str | None = None) -> None:
         self._engine = engine
         self._limit = 2 * max(1, workers)  # tasks in the pool at once: two per worker
         self._parts = max(1, workers)  # the most tasks a trainer splits one batch into
@@ -35,6 +37,11 @@ class Scheduler:
         self._owner: dict[int, Session] = {}  # engine seq -> the session whose task it is
         self._rows: dict[int, int] = {}  # engine seq -> its sample count (NOTE [tasks bounded by slots])
         self._rr = 0
+        # "need" (NOTE [shares by need]) or "round-robin" (a benchmarking aid: `shares`)
+        self.policy = policy_from_environment() if policy is None else policy
+        self._shares = StrideShares()
+        self._meter = PoolMeter()
+        self._served = Served()
 
     def accept(self, session: Session, fields: dict[str, Any], extra: list[bytes]) -> None:
         """Check a `task` message against its session and queue it (WireError when it is wrong)."""
@@ -83,14 +90,32 @@ class Scheduler:
         )
 
     def feed(self, sessions: list[Session]) -> None:
-        """Submit queued tasks round-robin across `sessions` while the pool has room."""
-        waiting = [s for s in sessions if s.pending]
+        """Submit queued tasks of `sessions` by their shares while the pool has room."""
+        waiting = {s.id: s for s in sessions if s.pending}
+        if not waiting or self._engine.in_flight >= self._limit:
+            return
+        weights = {k: s.weight for k, s in waiting.items()}
+        reserved = reserves({k: s.satisfied for k, s in waiting.items()}, self._served.fractions())
         while waiting and self._engine.in_flight < self._limit:
-            self._rr = (self._rr + 1) % len(waiting)
-            session = waiting[self._rr]
-            self._engine.submit(session.pending.popleft())
+            if self.policy == "round-robin":
+                self._rr = (self._rr + 1) % len(waiting)
+                session = list(waiting.values())[self._rr]
+                share = 1.0
+            else:
+                chosen, share = self._shares.pick(weights, reserved)
+                session = waiting[chosen]
+            task = session.pending.popleft()
+            self._engine.submit(task)
+            self._shares.charge(session.id, len(task.indices), share)
+            session.scheduled += len(task.indices)
+            self._served.add(session.id, len(task.indices))
             if not session.pending:
-                waiting.remove(session)
+                del waiting[session.id], weights[session.id]
+                reserved.pop(session.id, None)
+
+    def pool_shares(self, sessions: list[Session]) -> dict[int, float]:
+        """Session id -> its fraction of the pool's work over the last interval (`status`)."""
+        return self._meter.fractions({s.id: s.worker_ns for s in sessions})
 
     def trace(self, events: list[Event]) -> Iterator[tuple[Session, Done | Failure, int]]:
         """(session, event, the trainer's seq) for each finished task of a session still known."""
@@ -111,4 +136,6 @@ class Scheduler:
             self._rows.pop(seq, None)
         session.client_seq.clear()
         session.pending.clear()
+        self._shares.forget(session.id)
+        self._served.forget(session.id)
         session.rows_out = 0

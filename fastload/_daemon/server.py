@@ -6,11 +6,13 @@ the workers build for themselves, and its ring is made by the daemon, counted ag
 budget, and unlinked when the session ends — by `bye`, or within a second of its trainer dying.
 The trainer plans its own batches (the same code as local mode, so the same batches bit for bit)
 and sends tasks naming one of its slots; the daemon validates them, queues them per session and
-feeds the pool round-robin across sessions, so a busy trainer cannot starve another.
+feeds the pool by each session's share (`shares`: priority x how much its trainer waits, with a
+floor), so a busy trainer cannot starve another and a starving one gets more.
 
 Its rooms: `config` (what it runs with), `admission` (hellos, the index they wait for, opening a
 session and its ring within the budget), `sessions` (a session's record), `scheduler` (feeding
-the pool), `listeners` and `peers` (the doors and who is at them); this module is the loop.
+the pool) with `shares` (the share policy), `listeners` and `peers` (the doors and who is at
+them); this module is the loop.
 
 Loop: poll the client sockets, their connection monitors and the workers' socket; on
 SIGTERM/SIGINT stop accepting sessions, finish the tasks in flight, then exit, unlinking every
@@ -46,7 +48,7 @@ from fastload._daemon.listeners import Listeners
 from fastload._daemon.logs import event as log_event
 from fastload._daemon.plugins import import_plugins
 from fastload._daemon.scheduler import Scheduler
-from fastload._daemon.sessions import Session, batch_frames, peer_view, status_row
+from fastload._daemon.sessions import Session, batch_frames, check_need, peer_view, status_row
 from fastload._errors import DaemonError, FastloadError, WorkerError
 from fastload._labels import label
 from fastload._loading.jobs.executor import Done, Event, Failure
@@ -257,6 +259,10 @@ class Daemon:
             if session is None:
                 raise wire.WireError("grow before hello")
             self._reply(sock, identity, "slot", name=self._admission.new_slot(session).name)
+        elif op == "need":  # NOTE [need reports]: no reply
+            if session is None:
+                raise wire.WireError("need before hello")
+            check_need(session, fields)
         elif op == "ping":
             self._reply(sock, identity, "pong")
         elif op == "bye":
@@ -379,6 +385,8 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
+        sessions = list(self._sessions.values())
+        shares = self._scheduler.pool_shares(sessions)
         return {
             "pid": os.getpid(),
             "workers": self.config.workers,
@@ -389,6 +397,6 @@ class Daemon:
             "totals": dict(self._totals),
             "datasets": self._indexes.describe(),
             "worker_deaths": {cause.name.lower(): n for cause, n in self.engine.deaths.items()},
-            "sessions": [status_row(s, now) for s in self._sessions.values()],
+            "sessions": [status_row(s, now, shares.get(s.id, 0.0)) for s in sessions],
         }
 

@@ -3,12 +3,13 @@
 `check_hello` is what a session must ask for to be admitted; `Session` is what the daemon keeps per
 attached trainer; `PendingHello` a hello waiting for its folder's index; `batch_frames` the rows a
 TCP trainer receives inside its `done` message; `status_row` the line `fastload status` shows, and
-`peer_view` what of `status` a TCP peer is told.
+`peer_view` what of `status` a TCP peer is told; `check_need` a trainer's `need` report.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections import deque
@@ -19,9 +20,10 @@ from typing import Any
 from fastload._bad_samples import ON_ERROR
 from fastload._batch_counters import BatchCounters
 from fastload._daemon.peers import Peer
+from fastload._daemon.shares import NEED_GAIN, SATISFIED_WAIT, need_of
 from fastload._errors import ConfigError, DaemonError
 from fastload._loading.jobs.executor import Done, Failure, Task
-from fastload._loading.link.daemon_link import MAX_BATCH
+from fastload._loading.link.daemon_link import MAX_BATCH, PRIORITY_RANGE, WireError
 from fastload._loading.order.read_ahead import TaskReadAhead
 from fastload._loading.slots.layout import BatchLayout
 from fastload._loading.slots.ring_plan import MAX_IN_FLIGHT
@@ -70,6 +72,12 @@ class Session:
     layout: BatchLayout | None = None
     task_rows: dict[int, tuple[str, int]] = field(default_factory=dict)  # TCP: daemon seq -> (slot, row)
     read_ahead: TaskReadAhead | None = None  # of its tasks' chunks, when its data is remote
+    # Its share of the pool (NOTE [shares by need] in `shares`): the hello's priority, what its
+    # trainer last reported (None: no report yet), and the samples of its tasks sent to the pool.
+    priority: float = 1.0
+    reported_wait: float | None = None
+    reported_ready: int = 0
+    scheduled: int = 0
 
     @property
     def images(self) -> int:
@@ -79,6 +87,27 @@ class Session:
     @property
     def memory(self) -> int:
         return self.slot_bytes * len(self.segments)
+
+    @property
+    def need(self) -> tuple[float, str]:
+        """(need 1..1+NEED_GAIN, "trainer" or "slots": NOTE [shares by need])."""
+        return need_of(self.reported_wait, self.rows_out, len(self.segments) * self.batch_size)
+
+    @property
+    def satisfied(self) -> bool:
+        """Whether its trainer barely waits (NOTE [shares by need]: it keeps what it was served)."""
+        return self.need[0] <= 1.0 + NEED_GAIN * SATISFIED_WAIT
+
+    @property
+    def weight(self) -> float:
+        """Its weight in the pool's shares: priority x need."""
+        return self.priority * self.need[0]
+
+    @property
+    def worker_ns(self) -> int:
+        """The pool's time its finished tasks took (read, decode, augment)."""
+        c = self.counters
+        return c.read_ns + c.decode_ns + c.augment_ns
 
     def record(self, event: Done | Failure) -> None:
         """Count a finished task of this session's."""
@@ -116,8 +145,10 @@ def batch_frames(session: Session, rows: tuple[str, int], count: int) -> list[An
     return frames
 
 
-def status_row(s: Session, now: float) -> dict[str, Any]:
-    """One session as `status` reports it."""
+def status_row(s: Session, now: float, share: float = 0.0) -> dict[str, Any]:
+    """One session as `status` reports it; `share`: its fraction of the pool's work over the last
+    interval (`shares.PoolMeter`)."""
+    need, need_from = s.need
     return {
         "session": s.id,
         "pid": s.pid,
@@ -138,7 +169,26 @@ def status_row(s: Session, now: float) -> dict[str, Any]:
         "running": len(s.client_seq) - len(s.pending),  # in the pool, not yet done
         "epoch": s.epoch,
         "batch": s.batch,
+        # NOTE [shares by need] (a trainer reports its need once it sees `need` here: NOTE [need reports])
+        "priority": s.priority,
+        "need": round(need, 3),
+        "need_from": need_from,
+        "ready": s.reported_ready if s.reported_wait is not None else None,
+        "weight": round(s.priority * need, 4),
+        "share": round(share, 4),
+        "scheduled": s.scheduled,
     }
+
+
+def check_need(s: Session, f: dict[str, Any]) -> None:
+    """Take a `need` report (NOTE [need reports]) into its session; WireError for values no
+    trainer sends (the session lives on, with its last good report)."""
+    wait, ready = f["wait"], f["ready"]
+    if not (math.isfinite(wait) and 0.0 <= wait <= 1.0):
+        raise WireError(f"need.wait must be a fraction 0..1 of the interval, got {wait!r}")
+    if not 0 <= ready <= len(s.segments):
+        raise WireError(f"need.ready must be 0..{len(s.segments)} (the session's slots), got {ready}")
+    s.reported_wait, s.reported_ready = float(wait), ready
 
 
 # NOTE [what a TCP peer sees]: the local socket's peers run as the daemon's user (its socket is in
@@ -183,6 +233,12 @@ def check_hello(f: dict[str, Any], budget_bytes: int) -> tuple[TransformPlan, So
         raise ConfigError("pid must be a process id and seed must not be negative")
     if f.get("on_error", "raise") not in ON_ERROR:
         raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}")
+    low, high = PRIORITY_RANGE
+    priority = f.get("priority", 1.0)
+    if not (math.isfinite(priority) and low <= priority <= high):
+        raise ConfigError(
+            f"priority must be a number {low:g}..{high:g} (1: the default weight), got {priority!r}"
+        )
     if not 1 <= f.get("repeats", 1) <= MAX_REPEATS:
         raise ConfigError(f"repeats must be 1..{MAX_REPEATS} (RepeatedAugmentation's)")
     if not (os.path.isabs(f["dataset"]) or is_url(f["dataset"])) or "\0" in f["dataset"]:

@@ -4,7 +4,8 @@ A `DaemonSession` says hello with the loader's declarative configuration, attach
 the daemon made for it, and then behaves like the local `Engine` (`submit`, `poll`, `in_flight`,
 `close`), so the epoch iterator, the ring and the delivery are the same code in both modes.
 Every wait is bounded: when no reply comes, the daemon's liveness is checked (its pid for a local
-socket, a ping for TCP) and a `DaemonError` says what happened instead of hanging.
+socket, a ping for TCP) and a `DaemonError` says what happened instead of hanging. It tells a
+daemon that reads them how much its trainer waits (`need_report`, NOTE [need reports]).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fastload._errors import DaemonError
 from fastload._loading.jobs.executor import Event, Failure, Task
 from fastload._loading.link import daemon_link as wire
 from fastload._loading.link.daemon_addresses import no_daemon_at
+from fastload._loading.link.need_report import NeedReport
 from fastload._loading.slots.layout import BatchLayout
 from fastload._loading.slots.ring import Ring
 from fastload._machine import pid_alive
@@ -77,6 +79,7 @@ class DaemonSession:
         self._last_heard = time.monotonic()
         self._last_ping = 0.0
         self._closed = False
+        self._need = NeedReport(time.monotonic)
         try:
             self._send("hello", **hello)
             _op, fields = self._wait_for(("welcome",), timeout_s)
@@ -93,6 +96,8 @@ class DaemonSession:
             classes=tuple(str(c) for c in fields["classes"]),
             workers=fields["workers"],
         )
+        # NOTE [need reports]: does this daemon read them? Its answer comes among the batch events.
+        self._send("status")
 
     def _send(self, op: str, *extra: bytes, **fields: Any) -> None:
         self._sock.send_multipart([wire.encode(op, **fields), *extra])
@@ -146,10 +151,13 @@ class DaemonSession:
             self._keep(*message)
 
     def _keep(self, op: str, fields: dict[str, Any]) -> None:
+        if op == "status_reply" and hasattr(self, "welcome"):
+            self._need.enable_if_read(fields, self.welcome.session)
         if op not in ("done", "failed"):
             return
         event = wire.event_from_message(op, fields)
         self._in_flight.discard(event.seq)
+        self._need.finished(event.seq)
         if isinstance(event, Failure) and not event.exc_class.startswith("builtins:"):
             # The daemon is a network peer: only a builtin exception type it names is re-raised
             # as such (NOTE [original exception types] in `_errors`).
@@ -214,6 +222,7 @@ class DaemonSession:
 
     def submit(self, task: Task) -> None:
         self._in_flight.add(task.seq)
+        self._need.sent(task.seq, task.slot_name)
         slot = task.slot_name
         if not self._local:
             self._rows[task.seq] = (slot, task.row)
@@ -231,7 +240,10 @@ class DaemonSession:
     def poll(self, timeout_s: float) -> list[Event]:
         deadline = time.monotonic() + timeout_s
         while not self._events:
-            message = self._receive(min(0.1, max(0.0, deadline - time.monotonic())))
+            entered = time.monotonic()
+            message = self._receive(min(0.1, max(0.0, deadline - entered)))
+            self._need.waited(time.monotonic() - entered)  # only next() waits here (`need_report`)
+            self._report_need()
             if message is not None:
                 self._keep(*message)
                 continue
@@ -241,7 +253,13 @@ class DaemonSession:
                 break
         events = list(self._events)
         self._events.clear()
+        self._report_need()
         return events
+
+    def _report_need(self) -> None:
+        fields = self._need.due()
+        if fields is not None:
+            self._send("need", **fields)
 
     def close(self) -> None:
         if self._closed:

@@ -10,7 +10,8 @@ largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
     trainer -> daemon                                daemon -> trainer
     hello  {dataset, transforms, backend, seed,      welcome {session, daemon_pid, slots,
             batch_size, prefetch, pid, rank,                 slot_bytes, layout, num_samples,
-            world_size[, source, on_error, repeats]}         classes, workers}
+            world_size[, source, on_error, repeats,          classes, workers}
+            priority]}
     task   {seq, epoch, batch_index, slot, row}      done    {seq, count, read_ns, decode_ns,
            + indices                                          bytes, read_cpu_ns[, read_runq_ns,
                                                               augment_ns, net_bytes, net_wait_ns,
@@ -18,7 +19,9 @@ largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
     grow   {}                                        failed  {seq, message, path, index,
     ping   {}                                                 exc_type, traceback[, exc_class]}
     bye    {}                                        slot    {name}      (reply to grow)
-    status {}                                        pong    {}
+    need   {wait, ready}   (no reply; only to a      pong    {}
+            daemon whose status rows show `need`)
+    status {}
     stop   {}          (local socket only)           status_reply {sessions, workers, budget_bytes,
                                                               used_bytes, pid, draining,
                                                               datasets, worker_deaths,
@@ -28,6 +31,16 @@ largest legal frame, an index frame of `MAX_BATCH` samples, plus room.
                                                      error   {message}   (anything refused)
 
 Fields in [brackets] may be absent (sent by newer versions only); every other field is required.
+
+NOTE [need reports]: a trainer tells its daemon how much it waits (`need`: `wait`, the fraction
+0..1 of the last interval its trainer spent waiting for the daemon's batches; `ready`, batches
+decoded and not yet taken), at most every NEED_EVERY_S and only when the figures changed, and only
+to a daemon that understands it: an older daemon refuses an unknown op with an `error`, which a
+trainer takes as fatal, and an older trainer refuses an unknown welcome field. So the trainer asks
+`status` once after its welcome, and reports only when its own session's row there has a `need`
+(rows of `status_reply` are not checked field by field: an older client reads the keys it knows).
+`priority` (a session's weight, PRIORITY_RANGE) is sent only when it is not 1, so a trainer
+that leaves it alone still attaches to an older daemon; one that sets it is refused there.
 
 NOTE [counters on the link]: `done`'s counters are `BatchCounters`' fields, under their `wire`
 names (`count`, `bytes`: the names of version 1). Those declared `required` are always sent; every
@@ -52,6 +65,8 @@ from fastload._loading.jobs.executor import Done, Failure
 VERSION = 1
 MAX_HEADER_BYTES = 64 << 10
 MAX_BATCH = 1 << 16
+PRIORITY_RANGE = (0.01, 100.0)  # a session's `priority`, as a daemon accepts it
+NEED_EVERY_S = 0.5  # NOTE [need reports]: the most often a trainer reports
 MAX_FRAME_BYTES = 8 * MAX_BATCH + MAX_HEADER_BYTES
 # What a trainer accepts from its daemon: a welcome lists every class name (ImageNet-21k: ~260 KB).
 MAX_REPLY_HEADER_BYTES = 64 << 20
@@ -73,9 +88,11 @@ _SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
         "source": (str,),
         "on_error": (str,),
         "repeats": _INT,  # RepeatedAugmentation's: NOTE [augmentation of repeats]
+        "priority": (float, int),  # the session's weight in the daemon's shares (NOTE [need reports])
     },
     "task": {"seq": _INT, "epoch": _INT, "batch_index": _INT, "slot": (str,), "row": _INT},
     "grow": {},
+    "need": {"wait": (float, int), "ready": _INT},  # NOTE [need reports]
     "ping": {},
     "bye": {},
     "status": {},
@@ -127,7 +144,7 @@ _OPTIONAL: dict[str, frozenset[str]] = {
     "failed": frozenset({"exc_class"}),
     "done": frozenset({"skipped", *(wire_name(n, c) for n, c in declared() if not c.required)}),
     # absent: an image folder; on_error="raise"; no repeats
-    "hello": frozenset({"source", "on_error", "repeats"}),
+    "hello": frozenset({"source", "on_error", "repeats", "priority"}),
     "status_reply": frozenset({"metrics", "totals"}),
 }
 

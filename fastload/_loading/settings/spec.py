@@ -203,6 +203,7 @@ class LoaderSpec:
             **({} if _plain_folder(self.source) else {"source": self.source.resolved().to_json()}),
             **({"on_error": self.on_error} if self.on_error != "raise" else {}),  # what older daemons know
             **({"repeats": self.sampler.repeats} if isinstance(self.sampler, RepeatedAugmentation) else {}),
+            **({"priority": self.priority} if self.priority != 1.0 else {}),  # NOTE [need reports]
         }
 
 
