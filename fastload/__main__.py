@@ -9,6 +9,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
+def _workers_arg(value: str) -> int | str:
+    """`fastload serve --workers`: a number of processes, or "auto" (sized by the sessions' need)."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of processes or 'auto', got {value!r}") from None
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastload", description="Fast data loading for PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -24,7 +34,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the loader daemon in the foreground (SIGTERM drains and exits)")
     serve.add_argument("--config", help="a TOML file with a [daemon] table")
-    serve.add_argument("--workers", type=int, help="decode worker processes (default: all CPUs)")
+    serve.add_argument(
+        "--workers", type=_workers_arg,
+        help="decode worker processes (default: all CPUs), or 'auto': sized by the sessions' need",
+    )
     serve.add_argument("--memory-budget", help="shared memory for all sessions' rings, e.g. 8GiB")
     serve.add_argument("--listen", help="also listen on tcp://HOST:PORT (needs CURVE keys in --config)")
     serve.add_argument(

@@ -94,7 +94,7 @@ def test_words_other_than_auto_are_refused(image_folder: Path, bad: dict[str, An
         FastLoader(image_folder, batch_size=4, **bad)
 
 
-@pytest.mark.parametrize("priority", [0, -1.0, float("inf"), True, "high"])
+@pytest.mark.parametrize("priority", [0, -1.0, 0.001, 1000, float("inf"), float("nan"), True, "high"])
 def test_priority_is_a_positive_weight(image_folder: Path, priority: Any) -> None:
     with pytest.raises(ConfigError, match="priority must be a number > 0"):
         FastLoader(image_folder, batch_size=4, priority=priority)

@@ -13,7 +13,7 @@ from fastload._daemon.indexes import IndexLimits
 class DaemonConfig:
     """What `fastload serve` runs with (command line or `--config fastload.toml`)."""
 
-    workers: int
+    workers: int  # the pool's size; with `tune_workers`, its start and most
     memory_budget_bytes: int
     socket_dir: str | None = None  # default: runtime_dir()
     listen: str | None = None  # tcp://HOST:PORT, only when asked for
@@ -41,6 +41,8 @@ class DaemonConfig:
     # kinds and transforms they declare are served. The administrator's only (NOTE [plugins are
     # the administrator's]).
     plugins: tuple[str, ...] = ()
+    # `workers = "auto"`: the pool sized by the sessions' need (NOTE [a pool that follows need]).
+    tune_workers: bool = False
 
 
 def use_cache_settings(config: DaemonConfig) -> None:

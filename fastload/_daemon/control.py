@@ -117,8 +117,10 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         from fastload._metrics_seam import parse_address
 
         metrics = parse_address(metrics)
+    auto_workers = table.get("workers") == "auto"  # NOTE [a pool that follows need]
     config = DaemonConfig(
-        workers=_number(table, "workers", usable_cores(), int),
+        workers=usable_cores() if auto_workers else _number(table, "workers", usable_cores(), int),
+        tune_workers=auto_workers,
         memory_budget_bytes=parse_size(
             table.get("memory_budget", default_budget()), "memory_budget (--memory-budget)", minimum=1
         ),

@@ -89,6 +89,11 @@ class Scheduler:
             )
         )
 
+    def set_workers(self, workers: int) -> None:
+        """The pool now has `workers` workers (NOTE [a pool that follows need]): two tasks each in
+        it at once. How many parts a trainer may split a batch into stays what its welcome said."""
+        self._limit = 2 * max(1, workers)
+
     def feed(self, sessions: list[Session]) -> None:
         """Submit queued tasks of `sessions` by their shares while the pool has room."""
         waiting = {s.id: s for s in sessions if s.pending}

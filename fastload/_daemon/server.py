@@ -47,6 +47,7 @@ from fastload._daemon.indexes import DatasetIndexes, IndexEntry
 from fastload._daemon.listeners import Listeners
 from fastload._daemon.logs import event as log_event
 from fastload._daemon.plugins import import_plugins
+from fastload._daemon.pool_tuning import PoolTuner
 from fastload._daemon.scheduler import Scheduler
 from fastload._daemon.sessions import Session, batch_frames, check_need, peer_view, status_row
 from fastload._errors import DaemonError, FastloadError, WorkerError
@@ -101,6 +102,7 @@ class Daemon:
         self._by_identity: dict[tuple[int, bytes], Session] = {}
         self._indexes = DatasetIndexes(config.index, config.index_idle_s, config.roots, config.plugins)
         self._scheduler = Scheduler(self.engine, config.workers)
+        self._pool = PoolTuner(config.workers) if config.tune_workers else None
         self._stopping = False
         self._last_liveness = 0.0
         # Every session's counters, summed as they come and kept past the session's end; refusals
@@ -139,9 +141,10 @@ class Daemon:
     def serve_forever(self) -> None:
         previous = {s: signal.signal(s, self.request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         log.info(
-            "serving on %s (%d workers, budget %s%s)",
+            "serving on %s (%d workers%s, budget %s%s)",
             self.sock_path,
             self.config.workers,
+            ", sized by need: NOTE [a pool that follows need]" if self._pool is not None else "",
             format_size(self.config.memory_budget_bytes),
             f", metrics on {self._metrics.url}" if self._metrics is not None else "",
             extra=log_event(
@@ -186,6 +189,10 @@ class Daemon:
             self.engine.supervise()
             self._reap_dead_sessions()
             self._indexes.evict()
+        if self._pool is not None and not self._stopping:
+            resized = self._pool.tick(self.engine, self._sessions.values())
+            if resized is not None:
+                self._scheduler.set_workers(resized)
         self._schedule()
         if self._metrics is not None and time.monotonic() - self._published_at >= _PUBLISH_EVERY_S:
             self._publish()
@@ -318,6 +325,8 @@ class Daemon:
                     event = replace(event, counters=counted)
             session.record(event)
             self._count(event)
+            if self._pool is not None and isinstance(event, Done):
+                self._pool.record(event)
             if isinstance(event, Done) and rows is not None:  # over TCP: the batch's bytes go with it
                 frames = batch_frames(session, rows, event.count)
             op, fields = wire.event_message(event, client_seq)
@@ -389,7 +398,7 @@ class Daemon:
         shares = self._scheduler.pool_shares(sessions)
         return {
             "pid": os.getpid(),
-            "workers": self.config.workers,
+            "workers": self.engine.active_workers,
             "budget_bytes": self.config.memory_budget_bytes,
             "used_bytes": self._admission.used_bytes(),
             "draining": self._stopping,

@@ -188,7 +188,7 @@ class Engine:
     def _announce(self, job_id: int, frames: list[bytes]) -> None:
         self._announcements.setdefault(job_id, []).append(frames)
         for worker in list(self._workers.values()):
-            if worker.ready and not worker.lost:
+            if worker.ready and not worker.lost and not worker.stopped:  # a stopped one hears no more
                 self._send(worker, frames)
 
     def set_layout(self, layout: BatchLayout, job_id: int = 0) -> None:
@@ -204,7 +204,7 @@ class Engine:
         self._announcements.pop(job_id, None)
         self._queue = deque(t for t in self._queue if t.job_id != job_id)
         for worker in list(self._workers.values()):
-            if worker.ready and not worker.lost:
+            if worker.ready and not worker.lost and not worker.stopped:  # a stopped one hears no more
                 self._send(worker, [proto.DROP, proto.JOB_HEAD.pack(job_id)])
 
     def forget_slot(self, name: str) -> None:

@@ -20,11 +20,11 @@ NOTE [what is tuned]: a number the user gives is always obeyed; what is left to 
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
 from fastload._errors import ConfigError, SettingsWarning
+from fastload._loading.link.daemon_link import PRIORITY_RANGE
 
 AUTO = "auto"
 
@@ -89,10 +89,14 @@ def resolve_tuning(
 
 
 def check_priority(priority: float) -> float:
-    """A daemon session's weight in its daemon's shares: a number > 0 (1 by default; 0.25 for a
-    validation job beside training gives it a quarter of a trainer's weight)."""
+    """A daemon session's weight in its daemon's shares (NOTE [shares by need]): a number in the
+    range a daemon takes (1 by default; 0.25 for a validation job beside training gives it a
+    quarter of a trainer's weight)."""
+    low, high = PRIORITY_RANGE
     if isinstance(priority, bool) or not isinstance(priority, (int, float)) or not (
-        0 < priority < math.inf
+        low <= priority <= high
     ):
-        raise ConfigError(f"priority must be a number > 0 (1 by default), got {priority!r}")
+        raise ConfigError(
+            f"priority must be a number > 0, from {low:g} to {high:g} (1 by default), got {priority!r}"
+        )
     return float(priority)
