@@ -101,7 +101,7 @@ def test_daemon_sizes_from_flags_and_toml(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("workers", '"auto"'), ("max_sessions", "[4]"), ("index_idle", "true")]
+    ("key", "value"), [("workers", '"many"'), ("max_sessions", "[4]"), ("index_idle", "true")]
 )
 def test_daemon_numbers_from_toml_are_named_when_bad(tmp_path: Path, key: str, value: str) -> None:
     toml = tmp_path / "daemon.toml"

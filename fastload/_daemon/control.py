@@ -40,6 +40,8 @@ def _number(table: dict[str, Any], key: str, default: Any, kind: type[int] | typ
     if whole or (kind is float and isinstance(value, float)):
         return kind(value)
     accepted = "a whole number" if kind is int else "a number of seconds"
+    if key == "workers":
+        accepted += ' or "auto"'
     raise ConfigError(f"daemon setting {key} must be {accepted}, got {shown(value)}")
 
 
