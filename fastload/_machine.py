@@ -1,4 +1,4 @@
-"""What this process may use of its machine, and how it fares there: the cores it may run on,
+"""What this process may use of its machine, and how it fares there: the cores it may use,
 the shared-memory directory, whether another process still lives, and how long this thread has
 waited for a CPU; the one place every part (loader, daemon, diagnostics) reads them from."""
 
@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import os
 
+from fastload._cpu_quota import own_cpu_limit, quota_cores
+
 # Where shared-memory segments live (POSIX shm on Linux): tmpfs, sized by the host or container.
 SHM_DIR = "/dev/shm"
 
 
 def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity (a container's or taskset's cpuset),
-    not the machine's count."""
+    """The cores this process may use: its CPU affinity (a container's or taskset's cpuset), not
+    the machine's count, and no more than a cgroup's CPU quota allows, rounded down (NOTE [a
+    container's CPU quota] in `_cpu_quota`)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = quota_cores(own_cpu_limit())
+    return cores if quota is None else min(cores, quota)
 
 
 def pid_alive(pid: int) -> bool:

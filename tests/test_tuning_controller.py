@@ -32,6 +32,9 @@ class Machine:
     storage_rate: float = float("inf")  # batches/s the storage delivers, whatever the workers
     window_rate: float = float("inf")  # batches/s one batch in flight allows (latency-bound)
     burner: float = 0.0  # cores another process wants
+    # Batches split across the workers (a Dataset's, a source's): two in flight keep them all
+    # busy, one leaves them idle half the time; else one batch per worker (an iterable stream).
+    split: bool = True
     noise: float = 0.03
     seed: int = 0
 
@@ -44,7 +47,8 @@ class Machine:
     def interval(self, workers: int, in_flight: int, seconds: float = 1.0) -> Observation:
         want = workers + self.trainer_cpu + self.burner
         share = min(1.0, self.cores / want)
-        decode = min(workers, in_flight) * self.per_worker * share
+        fed = min(1.0, in_flight / policy.FED_WINDOW) * workers if self.split else min(workers, in_flight)
+        decode = fed * self.per_worker * share
         supply = min(decode, self.storage_rate)
         steady = min(supply, in_flight * self.window_rate, self.trainer_rate)
         rate = self._jitter(steady)
@@ -53,7 +57,7 @@ class Machine:
         trainer_cores = self.trainer_cpu
         runnable = steady / (self.per_worker * share) + trainer_cores + self.burner  # noise-free
         wait = max(0.0, 1 - steady / self.trainer_rate) + abs(self.rng.gauss(0, 0.005))
-        decoding = min(workers, in_flight)
+        decoding = min(in_flight, policy.FED_WINDOW) if self.split else min(workers, in_flight)
         window_bound = in_flight * self.window_rate <= min(supply, self.trainer_rate)
         trainer_bound = self.trainer_rate <= min(supply, in_flight * self.window_rate)
         ready = in_flight - decoding if (trainer_bound or window_bound) else 0
@@ -93,8 +97,22 @@ def test_decode_bound_reaches_the_cores_and_stays() -> None:
     assert first_at_4 <= 8  # three steps of settle + verify
     assert all(w == 4 for w, _ in history[first_at_4:])
     reasons = [d.reason for _, d in history if d is not None]
-    assert reasons == [Reason.DECODE_BOUND] * 3
-    assert ctl.in_flight >= ctl.workers + policy.WINDOW_MARGIN  # each new worker has a batch to decode
+    # Each new worker comes with a batch more in flight; once no more can be added, the window
+    # the busy workers do not need is given back (split batches: two feed them all).
+    assert reasons == [Reason.DECODE_BOUND] * 3 + [Reason.WINDOW_DEEP] * 3
+    assert ctl.in_flight == policy.FED_WINDOW
+
+
+def test_an_iterable_streams_window_stays_at_a_batch_per_worker() -> None:
+    # Batches not split: fewer in flight than workers idles one; each trial below is undone, and
+    # tried ever more rarely.
+    ctl = Controller(limits(), workers=4, in_flight=8)
+    history = [(ctl.in_flight, d) for _, d in run(Machine(split=False, seed=3), ctl, 200)]
+    assert ctl.workers == 4 and ctl.in_flight == 4
+    assert sum(window < 4 for window, _ in history) <= 20
+    undone = [i for i, (_, d) in enumerate(history) if d is not None and d.reason is Reason.NO_GAIN]
+    gaps = [b - a for a, b in itertools.pairwise(undone)]
+    assert 1 <= len(undone) <= 6 and gaps == sorted(gaps)  # held off longer after each
 
 
 def test_trainer_bound_retires_to_the_fewest_that_keep_the_rate() -> None:

@@ -13,7 +13,10 @@ one is merged with the next) is read as follows, and at most one change is made:
     busy cores, the trainer's own included, >= `IDLE_CORE_MIN`) with no CPU pressure: +1 worker
     (DECODE_BOUND), and the window raised to workers + `WINDOW_MARGIN` if it is smaller;
   - the workers idle between tasks (busy < `BUSY_LOW`) while the window is full (the pipeline
-    waited for a slot, or every batch of the window is submitted): a larger window (BURSTY).
+    waited for a slot, or every batch of the window is submitted): a larger window (BURSTY);
+  - the workers are busy and none can be added, with no batch ready and no slot waited for: the
+    workers are the bottleneck, and a window deeper than keeps them fed holds ring memory for
+    nothing: half the excess over `FED_WINDOW` off it, on trial (WINDOW_DEEP).
 - The trainer has not waited (< `WAIT_QUIET`) for `QUIET_INTERVALS` intervals and
   - the other workers could do this one's work (busy / (workers - 1) < `RETIRE_BUSY_MAX`): -1
     worker (TRAINER_BOUND), its core back to the trainer's threads;
@@ -25,7 +28,10 @@ the change), and those until the workers observed are those asked for (a new one
 `BASELINE_INTERVALS` judged intervals at the old setting). A +worker that did not buy
 `MIN_GAIN`, nor a quarter of what one worker more could (1/workers), a larger window that bought
 less than `MIN_GAIN`, a retired worker or a smaller window that added more than `LOSS_TOLERANCE`
-of the interval to the trainer's wait, is undone (NO_GAIN), and that direction is held off for
+of the interval to the trainer's wait, or, where the trainer waited before (its wait then near
+whole, a loss shows in the rate only), cost more of the rate than `LOSS_TOLERANCE` or twice the
+noise of the intervals before (their relative standard deviation; at most `MAX_LOSS_TOLERANCE`),
+is undone (NO_GAIN), and that direction is held off for
 `BASE_HOLD` judged intervals, doubling on each failure up to `MAX_HOLD` (a verified gain resets it). Hence
 never two changes without a measured interval between them. Workers stay within
 `Limits.min_workers`..min(`Limits.max_workers`, usable cores), the window within
@@ -36,6 +42,7 @@ idle core); a user's sampler or collate in the trainer's process is only time th
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass, replace
 
@@ -92,6 +99,12 @@ RETIRE_BUSY_MAX = 0.85
 MIN_GAIN = 0.03
 ADD_GAIN_SHARE = 0.25
 LOSS_TOLERANCE = 0.03
+# A loader-bound shrink is judged on its rate against the noise of the intervals before it (one
+# interval against their mean: twice their deviation leaves a few per cent of false verdicts),
+# never excusing more than this; and tried only once that noise is known (`DEEP_BASELINE`
+# intervals at the setting): memory back is not urgent, an undo costs an interval.
+MAX_LOSS_TOLERANCE = 0.08
+DEEP_BASELINE = 3
 # Judged intervals a direction is held off after a change in it failed: 4, doubling up to 64
 # (a minute at `INTERVAL_S`: a storage-bound loader tries a worker more about once a minute).
 BASE_HOLD = 4
@@ -101,6 +114,12 @@ MAX_HOLD = 64
 PRESSURE_HOLD = 3
 # Batches in flight beyond one per worker: the one being delivered and one to cover a late one.
 WINDOW_MARGIN = 2
+# The window that keeps busy workers fed: a batch is split into one part per worker (NOTE [split
+# batches] in `split_batches`), so each worker holds a part of every batch in flight, and two
+# keep it busy (one decoding, the next queued while the first's reply travels). Only a floor for
+# trials: a shrink that costs rate is undone (an iterable stream, whose batches are not split,
+# needs about one per worker, and keeps it so).
+FED_WINDOW = 2
 
 _ADD, _RETIRE, _GROW, _SHRINK = "add a worker", "retire a worker", "grow the window", "shrink the window"
 
@@ -235,6 +254,7 @@ class _Trial:
 
     direction: str
     rate_before: float
+    rate_noise: float  # the intervals' rates before: their standard deviation / their mean
     wait_before: float  # the trainer's wait fraction before
     workers_before: int
     in_flight_before: int
@@ -339,6 +359,18 @@ class Controller:
             ):
                 window = min(self.in_flight + max(1, self.in_flight // 2), lim.max_in_flight)
                 return self._change(obs, _GROW, self.workers, window, Reason.BURSTY)
+            fed = max(lim.min_in_flight, FED_WINDOW)
+            if (
+                lim.tune_in_flight
+                and self.in_flight > fed
+                and not self._hold[_SHRINK]
+                and obs.busy_fraction >= BUSY_HIGH
+                and obs.ready_batches == 0
+                and obs.slot_wait_s == 0
+                and len(self._baseline) >= DEEP_BASELINE
+            ):
+                window = self.in_flight - max(1, (self.in_flight - fed) // 2)
+                return self._change(obs, _SHRINK, self.workers, window, Reason.WINDOW_DEEP)
         if self._quiet >= QUIET_INTERVALS:
             if (
                 lim.tune_workers
@@ -366,8 +398,10 @@ class Controller:
         seconds = sum(o.seconds for o in self._baseline)
         rate = sum(o.batches for o in self._baseline) / seconds
         wait = sum(o.trainer_wait_s for o in self._baseline) / seconds
+        rates = [o.rate for o in self._baseline]
+        noise = statistics.pstdev(rates) / rate if len(rates) > 1 and rate > 0 else 0.0
         if verified:
-            self._trial = _Trial(direction, rate, wait, self.workers, self.in_flight)
+            self._trial = _Trial(direction, rate, noise, wait, self.workers, self.in_flight)
         return self._apply(workers, window, reason, obs, f"{direction}: {_figures(obs)}")
 
     def _verdict(self, trial: _Trial, obs: Observation) -> Decision | None:
@@ -382,6 +416,9 @@ class Controller:
         else:  # a retire or a shrink costs what it makes the trainer wait (its rate is its own)
             needed = -LOSS_TOLERANCE
             failed = trial.wait_before - obs.wait_fraction < needed
+            if trial.wait_before >= WAIT_CLEAR:  # loader-bound: the wait saturates, the rate shows it
+                needed = -min(max(LOSS_TOLERANCE, 2 * trial.rate_noise), MAX_LOSS_TOLERANCE)
+                failed = failed or change < needed
         if not failed:
             self._next_hold[trial.direction] = BASE_HOLD
             return None

@@ -18,6 +18,7 @@ class Reason(enum.IntEnum):
     BURSTY = 4  # +in flight: the trainer waits while workers idle between tasks
     WINDOW_UNUSED = 5  # -in flight: batches sit ready, the window is larger than needed
     NO_GAIN = 6  # the last change bought no throughput: undone, and not tried again for a while
+    WINDOW_DEEP = 7  # -in flight: workers are the bottleneck; a shallower window feeds them as well
 
 
 REASON_WORDS = {
@@ -28,6 +29,7 @@ REASON_WORDS = {
     Reason.BURSTY: "the trainer waits while workers idle: more batches in flight",
     Reason.WINDOW_UNUSED: "batches sit ready: fewer batches in flight",
     Reason.NO_GAIN: "the last change bought nothing: undone",
+    Reason.WINDOW_DEEP: "the workers are the bottleneck: fewer batches in flight feed them as well",
 }
 
 # What each change moved, as `fastload iostat`'s tuner column shows it: +w/-w a worker, +f/-f the
@@ -40,6 +42,7 @@ REASON_CHANGES = {
     Reason.BURSTY: "+f",
     Reason.WINDOW_UNUSED: "-f",
     Reason.NO_GAIN: "undo",
+    Reason.WINDOW_DEEP: "-f",
 }
 
 

@@ -4,8 +4,10 @@ this process and the loader's workers use, as a sample now and as rates between 
 A sample is a handful of small /proc reads (no psutil): `/proc/stat`'s per-CPU lines for the CPUs
 this process may run on, `/proc/pressure/cpu` (PSI; absent on older kernels and in containers
 without it: None then), this process's CPU clock (all threads), and `/proc/<pid>/stat` of each
-worker (a pid gone meanwhile is skipped). What it does not see: a cgroup's CPU quota (a container
-limited by `cpu.max` rather than a cpuset looks less busy than it is; PSI still shows its waits).
+worker (a pid gone meanwhile is skipped). Under a cgroup's CPU quota (NOTE [a container's CPU
+quota] in `_cpu_quota`) the cores are the quota's, busy is the limiting cgroup's own use (its
+CPUs' idle time is not this process's to take), and the share of its periods throttled counts as
+pressure beside PSI's.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
+from fastload._cpu_quota import CpuLimit, own_cpu_limit, quota_cores
 from fastload._machine import usable_cores
 
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -34,6 +38,7 @@ class MachineSample:
     pressure_some_us: int | None  # PSI "some" total: µs some runnable task waited for a CPU
     own_cpu_s: float  # this process's CPU-seconds, all threads (the trainer's, with the loader's)
     workers_cpu_s: Mapping[int, float]  # pid -> its CPU-seconds, for the pids given that were alive
+    throttling: tuple[int, int] | None = None  # a CPU quota's (periods, throttled periods) so far
 
     @property
     def workers_total_s(self) -> float:
@@ -52,17 +57,27 @@ class MachineLoad:
     workers_cores: float  # cores the workers used
 
 
-def sample_machine(worker_pids: Iterable[int] = (), *, cpus: Iterable[int] | None = None) -> MachineSample:
+def sample_machine(
+    worker_pids: Iterable[int] = (),
+    *,
+    cpus: Iterable[int] | None = None,
+    limit: CpuLimit | Literal["own"] | None = "own",
+) -> MachineSample:
     """The machine now; `worker_pids`: the loader's workers (those gone are skipped); `cpus`: the
-    CPUs to count (default: those this process may run on)."""
+    CPUs to count (default: those this process may run on); `limit`: a CPU quota to count within
+    (default: this process's, if any; None: none)."""
     counted = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    quota = own_cpu_limit() if limit == "own" else limit
+    cores = min(len(counted) or usable_cores(), quota_cores(quota) or len(counted) or usable_cores())
+    busy_s = quota.usage_s() if quota is not None else None
     return MachineSample(
         time=time.monotonic(),
-        cores=len(counted) or usable_cores(),
-        busy_cpu_s=busy_cpu_seconds(counted),
+        cores=cores,
+        busy_cpu_s=busy_cpu_seconds(counted) if busy_s is None else busy_s,  # unreadable: the CPUs'
         pressure_some_us=cpu_pressure_some_us(),
         own_cpu_s=time.process_time(),
         workers_cpu_s={pid: s for pid in worker_pids if (s := process_cpu_seconds(pid)) is not None},
+        throttling=None if quota is None else quota.throttling(),
     )
 
 
@@ -76,6 +91,11 @@ def load_between(before: MachineSample, after: MachineSample) -> MachineLoad:
     if before.pressure_some_us is not None and after.pressure_some_us is not None:
         waited_s = (after.pressure_some_us - before.pressure_some_us) / 1e6
         pressure = min(max(waited_s / seconds, 0.0), 1.0)
+    if before.throttling is not None and after.throttling is not None:
+        periods = after.throttling[0] - before.throttling[0]
+        if periods > 0:  # a quota's throttled periods: its tasks waited for the next period
+            throttled = min(max((after.throttling[1] - before.throttling[1]) / periods, 0.0), 1.0)
+            pressure = throttled if pressure is None else max(pressure, throttled)
     return MachineLoad(
         seconds=seconds,
         busy_cores=min(max((after.busy_cpu_s - before.busy_cpu_s) / seconds, 0.0), float(after.cores)),
