@@ -5,9 +5,14 @@ the same decisions, so it is tested on recorded and simulated intervals.
 
 NOTE [the tuner's policy]: each judged interval (one with at least `MIN_BATCHES` batches; a shorter
 one is merged with the next) is read as follows, and at most one change is made:
-- CPU pressure high (PSI "some" >= `PRESSURE_HIGH`) and the machine saturated (under
-  `SATURATED_IDLE` cores idle): -1 worker (OVERSUBSCRIBED), even while the trainer waits: a worker
-  more only adds run-queue delay to everyone's; adding is then held off for `PRESSURE_HOLD`.
+- CPU pressure high (PSI "some" >= `PRESSURE_HIGH`), the machine saturated (under
+  `SATURATED_IDLE` cores idle) and other processes part of it (at least `OTHERS_MIN` cores
+  besides the trainer's and the workers'): -1 worker (OVERSUBSCRIBED), even while the trainer
+  waits: a worker more only adds run-queue delay to everyone's; adding is then held off for
+  `PRESSURE_HOLD`. A queue of the loader's own (as many workers as cores, and the trainer beside
+  them: the default's start) is not retired for: a fixed setting has it too, and on a small
+  machine a worker less costs a share of the rate (the trainer-bound rule below gives its cores
+  back when the trainer needs them).
 - The trainer waits (>= `WAIT_CLEAR` of the interval) and
   - the workers are busy (>= `BUSY_HIGH`) and a core is idle (usable cores less every process's
     busy cores, the trainer's own included, >= `IDLE_CORE_MIN`) with no CPU pressure: +1 worker
@@ -16,7 +21,8 @@ one is merged with the next) is read as follows, and at most one change is made:
     waited for a slot, or every batch of the window is submitted): a larger window (BURSTY);
   - the workers are busy and none can be added, with no batch ready and no slot waited for: the
     workers are the bottleneck, and a window deeper than keeps them fed holds ring memory for
-    nothing: half the excess over `FED_WINDOW` off it, on trial (WINDOW_DEEP).
+    nothing: down to `FED_WINDOW` on trial (WINDOW_DEEP), once since the window last grew; then
+    half the excess at a time.
 - The trainer has not waited (< `WAIT_QUIET`) for `QUIET_INTERVALS` intervals and
   - the other workers could do this one's work (busy / (workers - 1) < `RETIRE_BUSY_MAX`): -1
     worker (TRAINER_BOUND), its core back to the trainer's threads;
@@ -58,6 +64,11 @@ INTERVAL_S = 1.0
 # Fewer batches than this and the interval is merged with the next: one batch more or less is then
 # at most ~6% of the rate, under the gain a worker is asked to buy on a small machine.
 MIN_BATCHES = 16
+# The interval a change is judged on is merged up to this many batches (or `VERDICT_MAX_S`, for
+# large batches on a small machine): one batch more or less is then ~2% of the rate, under the
+# loss a shrink may cost (a verdict read off 16 batches undid shrinks that cost nothing).
+VERDICT_BATCHES = 48
+VERDICT_MAX_S = 5 * INTERVAL_S
 # Merged intervals longer than this (no batches: an evaluation, a checkpoint, a stalled store)
 # are dropped, not judged: a paused trainer says nothing about the setting.
 MAX_MERGE_S = 10 * INTERVAL_S
@@ -89,6 +100,9 @@ PRESSURE_CALM = 0.10
 PRESSURE_HIGH = 0.30
 # The machine is saturated with under half a core idle.
 SATURATED_IDLE = 0.5
+# Other processes' share of a storm, in cores, before the loader gives way: half a core (the
+# /proc readings' noise is a hundredth; the loader's own start-up, a few tenths, stays under).
+OTHERS_MIN = 0.5
 # A worker is retired only when the rest would be under 85% busy doing its share: headroom for
 # bursts, below the 100% at which the trainer would start to wait.
 RETIRE_BUSY_MAX = 0.85
@@ -160,6 +174,11 @@ class Observation:
     @property
     def idle_cores(self) -> float:
         return self.usable_cores - self.machine_busy_cores
+
+    @property
+    def others_cores(self) -> float:
+        """Cores other processes used: the machine's busy cores less the trainer's and the workers'."""
+        return max(self.machine_busy_cores - self.trainer_cores - self.workers_cores, 0.0)
 
     def merged(self, later: Observation) -> Observation:
         """This interval and the next as one: counts summed, rates weighted by time, the gauges
@@ -277,6 +296,7 @@ class Controller:
         self._quiet = 0
         self._hold = {d: 0 for d in (_ADD, _RETIRE, _GROW, _SHRINK)}
         self._next_hold = {d: BASE_HOLD for d in self._hold}
+        self._floor_tried = False  # a WINDOW_DEEP trial went to `FED_WINDOW` since the window grew
 
     def observe(self, obs: Observation) -> Decision | None:
         """One interval; a decision (the new workers and in-flight window, and why) or None."""
@@ -285,10 +305,14 @@ class Controller:
         if obs.batches < MIN_BATCHES:  # too few to judge: merged with the next, unless paused
             self._merging = obs if obs.seconds < MAX_MERGE_S else None
             return None
+        starting = obs.workers != self.workers and self._settled_for < MAX_SETTLE_INTERVALS
+        verdict_due = self._trial is not None and not (self._settling or starting)
+        if verdict_due and obs.batches < VERDICT_BATCHES and obs.seconds < VERDICT_MAX_S:
+            self._merging = obs  # a verdict is read off more batches than a decision
+            return None
         self._merging = None
         for direction in self._hold:
             self._hold[direction] = max(self._hold[direction] - 1, 0)
-        starting = obs.workers != self.workers and self._settled_for < MAX_SETTLE_INTERVALS
         if self._settling or starting:
             # The interval straddling a change, then any until the workers asked for run (a
             # spawning one is not decoding yet; a retiring one finishes its task), for at most
@@ -330,7 +354,8 @@ class Controller:
         calm = obs.pressure is None or obs.pressure < PRESSURE_CALM
         if lim.tune_workers and self.workers > lim.min_workers:
             storm = obs.pressure is not None and obs.pressure >= PRESSURE_HIGH
-            if self.workers > max_workers or (storm and obs.idle_cores < SATURATED_IDLE):
+            crowded = obs.idle_cores < SATURATED_IDLE and obs.others_cores >= OTHERS_MIN
+            if self.workers > max_workers or (storm and crowded):
                 self._hold[_ADD] = max(self._hold[_ADD], PRESSURE_HOLD)
                 return self._change(obs, _RETIRE, self.workers - 1, self.in_flight, Reason.OVERSUBSCRIBED)
         if obs.wait_fraction >= WAIT_CLEAR:
@@ -369,7 +394,11 @@ class Controller:
                 and obs.slot_wait_s == 0
                 and len(self._baseline) >= DEEP_BASELINE
             ):
+                # Straight to the floor once (split batches are fed by it) since the window last
+                # grew; after that, half the excess at a time.
                 window = self.in_flight - max(1, (self.in_flight - fed) // 2)
+                if not self._floor_tried:
+                    window, self._floor_tried = fed, True
                 return self._change(obs, _SHRINK, self.workers, window, Reason.WINDOW_DEEP)
         if self._quiet >= QUIET_INTERVALS:
             if (
@@ -436,6 +465,8 @@ class Controller:
         self._next_hold[direction] = min(2 * self._next_hold[direction], MAX_HOLD)
 
     def _apply(self, workers: int, window: int, reason: Reason, obs: Observation, detail: str) -> Decision:
+        if window > self.in_flight and reason is not Reason.NO_GAIN:
+            self._floor_tried = False  # a grown window may be given back straight to the floor
         self.workers, self.in_flight = workers, window
         self._settling, self._settled_for = SETTLE_INTERVALS, 0
         self._baseline.clear()
