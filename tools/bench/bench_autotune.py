@@ -16,8 +16,9 @@ given) against fixed settings, in three scenarios, on one ImageNet-layout folder
   burner   a trainer that only consumes; one busy process per core starts at 20 s and stops at
            60 s of an 80-s run (--burner). Per second: the rate and the worker count, for "auto"
            and the fixed default; the re-convergence time after each change (the first second
-           from which the 3-s rolling rate stays within 10% of the phase's steady level, the
-           median of its last half, at most 10 s), and the CPU pressure (/proc/pressure/cpu
+           from which the rolling rate, over enough seconds to hold 16 batches, stays within 10%
+           of the phase's steady level, the median of its last half, at most 10 s; and the last
+           change of the worker count in the phase), and the CPU pressure (/proc/pressure/cpu
            "some": the share of time a runnable task waited for a CPU) before, during and after
            the burner. Target: re-converged within 10 s of each change, no run-queue storm.
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -153,16 +155,32 @@ def pressure(samples: Samples, start: float, end: float) -> float | None:
     return (last["psi_us"] - first["psi_us"]) / 1e6 / max(1e-9, last["t"] - first["t"])
 
 
-def reconverged_after(rates: list[float], change: int, end: int, within: float = 0.10) -> float | None:
-    """Seconds after `change` from which the 3-s rolling rate stays within `within` of the steady
-    level of [change, end) (the median of its last half, at most 10 s); None if it never does."""
+def reconverged_after(
+    rates: list[float], change: int, end: int, batch_size: int, within: float = 0.10
+) -> float | None:
+    """Seconds after `change` from which the rolling rate stays within `within` of the steady
+    level of [change, end) (the median of its last half, at most 10 s); None if it never does.
+    The rolling window holds at least 16 batches at the steady level (3 s at least): a per-second
+    rate moves by a whole batch (64 images are 20% of 320 img/s), which is no re-convergence."""
     tail = rates[max(change, end - min(10, (end - change) // 2)) : end]
     steady = statistics.median(tail)
-    rolling = [sum(rates[k : k + 3]) / 3 for k in range(change, end - 2)]
+    span = max(3, math.ceil(16 * batch_size / max(steady, 1e-9)))
+    rolling = [sum(rates[k : k + span]) / span for k in range(change, end - span + 1)]
     for i in range(len(rolling)):
         if all(abs(r - steady) <= within * steady for r in rolling[i:]):
             return float(i)
     return None
+
+
+def workers_settled_after(samples: Samples, change: float, end: float) -> float:
+    """Seconds after `change` of the last change of the worker count before `end` (0: none)."""
+    last, settled = None, change
+    for row in samples:
+        count = tuner_workers(row)
+        if last is not None and count != last and change <= row["t"] < end:
+            settled = row["t"]
+        last = count
+    return settled - change
 
 
 def spread(values: list[float], digits: int = 0) -> str:
@@ -306,22 +324,27 @@ def burner_mid_run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"\n### burner mid-run: {args.cores} busy processes from {on:g} s to {off:g} s of {end:g} s\n")
     print(
         "| system | img/s before | during | after | re-converged s after start | after stop "
-        "| CPU pressure before / during / after |"
+        "| workers settled s after start / stop | CPU pressure before / during / after |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, system_runs in runs.items():
         rates = [per_second(run["samples"], end) for run in system_runs]
         phases = [
             [statistics.median(rs[a:b]) for rs in rates] for a, b in ((on // 2, on), (on, off), (off, end))
         ]
-        after_on = [reconverged_after(rs, on, off) for rs in rates]
-        after_off = [reconverged_after(rs, off, end) for rs in rates]
+        after_on = [reconverged_after(rs, on, off, args.batch_size) for rs in rates]
+        after_off = [reconverged_after(rs, off, end, args.batch_size) for rs in rates]
+        settled = [
+            [workers_settled_after(run["samples"], a, b) for run in system_runs]
+            for a, b in ((on, off), (off, end))
+        ]
         psi = [
             [pressure(run["samples"], a, b) for run in system_runs]
             for a, b in ((0, on), (on, off), (off, end))
         ]
         print(f"| {name} | " + " | ".join(spread(p) for p in phases)
               + f" | {_seconds(after_on)} | {_seconds(after_off)} | "
+              + " / ".join(_seconds([round(x, 1) for x in v]) for v in settled) + " | "
               + " / ".join(_shares(p) for p in psi) + " |")  # fmt: skip
     for name, system_runs in runs.items():
         for r, run in enumerate(system_runs):
