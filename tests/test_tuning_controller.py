@@ -14,9 +14,10 @@ import pytest
 from fastload import ConfigError
 from fastload._loading.running.stats import StatsWriter
 from fastload._loading.tuning import controller as policy
-from fastload._loading.tuning.controller import Controller, Limits, Observation, from_stats
+from fastload._loading.tuning.controller import Controller, Limits
 from fastload._loading.tuning.decisions import Decision, Reason
 from fastload._loading.tuning.machine_load import MachineSample
+from fastload._loading.tuning.observation import Observation, from_stats
 
 
 @dataclass

@@ -25,9 +25,10 @@ from fastload._daemon.sessions import Session
 from fastload._daemon.shares import NEED_GAIN
 from fastload._loading.jobs.executor import Done
 from fastload._loading.running.engine import Engine
-from fastload._loading.tuning.controller import INTERVAL_S, Controller, Limits, Observation
+from fastload._loading.tuning.controller import INTERVAL_S, Controller, Limits
 from fastload._loading.tuning.decisions import REASON_WORDS, Reason
 from fastload._loading.tuning.machine_load import MachineSample, load_between, sample_machine
+from fastload._loading.tuning.observation import Observation
 
 log = logging.getLogger("fastload.daemon")
 

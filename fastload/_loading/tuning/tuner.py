@@ -20,9 +20,10 @@ from fastload._loading.running.pipeline import Pipeline
 from fastload._loading.running.stats import LoaderStats
 from fastload._loading.settings.spec import LoaderSpec
 from fastload._loading.slots.ring_plan import EXTRA_SLOTS, ring_ceiling_slots
-from fastload._loading.tuning.controller import INTERVAL_S, Controller, Limits, from_stats
+from fastload._loading.tuning.controller import INTERVAL_S, Controller, Limits
 from fastload._loading.tuning.decisions import REASON_WORDS, Decision
 from fastload._loading.tuning.machine_load import MachineSample, sample_machine
+from fastload._loading.tuning.observation import from_stats
 from fastload._machine import usable_cores
 
 log = logging.getLogger("fastload")
