@@ -57,6 +57,7 @@ LAYER_NAMES = {
 LAYERS: dict[str, int] = {
     "fastload._errors": FOUNDATIONS,
     "fastload._machine": FOUNDATIONS,
+    "fastload._cpu_quota": FOUNDATIONS,
     "fastload._paths": FOUNDATIONS,
     "fastload._sizes": FOUNDATIONS,
     "fastload._labels": FOUNDATIONS,
