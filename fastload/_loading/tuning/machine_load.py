@@ -5,9 +5,9 @@ A sample is a handful of small /proc reads (no psutil): `/proc/stat`'s per-CPU l
 this process may run on, `/proc/pressure/cpu` (PSI; absent on older kernels and in containers
 without it: None then), this process's CPU clock (all threads), and `/proc/<pid>/stat` of each
 worker (a pid gone meanwhile is skipped). Under a cgroup's CPU quota (NOTE [a container's CPU
-quota] in `_cpu_quota`) the cores are the quota's, busy is the limiting cgroup's own use (its
-CPUs' idle time is not this process's to take), and the share of its periods throttled counts as
-pressure beside PSI's.
+quota] in `_cpu_quota`) the cores are the quota's and busy is the limiting cgroup's own use (its
+CPUs' idle time is not this process's to take; where that use cannot be read, both stay the
+CPUs'), and the share of its periods throttled counts as pressure beside PSI's.
 """
 
 from __future__ import annotations
@@ -68,12 +68,16 @@ def sample_machine(
     (default: this process's, if any; None: none)."""
     counted = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
     quota = own_cpu_limit() if limit == "own" else limit
-    cores = min(len(counted) or usable_cores(), quota_cores(quota) or len(counted) or usable_cores())
-    busy_s = quota.usage_s() if quota is not None else None
+    cores = len(counted) or usable_cores()
+    busy_s = None if quota is None else quota.usage_s()
+    if quota is not None and busy_s is not None:  # the quota's cores, and its cgroup's use of them
+        cores = min(cores, quota_cores(quota) or cores)
+    else:  # the CPUs' cores and their busy time, every process's (the tuner's limits cap workers)
+        busy_s = busy_cpu_seconds(counted)
     return MachineSample(
         time=time.monotonic(),
         cores=cores,
-        busy_cpu_s=busy_cpu_seconds(counted) if busy_s is None else busy_s,  # unreadable: the CPUs'
+        busy_cpu_s=busy_s,
         pressure_some_us=cpu_pressure_some_us(),
         own_cpu_s=time.process_time(),
         workers_cpu_s={pid: s for pid in worker_pids if (s := process_cpu_seconds(pid)) is not None},
