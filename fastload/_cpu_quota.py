@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -129,29 +130,32 @@ def _first_dir(root: str, names: tuple[str, ...]) -> str | None:
     return next((os.path.join(root, n) for n in names if os.path.isdir(os.path.join(root, n))), None)
 
 
+def _tightest(directories: list[str], quota_of: Callable[[str], float | None]) -> tuple[float, str] | None:
+    """The smallest quota among `directories` and its directory (the deepest on a tie), or None."""
+    quotas = [(cores, d) for d in directories if (cores := quota_of(d)) is not None]
+    return min(quotas, key=lambda found: found[0], default=None)
+
+
 def find_cpu_limit(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> CpuLimit | None:
     """The tightest CPU quota on this process's cgroup path (v1's cpu hierarchy when one is
     mounted: a hybrid host's cpu controller is there; else v2's), or None without one."""
     unified, v1 = _own_cgroups(proc_cgroup)
     cpu_mount = _first_dir(root, _V1_CPU_DIRS)
     if cpu_mount is not None and "cpu" in v1:
-        acct_mount = _first_dir(root, _V1_ACCT_DIRS)
-        best: CpuLimit | None = None
-        for directory in _ancestors(cpu_mount, v1["cpu"]):
-            cores = _v1_quota(directory)
-            if cores is not None and (best is None or cores < best.cores):
-                relative = os.path.relpath(directory, cpu_mount)
-                acct = os.path.normpath(os.path.join(acct_mount or cpu_mount, relative))
-                best = CpuLimit(cores, directory, os.path.join(acct, "cpuacct.usage"), 1)
-        return best
+        found = _tightest(_ancestors(cpu_mount, v1["cpu"]), _v1_quota)
+        if found is None:
+            return None
+        cores, directory = found
+        acct_mount = _first_dir(root, _V1_ACCT_DIRS) or cpu_mount
+        acct = os.path.normpath(os.path.join(acct_mount, os.path.relpath(directory, cpu_mount)))
+        return CpuLimit(cores, directory, os.path.join(acct, "cpuacct.usage"), 1)
     if unified is None or not os.path.exists(os.path.join(root, "cgroup.controllers")):
         return None
-    best = None
-    for directory in _ancestors(root, unified):
-        cores = _v2_quota(directory)
-        if cores is not None and (best is None or cores < best.cores):
-            best = CpuLimit(cores, directory, os.path.join(directory, "cpu.stat"), 2)
-    return best
+    found = _tightest(_ancestors(root, unified), _v2_quota)
+    if found is None:
+        return None
+    cores, directory = found
+    return CpuLimit(cores, directory, os.path.join(directory, "cpu.stat"), 2)
 
 
 @functools.lru_cache(maxsize=1)

@@ -30,9 +30,12 @@ def default_budget() -> int:
     return st.f_blocks * st.f_frsize // 2
 
 
-def _number(table: dict[str, Any], key: str, default: Any, kind: type[int] | type[float]) -> Any:
+def _number(
+    table: dict[str, Any], key: str, default: Any, kind: type[int] | type[float], or_word: str = ""
+) -> Any:
     """The setting `key` as an int (or a float: a number of seconds); a ConfigError naming it when
-    the file gives something else ("auto", a list, true)."""
+    the file gives something else (a word, a list, true), and `or_word`, a word the caller takes
+    instead (`"auto"`), among what is accepted."""
     value = table.get(key, default)
     if value is None:
         return None
@@ -40,8 +43,8 @@ def _number(table: dict[str, Any], key: str, default: Any, kind: type[int] | typ
     if whole or (kind is float and isinstance(value, float)):
         return kind(value)
     accepted = "a whole number" if kind is int else "a number of seconds"
-    if key == "workers":
-        accepted += ' or "auto"'
+    if or_word:
+        accepted += f" or {or_word}"
     raise ConfigError(f"daemon setting {key} must be {accepted}, got {shown(value)}")
 
 
@@ -121,7 +124,7 @@ def load_config(path: str | None, overrides: dict[str, Any]) -> tuple[Any, list[
         metrics = parse_address(metrics)
     auto_workers = table.get("workers") == "auto"  # NOTE [a pool that follows need]
     config = DaemonConfig(
-        workers=usable_cores() if auto_workers else _number(table, "workers", usable_cores(), int),
+        workers=usable_cores() if auto_workers else _number(table, "workers", usable_cores(), int, '"auto"'),
         tune_workers=auto_workers,
         memory_budget_bytes=parse_size(
             table.get("memory_budget", default_budget()), "memory_budget (--memory-budget)", minimum=1

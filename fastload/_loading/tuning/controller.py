@@ -290,7 +290,7 @@ class Controller:
             ):
                 # Straight to the floor once (split batches are fed by it) since the window last
                 # grew; after that, half the excess at a time.
-                window = self.in_flight - max(1, (self.in_flight - fed) // 2)
+                window = self._halfway_to(fed)
                 if not self._floor_tried:
                     window, self._floor_tried = fed, True
                 return self._change(obs, _SHRINK, self.workers, window, Reason.WINDOW_DEEP)
@@ -309,9 +309,13 @@ class Controller:
                 and not self._hold[_SHRINK]
                 and 2 * obs.ready_batches >= self.in_flight
             ):
-                window = self.in_flight - max(1, (self.in_flight - target) // 2)
+                window = self._halfway_to(target)
                 return self._change(obs, _SHRINK, self.workers, window, Reason.WINDOW_UNUSED)
         return None
+
+    def _halfway_to(self, floor: int) -> int:
+        """The window with half its excess over `floor` taken off (at least one batch)."""
+        return self.in_flight - max(1, (self.in_flight - floor) // 2)
 
     def _change(
         self, obs: Observation, direction: str, workers: int, window: int, reason: Reason
