@@ -4,6 +4,7 @@ indexes evicted, the longest idle first."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -16,11 +17,13 @@ from fastload import FastLoader
 from fastload import transforms as T
 
 
-def _epoch(daemon: DaemonProcess, folder: Path, size: int, **kw: Any) -> None:
+def _epoch(daemon: DaemonProcess, folder: Path, size: int, batches: int | None = None, **kw: Any) -> None:
+    """A session over `folder`: a whole epoch, or its first `batches` batches."""
     options: dict[str, Any] = {"batch_size": 4, "num_workers": 1, "device": "cpu"}
     options.update(kw)
     with FastLoader(folder, daemon=daemon.address, transform=[T.Resize((size, size))], **options) as loader:
-        assert sum(1 for _ in loader) == len(loader)
+        want = len(loader) if batches is None else batches
+        assert sum(1 for _ in itertools.islice(loader, want)) == want
 
 
 def _ready(daemon: DaemonProcess) -> dict[str, int]:
@@ -57,7 +60,7 @@ def test_an_idle_index_is_evicted_when_its_memory_is_wanted(
     # A's own session (a tiny ring) fits beside it, and B's index and ring fit alone.
     big = _big_folder(image_folder, tmp_path / "a", 10_000)
     daemon = daemon_pool.start(workers=1, budget="2MiB")
-    _epoch(daemon, big, 8, batch_size=1, prefetch=1)
+    _epoch(daemon, big, 8, batches=8, batch_size=1, prefetch=1)  # the index is the point, not its epoch
     size_a = _ready(daemon)[str(big.resolve())]
     assert size_a > 2**20 * 0.8, size_a
     _epoch(daemon, image_folder, 128, batch_size=6, prefetch=2)

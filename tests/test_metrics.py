@@ -26,6 +26,7 @@ from daemon_helpers import RESIZE, DaemonPool, refused_serve, serve_command
 from helpers import wait_until
 
 from fastload import ConfigError, FastLoader
+from fastload._daemon.shares import NEED_GAIN
 from fastload._diagnostics.metrics import VERDICTS, DaemonCollector, MetricsServer, servers
 from fastload._machine import SHM_DIR
 from fastload._metrics_seam import parse_address
@@ -45,6 +46,7 @@ SESSION_FAMILIES = {
     "fastload_session_info", "fastload_session_samples", "fastload_session_tasks",
     "fastload_session_read_bytes", "fastload_session_stage_seconds", "fastload_session_failures",
     "fastload_session_samples_per_second", "fastload_session_queued_tasks", "fastload_session_memory_bytes",
+    "fastload_session_priority", "fastload_session_need", "fastload_session_pool_share",
 }
 LOADER_FAMILIES = {
     "fastload_samples", "fastload_batches", "fastload_read_bytes", "fastload_stage_seconds",
@@ -144,6 +146,11 @@ def test_daemon_metrics_equal_status_and_never_fall(
             got = value(during, "fastload_session_stage_seconds_total", **labels, stage=stage)
             assert got == pytest.approx(session[f"{stage}_s"]), stage
         assert value(during, "fastload_session_memory_bytes", **labels) == session["memory_bytes"]
+        # Its place in the pool's shares (NOTE [shares by need]): the need and share move with the
+        # trainer's reports and the pool's last interval, so they are bounded here, not equated.
+        assert value(during, "fastload_session_priority", **labels) == session["priority"] == 1.0
+        assert 1.0 <= value(during, "fastload_session_need", **labels) <= 1.0 + NEED_GAIN
+        assert 0.0 <= value(during, "fastload_session_pool_share", **labels) <= 1.0
         assert value(during, "fastload_daemon_memory_used_bytes") == status["used_bytes"]
         assert value(during, "fastload_daemon_memory_budget_bytes") == status["budget_bytes"]
         assert value(during, "fastload_daemon_tasks_total") == status["totals"]["tasks"]

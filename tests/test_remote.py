@@ -234,11 +234,13 @@ def test_an_unreachable_store_fails_the_batch_naming_the_url(
     local: Path, s3: str, remote_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Opened, then the store goes away: past the retry deadline the batch fails with the URL."""
-    monkeypatch.setattr(_remote, "REQUEST_DEADLINE_S", 2.0)
     proxy = FaultProxy(("127.0.0.1", int(s3.rsplit(":", 1)[1])))
     _use(monkeypatch, proxy.url)
     try:
         with FastLoader("s3://data-bucket/pack", num_workers=1, **KW) as loader:
+            # The open reads the manifest under the default deadline (a loaded host's first answer
+            # from moto can take seconds); the workers, forked at the first iteration, get 2 s.
+            monkeypatch.setattr(_remote, "REQUEST_DEADLINE_S", 2.0)
             proxy.faults = ["reset"] * 10_000  # from now on every new connection is dropped
             env_without_remote_state()  # the worker's own filesystem opens new connections
             with pytest.raises(SampleError, match=r"s3://data-bucket/pack/.*attempts"):

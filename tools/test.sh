@@ -13,6 +13,13 @@
 cache_home=${XDG_CACHE_HOME:-${HOME:+$HOME/.cache}}
 [ -z "$cache_home" ] || export MYPY_CACHE_DIR="${MYPY_CACHE_DIR:-$cache_home/fastload/mypy}"
 .venv/bin/mypy
+# NOTE [bytecode for the suite]: a machine that sets PYTHONDONTWRITEBYTECODE (a container image's
+# habit) makes every test process compile what it imports from source, each time: the tests
+# themselves, after pytest's assertion rewrite (13 of the 23 s each xdist worker spends collecting),
+# and fastload's own modules (editable, so pip compiled none of them) in each of the hundreds of
+# daemons, CLIs and spawned workers the suite starts. The suite writes them once, under the clone's
+# gitignored __pycache__/ folders; Python's writes are atomic, so concurrent workers are safe.
+unset PYTHONDONTWRITEBYTECODE
 # Three test processes on 2 cores: the tests wait on subprocesses, sockets and sleeps much of
 # the time (-n 2 kept 2 cores ~70% busy: 483 s of CPU in 345 s), so a third fills the waits: the
 # same 1,984 tests took 291 s with -n 3 against 345 s with -n 2, back to back on a quiet 2-vCPU VM,

@@ -128,6 +128,17 @@ def add_daemon(
         )
         f.gauge("fastload_session_queued_tasks", "Tasks queued for the pool.", labels, row["queued"])
         f.gauge("fastload_session_memory_bytes", "The session's ring.", labels, row["memory_bytes"])
+        # NOTE [shares by need] in `_daemon.shares`: the weight is priority x need; the share is
+        # what the session had of the pool's work over the last interval (`fastload status`'s columns).
+        f.gauge("fastload_session_priority", "The priority its trainer asked for.", labels, row["priority"])
+        f.gauge(
+            "fastload_session_need",
+            "How much its trainer waits: 1 when never, more the more it waits (from its slots until "
+            "the trainer reports).",
+            labels,
+            row["need"],
+        )
+        f.gauge("fastload_session_pool_share", "Its share of the pool's work, last interval (0..1).", labels, row["share"])
         trainer = trainers.get(row["session"])
         if trainer is not None:  # the trainer's view: its waits, copies, ring and verdict
             add_loader(f, labels, trainer, windows.rates(f"session {row['session']}", trainer))
