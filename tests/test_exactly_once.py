@@ -54,7 +54,8 @@ def _check_epoch(batches: list[list[torch.Tensor]], n: int, bs: int, drop_last: 
 # An epoch with no batch (drop_last, a batch larger than the data) is one of the cases: said by a
 # SettingsWarning (tests/test_settings_sense.py), and run here like any other.
 @pytest.mark.filterwarnings("ignore:batch_size=.*gives no batches")
-@settings(max_examples=15, deadline=None)  # ~1 s each (workers, two epochs); the rest of the file pins the edges
+# ~1 s an example (workers, two epochs); the tests below pin the edges.
+@settings(max_examples=15, deadline=None)
 @given(
     n=st.integers(1, 60),
     bs=st.integers(1, 17),

@@ -138,7 +138,12 @@ def add_daemon(
             labels,
             row["need"],
         )
-        f.gauge("fastload_session_pool_share", "Its share of the pool's work, last interval (0..1).", labels, row["share"])
+        f.gauge(
+            "fastload_session_pool_share",
+            "Its share of the pool's work, last interval (0..1).",
+            labels,
+            row["share"],
+        )
         trainer = trainers.get(row["session"])
         if trainer is not None:  # the trainer's view: its waits, copies, ring and verdict
             add_loader(f, labels, trainer, windows.rates(f"session {row['session']}", trainer))
