@@ -123,6 +123,13 @@ if installed pillow-simd && installed pillow; then
     "${pip[@]}" uninstall -y pillow
     CC="cc -mavx2" "${pip[@]}" install --force-reinstall --no-deps --no-binary pillow-simd "pillow-simd==$simd"
 fi
-# The bytecode pip did not write (NOTE [bytecode after the installs]); a file written for another
-# Python (some packages ship such templates) fails to compile here as it did under pip: not an error.
-.venv/bin/python -m compileall -q -j 0 .venv/lib .venv/test-reference >/dev/null 2>&1 || true
+# The bytecode pip did not write (NOTE [bytecode after the installs]), once per set of installed
+# distributions: a rerun that installed nothing new skips the 11 s compileall takes to find that out.
+# A file written for another Python (some packages ship such templates) fails to compile here as it
+# did under pip: not an error. (.venv/test-reference is installed without --no-compile.)
+installed_set=$(.venv/bin/python -c "import importlib.metadata as m
+print(sorted(f'{d.metadata[\"Name\"]}=={d.version}' for d in m.distributions()))" | sha256sum)
+if [ "$(cat .venv/.bytecode-for 2>/dev/null)" != "$installed_set" ]; then
+    .venv/bin/python -m compileall -q -j 0 .venv/lib >/dev/null 2>&1 || true
+    echo "$installed_set" > .venv/.bytecode-for
+fi
